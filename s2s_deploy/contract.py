@@ -1,0 +1,188 @@
+"""The plugin contract: everything generic code may know about an architecture.
+
+Export, the engine, parity and benchmarks read these specs and nothing else, so a new
+architecture is one plugin file. If generic code ever needs to branch on an architecture,
+the contract is missing a field: add it here instead.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal, NamedTuple
+
+from torch import Tensor, nn
+
+from s2s_deploy.errors import ContractError
+
+EXPORTERS = ("dynamo", "torchscript")
+BATCH = "batch"
+RESERVED_NAMES = frozenset({"src", "src_len", "tokens", "step", "reorder", "log_probs", "attention"})
+_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class MemorySpec:
+    """A per-sentence tensor the encoder computes once and every decoder step reads unchanged."""
+
+    name: str
+    batch_axis: int = 0
+    dtype: str = "float32"
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class StateSpec:
+    """A tensor the decoder step carries: read as ``past_<name>``, returned as ``present_<name>``.
+
+    ``init="encoder"``: the encoder graph outputs the first value as ``init_<name>``.
+    ``init="zeros"``: the caller creates zeros of ``shape``, where the string ``"batch"``
+    stands for the batch size and a ``grow_axis`` entry of 0 gives an empty cache.
+    """
+
+    name: str
+    batch_axis: int
+    init: Literal["encoder", "zeros"]
+    shape: tuple[int | str, ...] = ()
+    grow_axis: int | None = None
+    dtype: str = "float32"
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class SpecialTokens:
+    """Names of the special tokens; their ids come from the vocabulary."""
+
+    pad: str = "<pad>"
+    bos: str = "<bos>"
+    eos: str = "<eos>"
+    unk: str = "<unk>"
+    decoder_start: str = "<bos>"
+
+
+class StepOutput(NamedTuple):
+    log_probs: Tensor
+    state: dict[str, Tensor]
+    attention: Tensor | None = None
+
+
+class Seq2SeqModel(nn.Module, ABC):
+    """The trainable module a plugin builds, with the two halves that are exported."""
+
+    @abstractmethod
+    def forward(self, src: Tensor, src_len: Tensor, tgt_in: Tensor) -> Tensor:
+        """Teacher-forced logits ``(batch, tgt_len, vocab)`` for training and step checks."""
+
+    @abstractmethod
+    def encode(self, src: Tensor, src_len: Tensor) -> dict[str, Tensor]:
+        """Every memory tensor, and the first value of each ``init="encoder"`` state, by name."""
+
+    @abstractmethod
+    def decode_step(
+        self, tokens: Tensor, step: Tensor, memory: dict[str, Tensor], state: dict[str, Tensor]
+    ) -> StepOutput:
+        """One target position: ``tokens`` is ``(batch,)``, ``step`` a 0-d int64 position."""
+
+
+class ArchitecturePlugin(ABC):
+    """One architecture. Subclass it, set the class attributes, and expose an instance."""
+
+    name: ClassVar[str]
+    version: ClassVar[str]
+    description: ClassVar[str]
+    config_type: ClassVar[type]
+    presets: ClassVar[Mapping[str, Any]]
+    default_preset: ClassVar[str] = "small"
+    exporter: ClassVar[str] = "dynamo"
+    parity_atol: ClassVar[float] = 1e-4
+    special_tokens: ClassVar[SpecialTokens] = SpecialTokens()
+    has_attention: ClassVar[bool] = False
+
+    @abstractmethod
+    def build(self, config: Any, src_vocab_size: int, tgt_vocab_size: int) -> Seq2SeqModel:
+        """A freshly initialised model; weights are loaded into it afterwards."""
+
+    @abstractmethod
+    def memory_specs(self, config: Any) -> tuple[MemorySpec, ...]: ...
+
+    @abstractmethod
+    def state_specs(self, config: Any) -> tuple[StateSpec, ...]: ...
+
+    def max_target_length(self, config: Any) -> int | None:
+        """The longest target the model can decode (e.g. its position table), or None."""
+        return None
+
+    def max_source_length(self, config: Any) -> int | None:
+        return None
+
+    def config_from_dict(self, data: Mapping[str, Any]) -> Any:
+        fields = {f.name for f in dataclasses.fields(self.config_type)}
+        unknown = sorted(set(data) - fields)
+        if unknown:
+            raise ContractError(f"{self.name}: unknown config fields {', '.join(unknown)}")
+        return self.config_type(**data)
+
+    def preset(self, name: str | None = None) -> Any:
+        from s2s_deploy.errors import UnknownNameError
+
+        name = name or self.default_preset
+        if name not in self.presets:
+            raise UnknownNameError(f"preset of {self.name}", name, list(self.presets))
+        return self.presets[name]
+
+
+def validate_plugin(plugin: object) -> None:
+    """Fail at registration rather than halfway through an export."""
+    if not isinstance(plugin, ArchitecturePlugin):
+        raise ContractError(f"{plugin!r} is not an ArchitecturePlugin instance")
+    label = getattr(plugin, "name", type(plugin).__name__)
+    for attr in ("name", "version", "description", "config_type", "presets"):
+        if not hasattr(plugin, attr):
+            raise ContractError(f"plugin {label}: missing class attribute {attr!r}")
+    if not isinstance(plugin.name, str) or not _NAME.match(plugin.name):
+        raise ContractError(f"plugin name {plugin.name!r} must match {_NAME.pattern}")
+    config_type = plugin.config_type
+    if not dataclasses.is_dataclass(config_type) or not config_type.__dataclass_params__.frozen:
+        raise ContractError(f"plugin {label}: config_type must be a frozen dataclass")
+    if not plugin.presets or plugin.default_preset not in plugin.presets:
+        raise ContractError(f"plugin {label}: default_preset {plugin.default_preset!r} is not a preset")
+    for preset_name, config in plugin.presets.items():
+        if not isinstance(config, config_type):
+            raise ContractError(f"plugin {label}: preset {preset_name!r} is not a {config_type.__name__}")
+    if plugin.exporter not in EXPORTERS:
+        raise ContractError(f"plugin {label}: exporter must be one of {', '.join(EXPORTERS)}")
+    if not (isinstance(plugin.parity_atol, float) and 0 < plugin.parity_atol < 1):
+        raise ContractError(f"plugin {label}: parity_atol must be a float in (0, 1)")
+    for preset_name, config in plugin.presets.items():
+        _validate_specs(label, preset_name, plugin.memory_specs(config), plugin.state_specs(config))
+
+
+def _validate_specs(
+    label: str, preset: str, memory: tuple[MemorySpec, ...], state: tuple[StateSpec, ...]
+) -> None:
+    where = f"plugin {label} (preset {preset})"
+    names = [m.name for m in memory] + [s.name for s in state]
+    for name in names:
+        if not _NAME.match(name) or name in RESERVED_NAMES:
+            raise ContractError(f"{where}: invalid or reserved tensor name {name!r}")
+    if len(set(names)) != len(names):
+        raise ContractError(f"{where}: memory and state names must be unique, got {names}")
+    if not memory and not state:
+        raise ContractError(f"{where}: declares neither memory nor state")
+    for m in memory:
+        if not isinstance(m, MemorySpec) or m.batch_axis < 0:
+            raise ContractError(f"{where}: bad memory spec {m!r}")
+    for s in state:
+        if not isinstance(s, StateSpec) or s.init not in ("encoder", "zeros") or s.batch_axis < 0:
+            raise ContractError(f"{where}: bad state spec {s!r}")
+        if s.init == "zeros":
+            if s.shape.count(BATCH) != 1 or s.shape.index(BATCH) != s.batch_axis:
+                raise ContractError(f"{where}: state {s.name!r} shape needs {BATCH!r} at its batch axis")
+            if not all(isinstance(d, int) and d >= 0 for i, d in enumerate(s.shape) if i != s.batch_axis):
+                raise ContractError(f"{where}: state {s.name!r} shape must be non-negative ints besides batch")
+        if s.grow_axis is not None:
+            if s.grow_axis == s.batch_axis or (s.shape and not 0 <= s.grow_axis < len(s.shape)):
+                raise ContractError(f"{where}: state {s.name!r} has an invalid grow_axis")

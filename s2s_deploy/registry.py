@@ -1,0 +1,86 @@
+"""One loading path for every plugin: built-ins and third parties both arrive as entry points
+(group ``s2s_deploy.plugins``) or as a ``--plugin file.py``, and both go through ``register``."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from pathlib import Path
+
+from s2s_deploy.contract import ArchitecturePlugin, validate_plugin
+from s2s_deploy.errors import ContractError, S2SError, UnknownNameError
+
+ENTRY_POINT_GROUP = "s2s_deploy.plugins"
+
+
+@dataclass(frozen=True)
+class Registered:
+    plugin: ArchitecturePlugin
+    source: str
+
+
+class Registry:
+    def __init__(self) -> None:
+        self._plugins: dict[str, Registered] = {}
+        self._entry_points_loaded = False
+
+    def register(self, plugin: object, source: str) -> ArchitecturePlugin:
+        if isinstance(plugin, type) and issubclass(plugin, ArchitecturePlugin):
+            plugin = plugin()
+        validate_plugin(plugin)
+        existing = self._plugins.get(plugin.name)
+        if existing is not None and type(existing.plugin) is not type(plugin):
+            raise ContractError(
+                f"plugin name {plugin.name!r} from {source} is already registered by {existing.source}"
+            )
+        self._plugins[plugin.name] = Registered(plugin, source)
+        return plugin
+
+    def load_entry_points(self) -> None:
+        if self._entry_points_loaded:
+            return
+        self._entry_points_loaded = True
+        for ep in entry_points(group=ENTRY_POINT_GROUP):
+            try:
+                obj = ep.load()
+            except Exception as exc:  # a broken third-party plugin must not take the CLI down
+                raise ContractError(f"plugin entry point {ep.name!r} ({ep.value}) failed to load: {exc}") from exc
+            self.register(obj, f"entry point {ep.value}")
+
+    def load_file(self, path: str | Path) -> list[str]:
+        """Import a plugin file and register every plugin instance or class it exposes as PLUGIN."""
+        path = Path(path)
+        if not path.is_file():
+            raise S2SError(f"plugin file not found: {path}")
+        module_name = f"s2s_deploy_user_plugin_{path.stem}"
+        spec = importlib.util.spec_from_file_location(module_name, path)
+        if spec is None or spec.loader is None:
+            raise S2SError(f"cannot import plugin file {path}")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[module_name] = module
+        try:
+            spec.loader.exec_module(module)
+        except Exception as exc:
+            raise S2SError(f"plugin file {path} failed to import: {exc}") from exc
+        if not hasattr(module, "PLUGIN"):
+            raise ContractError(f"plugin file {path} defines no PLUGIN")
+        return [self.register(module.PLUGIN, f"file {path}").name]
+
+    def get(self, name: str) -> ArchitecturePlugin:
+        self.load_entry_points()
+        if name not in self._plugins:
+            raise UnknownNameError("architecture", name, list(self._plugins))
+        return self._plugins[name].plugin
+
+    def entries(self) -> list[Registered]:
+        self.load_entry_points()
+        return [self._plugins[n] for n in sorted(self._plugins)]
+
+
+REGISTRY = Registry()
+
+
+def get_plugin(name: str) -> ArchitecturePlugin:
+    return REGISTRY.get(name)
