@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import Tensor, nn
@@ -197,7 +198,7 @@ class TransformerPlugin(ArchitecturePlugin):
     version = "1.0"
     description = "Transformer (post-norm, sinusoidal positions), cross-attention K/V from the encoder"
     config_type = TransformerConfig
-    presets = {
+    presets: ClassVar[dict[str, TransformerConfig]] = {
         "small": TransformerConfig(),
         "base": TransformerConfig(
             d_model=512, num_heads=8, ffn_hidden=2048, encoder_layers=6, decoder_layers=6, max_len=512

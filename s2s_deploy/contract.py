@@ -183,6 +183,7 @@ def _validate_specs(
                 raise ContractError(f"{where}: state {s.name!r} shape needs {BATCH!r} at its batch axis")
             if not all(isinstance(d, int) and d >= 0 for i, d in enumerate(s.shape) if i != s.batch_axis):
                 raise ContractError(f"{where}: state {s.name!r} shape must be non-negative ints besides batch")
-        if s.grow_axis is not None:
-            if s.grow_axis == s.batch_axis or (s.shape and not 0 <= s.grow_axis < len(s.shape)):
-                raise ContractError(f"{where}: state {s.name!r} has an invalid grow_axis")
+        if s.grow_axis is not None and (
+            s.grow_axis == s.batch_axis or (s.shape and not 0 <= s.grow_axis < len(s.shape))
+        ):
+            raise ContractError(f"{where}: state {s.name!r} has an invalid grow_axis")

@@ -57,7 +57,7 @@ class Vocabulary:
 
     def encode(self, text: str, add_eos: bool = True) -> list[int]:
         ids = [self._index.get(tok, self.unk_id) for tok in split(text, self.level)]
-        return ids + [self.eos_id] if add_eos else ids
+        return [*ids, self.eos_id] if add_eos else ids
 
     def decode(self, ids: Iterable[int]) -> str:
         words = []

@@ -1,0 +1,126 @@
+"""``s2s-deploy translate`` and ``s2s-deploy parity``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from s2s_deploy.cli import load_plugin_files, main, plugin_option
+
+device_option = click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto",
+                             show_default=True, help="ONNX Runtime device; auto uses CUDA only if it works.")
+threads_option = click.option("--threads", type=click.IntRange(1), default=None,
+                              help="ONNX Runtime intra-op threads [default: available cores].")
+
+
+def read_lines(path: str) -> list[str]:
+    from s2s_deploy.errors import S2SError
+
+    try:
+        text = Path(path).read_text(encoding="utf-8") if path != "-" else click.get_text_stream("stdin").read()
+    except UnicodeDecodeError as exc:
+        raise S2SError(f"{path} is not valid UTF-8 (byte {exc.start})") from exc
+    except OSError as exc:
+        raise S2SError(f"cannot read {path}: {exc.strerror}") from exc
+    lines = [line for line in text.splitlines() if line.strip()]
+    if not lines:
+        raise S2SError(f"{path} has no non-empty lines")
+    return lines
+
+
+@main.command("translate")
+@click.argument("export_dir", type=click.Path())
+@click.argument("texts", nargs=-1)
+@click.option("--input", "input_path", type=click.Path(dir_okay=False, allow_dash=True), default=None,
+              help="Read sentences from a file, one per line ('-' for stdin).")
+@click.option("--beam", type=click.IntRange(1), default=1, show_default=True, help="Beam size; 1 is greedy.")
+@click.option("--n-best", type=click.IntRange(1), default=1, show_default=True)
+@click.option("--alpha", type=float, default=None, help="Length penalty: score = log P / L**alpha [default: 0.75].")
+@click.option("--max-len", type=click.IntRange(1), default=None, help="Most target tokens [default: model limit].")
+@click.option("--batch-size", type=click.IntRange(1), default=32, show_default=True)
+@click.option("--scores", is_flag=True, help="Print each hypothesis's score before it, tab-separated.")
+@device_option
+@threads_option
+def translate_command(export_dir: str, texts: tuple[str, ...], input_path: str | None, beam: int, n_best: int,
+                      alpha: float | None, max_len: int | None, batch_size: int, scores: bool, device: str,
+                      threads: int | None) -> None:
+    """Translate TEXTS (or --input) with an exported model; needs no PyTorch."""
+    from s2s_deploy.errors import S2SError
+    from s2s_deploy.runtime.manifest import load_manifest
+    from s2s_deploy.runtime.ort_backend import OrtBackend
+    from s2s_deploy.runtime.search import SearchConfig
+    from s2s_deploy.runtime.translator import translate
+
+    manifest = load_manifest(export_dir)
+    sentences = list(texts) + (read_lines(input_path) if input_path else [])
+    if not sentences:
+        raise S2SError("nothing to translate: give TEXTS or --input")
+    if n_best > beam:
+        raise S2SError(f"--n-best {n_best} cannot exceed --beam {beam}")
+    backend = OrtBackend(manifest, device=device, threads=threads)
+    click.echo(backend.choice.notice(), err=True)
+    config = SearchConfig(
+        beam_size=beam, n_best=n_best,
+        max_len=max_len or manifest.max_target_length or 256,
+        alpha=manifest.raw["search"]["length_penalty_alpha"] if alpha is None else alpha,
+    )
+    results = translate(backend, sentences, manifest.src_vocab, manifest.tgt_vocab, config, batch_size,
+                        manifest.max_source_length)
+    for result in results:
+        for text, score in result.hypotheses:
+            click.echo(f"{score:.4f}\t{text}" if scores else text)
+
+
+@main.command("parity")
+@click.argument("export_dir", type=click.Path())
+@click.option("--input", "input_path", type=click.Path(dir_okay=False, allow_dash=True), default=None,
+              help="Sentences to check, one per line [default: the samples stored at export].")
+@click.option("--beam", type=click.IntRange(2), default=4, show_default=True)
+@click.option("--max-len", type=click.IntRange(1), default=64, show_default=True)
+@click.option("--atol", type=float, default=None, help="Log-prob tolerance [default: the plugin's, from the manifest].")
+@click.option("--checkpoint", type=click.Path(dir_okay=False), default=None,
+              help="The PyTorch original [default: the checkpoint stored in the export].")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@device_option
+@plugin_option
+def parity_command(export_dir: str, input_path: str | None, beam: int, max_len: int, atol: float | None,
+                   checkpoint: str | None, as_json: bool, device: str, plugin_files: tuple[str, ...]) -> None:
+    """Decode with PyTorch and ONNX Runtime, greedy and beam; exit 1 unless they agree."""
+    import sys
+
+    from s2s_deploy.errors import S2SError
+    from s2s_deploy.parity import check_parity, torch_backend_for
+    from s2s_deploy.runtime.manifest import load_manifest
+    from s2s_deploy.runtime.ort_backend import OrtBackend
+
+    load_plugin_files(plugin_files)
+    manifest = load_manifest(export_dir)
+    sources = read_lines(input_path) if input_path else list(manifest.samples)
+    if not sources:
+        raise S2SError(f"{export_dir} stores no sample inputs; pass --input FILE")
+    reference = torch_backend_for(manifest, checkpoint)
+    candidate = OrtBackend(manifest, device=device)
+    click.echo(candidate.choice.notice(), err=True)
+    report = check_parity(manifest, reference, candidate, sources, beam_size=beam, max_len=max_len, atol=atol)
+    if as_json:
+        click.echo(json.dumps({
+            "passed": report.passed, "inputs": report.inputs, "atol": report.atol,
+            "step_max_abs_diff": report.step_max_abs_diff,
+            "searches": [{"mode": s.mode, "identical": s.identical, "total": s.total,
+                          "max_score_diff": s.max_score_diff,
+                          "mismatches": [dict(zip(("source", "pytorch", "onnx"), m, strict=True))
+                                         for m in s.mismatches]} for s in report.searches],
+        }, indent=2, ensure_ascii=False))
+    else:
+        ok = "ok" if report.step_max_abs_diff <= report.atol else "FAIL"
+        click.echo(f"per-step log-prob max |diff| {report.step_max_abs_diff:.2e} (atol {report.atol:g}) {ok}")
+        for s in report.searches:
+            click.echo(f"{s.mode:<8} tokens identical {s.identical}/{s.total}, "
+                       f"score max |diff| {s.max_score_diff:.2e} {'ok' if s.passed else 'FAIL'}")
+            for source, want, got in s.mismatches[:5]:
+                click.echo(f"  {source!r}: pytorch {want!r} onnx {got!r}")
+        click.echo("parity: PASS" if report.passed else "parity: FAIL")
+    if not report.passed:
+        sys.exit(1)

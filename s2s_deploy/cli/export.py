@@ -1,0 +1,54 @@
+"""``s2s-deploy export``."""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import click
+
+from s2s_deploy.cli import load_plugin_files, main, plugin_option
+
+
+@main.command("export")
+@click.option("--arch", required=True, help="Registered architecture name (see `s2s-deploy list`).")
+@click.option("--checkpoint", type=click.Path(dir_okay=False), default=None,
+              help="A .safetensors checkpoint; default: the architecture's bundled one.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Output folder [default: exported/<arch>].")
+@click.option("--preset", default=None, help="Config preset, only for seeded random weights (no checkpoint).")
+@click.option("--exporter", type=click.Choice(["dynamo", "torchscript"]), default=None,
+              help="torch.onnx exporter [default: the plugin's choice].")
+@click.option("--opset", type=click.IntRange(17, 23), default=18, show_default=True)
+@click.option("--with-attention", is_flag=True, help="Add the cross-attention weights as a decoder output.")
+@click.option("--force", is_flag=True, help="Replace an existing output folder.")
+@plugin_option
+def export_command(arch: str, checkpoint: str | None, out_dir: str | None, preset: str | None,
+                   exporter: str | None, opset: int, with_attention: bool, force: bool,
+                   plugin_files: tuple[str, ...]) -> None:
+    """Export an encoder graph and a step-wise decoder graph, then validate them against PyTorch."""
+    from s2s_deploy.errors import S2SError
+    from s2s_deploy.export import export_model
+    from s2s_deploy.registry import get_plugin
+    from s2s_deploy.sources import load_source
+
+    load_plugin_files(plugin_files)
+    plugin = get_plugin(arch)
+    destination = Path(out_dir or Path("exported") / arch)
+    if destination.exists() and not force:
+        raise S2SError(f"{destination} already exists; pass --force to replace it")
+    if preset and checkpoint:
+        raise S2SError("--preset applies only without --checkpoint (a checkpoint carries its config)")
+    with tempfile.TemporaryDirectory(prefix="s2s-export-") as scratch:
+        source = load_source(plugin, checkpoint, preset, Path(scratch))
+        click.echo(f"exporting {plugin.name} v{plugin.version} from {source.description}", err=True)
+        report = export_model(
+            plugin, source.model, source.config, source.src_vocab, source.tgt_vocab, destination,
+            checkpoint_path=source.checkpoint_path, source=source.description, samples=source.samples,
+            exporter=exporter, opset=opset, with_attention=with_attention, force=force,
+        )
+    worst = max(report.max_abs_diff.items(), key=lambda item: item[1])
+    sizes = ", ".join(f"{name} {size / 1e6:.2f} MB" for name, size in report.graph_bytes.items())
+    click.echo(f"wrote {report.directory}/ ({sizes}; exporter {report.exporter})")
+    click.echo(f"checked: onnx checker, shape inference, ONNX Runtime vs PyTorch max |diff| {worst[1]:.2e} "
+               f"({worst[0]}; atol {plugin.parity_atol:g})")

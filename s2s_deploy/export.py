@@ -1,0 +1,399 @@
+"""PyTorch → ONNX: one encoder graph and one step decoder graph per export, validated hard.
+
+A template method in the CTranslate2 spirit: refuse a bad destination, build the generic
+wrappers, export, check (onnx checker + shape inference + ONNX Runtime against PyTorch),
+write the manifest, and only then move the folder into place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import logging
+import shutil
+import tempfile
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import torch
+
+from s2s_deploy.contract import ArchitecturePlugin, Seq2SeqModel, StateSpec
+from s2s_deploy.errors import S2SError
+from s2s_deploy.graphs import EncoderGraph, GraphIO, StepGraph, io_names
+from s2s_deploy.runtime.manifest import FORMAT, sha256_of, write_manifest
+from s2s_deploy.runtime.vocab import Vocabulary
+
+DEFAULT_OPSET = 18
+ENCODER_FILE = "encoder.onnx"
+DECODER_FILE = "decoder.onnx"
+CHECKPOINT_FILE = "checkpoint.safetensors"
+# Example sizes: distinct and >= 2 so no dynamic axis is specialised or unified with another.
+_EXAMPLE = {"batch": 3, "src_len": 7, "past_len": 4}
+_PROBE = {"batch": 2, "src_len": 9, "past_len": 5}
+
+
+class ExportShapeError(S2SError):
+    pass
+
+
+class ExportToleranceError(S2SError):
+    pass
+
+
+@dataclass(frozen=True)
+class ExportReport:
+    directory: Path
+    exporter: str
+    max_abs_diff: dict[str, float]
+    graph_bytes: dict[str, int]
+
+
+@dataclass(frozen=True)
+class _Specs:
+    memory: tuple
+    state: tuple[StateSpec, ...]
+    io: GraphIO
+
+
+def export_model(
+    plugin: ArchitecturePlugin,
+    model: Seq2SeqModel,
+    config: Any,
+    src_vocab: Vocabulary,
+    tgt_vocab: Vocabulary,
+    out_dir: str | Path,
+    *,
+    checkpoint_path: Path,
+    source: str,
+    samples: Sequence[str] = (),
+    exporter: str | None = None,
+    opset: int = DEFAULT_OPSET,
+    with_attention: bool = False,
+    force: bool = False,
+) -> ExportReport:
+    out_dir = Path(out_dir)
+    if out_dir.exists() and not force:
+        raise S2SError(f"{out_dir} already exists; pass --force to replace it")
+    if with_attention and not plugin.has_attention:
+        raise S2SError(f"architecture {plugin.name!r} has no attention weights to export")
+    exporter = exporter or plugin.exporter
+    memory, state = plugin.memory_specs(config), plugin.state_specs(config)
+    specs = _Specs(memory, state, io_names(memory, state, with_attention))
+    model = model.eval()
+    encoder = EncoderGraph(model, memory, state).eval()
+    step = StepGraph(model, memory, state, with_attention).eval()
+
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.tmp-"))
+    try:
+        enc_args = _encoder_inputs(len(src_vocab), _EXAMPLE)
+        dec_args = _decoder_inputs(encoder, specs, len(tgt_vocab), _EXAMPLE)
+        enc_axes = _dynamic_axes(encoder, enc_args, _encoder_inputs(len(src_vocab), _PROBE))
+        dec_axes = _dynamic_axes(step, dec_args, _decoder_inputs(encoder, specs, len(tgt_vocab), _PROBE))
+        _export(encoder, enc_args, work / ENCODER_FILE, specs.io.encoder_inputs, specs.io.encoder_outputs,
+                enc_axes, exporter, opset)
+        _export(step, dec_args, work / DECODER_FILE, specs.io.decoder_inputs, specs.io.decoder_outputs,
+                dec_axes, exporter, opset)
+        for path in (work / ENCODER_FILE, work / DECODER_FILE):
+            _check_graph(path)
+        diffs = _compare_with_onnxruntime(encoder, step, specs, work, len(src_vocab), len(tgt_vocab),
+                                          plugin.parity_atol)
+        shutil.copyfile(checkpoint_path, work / CHECKPOINT_FILE)
+        raw = _manifest(plugin, config, specs, src_vocab, tgt_vocab, work, exporter, opset, source,
+                        samples, diffs, enc_axes, dec_axes)
+        for role, path in (("encoder", work / ENCODER_FILE), ("decoder", work / DECODER_FILE)):
+            _write_metadata(path, role, raw)
+            raw["graphs"][role]["sha256"] = sha256_of(path)
+        write_manifest(work, raw)
+        _move_into_place(work, out_dir)
+    finally:
+        if work.exists():
+            shutil.rmtree(work)
+    sizes = {name: (out_dir / name).stat().st_size for name in (ENCODER_FILE, DECODER_FILE)}
+    return ExportReport(out_dir, exporter, diffs, sizes)
+
+
+def _encoder_inputs(vocab_size: int, sizes: dict[str, int]) -> tuple[torch.Tensor, ...]:
+    generator = torch.Generator().manual_seed(sizes["src_len"])
+    batch, length = sizes["batch"], sizes["src_len"]
+    src = torch.randint(4, vocab_size, (batch, length), generator=generator)
+    src_len = torch.tensor([length - i % 3 for i in range(batch)], dtype=torch.int64)
+    return src, src_len
+
+
+def _zeros(spec: StateSpec, batch: int, past_len: int) -> torch.Tensor:
+    shape = [batch if d == "batch" else d for d in spec.shape]
+    if spec.grow_axis is not None:
+        shape[spec.grow_axis] = past_len
+    return torch.zeros(shape, dtype=getattr(torch, spec.dtype))
+
+
+def _decoder_inputs(
+    encoder: EncoderGraph, specs: _Specs, vocab_size: int, sizes: dict[str, int], past_len: int | None = None
+) -> tuple[torch.Tensor, ...]:
+    """Decoder inputs with a non-empty past, so tracing sees the growing axis as dynamic."""
+    past_len = sizes["past_len"] if past_len is None else past_len
+    batch = sizes["batch"]
+    with torch.no_grad():
+        encoded = dict(zip(specs.io.encoder_outputs, encoder(*_encoder_inputs(vocab_size, sizes)), strict=True))
+    generator = torch.Generator().manual_seed(past_len)
+    tokens = torch.randint(4, vocab_size, (batch,), generator=generator)
+    reorder = torch.arange(batch - 1, -1, -1, dtype=torch.int64)
+    memory = [encoded[m.name] for m in specs.memory]
+    past = []
+    for spec in specs.state:
+        if spec.init == "encoder":
+            past.append(encoded[f"init_{spec.name}"])
+        else:
+            past.append(torch.randn(_zeros(spec, batch, past_len).shape, generator=generator))
+    return (tokens, torch.tensor(past_len, dtype=torch.int64), reorder, *memory, *past)
+
+
+def _dynamic_axes(
+    module: torch.nn.Module, example: tuple[torch.Tensor, ...], probe: tuple[torch.Tensor, ...]
+) -> dict[str, Any]:
+    """Find the dynamic axes of every input and output by running two sizes and diffing shapes.
+
+    Generic: no plugin declares its source-length axes; they show up as differing dims.
+    """
+    with torch.no_grad():
+        outs_a, outs_b = module(*example), module(*probe)
+    inputs = [_differing_axes(a, b) for a, b in zip(example, probe, strict=True)]
+    outputs = [_differing_axes(a, b) for a, b in zip(outs_a, outs_b, strict=True)]
+    return {"inputs": inputs, "outputs": outputs}
+
+
+def _differing_axes(a: torch.Tensor, b: torch.Tensor) -> list[int]:
+    if a.dim() != b.dim():
+        raise ExportShapeError(f"a tensor changes rank between input sizes ({a.dim()} vs {b.dim()})")
+    return [i for i, (x, y) in enumerate(zip(a.shape, b.shape, strict=True)) if x != y]
+
+
+def _axis_name(tensor: torch.Tensor, axis: int, sizes: dict[str, int]) -> str:
+    size = tensor.shape[axis]
+    for name, value in sizes.items():
+        if value == size:
+            return name
+    if size == sizes["past_len"] + 1:
+        return "past_len_plus_1"
+    return f"dim{axis}"
+
+
+def _export(
+    module: torch.nn.Module, args: tuple[torch.Tensor, ...], path: Path, input_names: tuple[str, ...],
+    output_names: tuple[str, ...], axes: dict[str, Any], exporter: str, opset: int,
+) -> None:
+    with torch.no_grad():
+        outputs = module(*args)
+    logging.getLogger("torch.onnx").setLevel(logging.ERROR)
+    if exporter == "dynamo":
+        dims: dict[str, torch.export.Dim] = {}
+
+        def dim(name: str) -> torch.export.Dim:
+            return dims.setdefault(name, torch.export.Dim(name, min=1 if name == "batch" else 0))
+
+        per_arg = [
+            {axis: dim(_axis_name(arg, axis, _EXAMPLE)) for axis in arg_axes} or None
+            for arg, arg_axes in zip(args, axes["inputs"], strict=True)
+        ]
+        dynamic_shapes = _group_varargs(module, per_arg)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            program = torch.onnx.export(
+                module, args, dynamo=True, input_names=list(input_names), output_names=list(output_names),
+                dynamic_shapes=dynamic_shapes, opset_version=opset, external_data=False, verbose=False,
+            )
+        program.save(str(path), external_data=False)
+    else:
+        dynamic_axes = {
+            name: {axis: _axis_name(tensor, axis, _EXAMPLE) for axis in tensor_axes}
+            for name, tensor, tensor_axes in zip(
+                input_names + output_names, (*args, *outputs), axes["inputs"] + axes["outputs"], strict=True
+            )
+            if tensor_axes
+        }
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(
+                module, args, str(path), dynamo=False, input_names=list(input_names),
+                output_names=list(output_names), dynamic_axes=dynamic_axes, opset_version=opset,
+            )
+
+
+def _group_varargs(module: torch.nn.Module, per_arg: list[Any]) -> tuple[Any, ...]:
+    """torch.export wants a ``*tensors`` parameter's shapes as one nested tuple."""
+    params = inspect.signature(module.forward).parameters.values()
+    if not any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params):
+        return tuple(per_arg)
+    fixed = sum(p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params)
+    return (*per_arg[:fixed], tuple(per_arg[fixed:]))
+
+
+def _check_graph(path: Path) -> None:
+    try:
+        onnx.checker.check_model(str(path), full_check=True)
+        onnx.shape_inference.infer_shapes(onnx.load(str(path)), check_type=True, strict_mode=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
+        raise S2SError(f"{path.name} fails the ONNX checker: {str(exc).splitlines()[0]}") from exc
+
+
+def _compare_with_onnxruntime(
+    encoder: EncoderGraph, step: StepGraph, specs: _Specs, work: Path, src_vocab_size: int,
+    tgt_vocab_size: int, atol: float,
+) -> dict[str, float]:
+    """Run both graphs in ONNX Runtime on fresh sizes, from an empty cache through several
+    reordered steps, and fail on any shape mismatch or difference above the plugin's atol."""
+    from s2s_deploy.runtime.ort_backend import create_session
+
+    enc_sess = create_session(work / ENCODER_FILE, device="cpu")
+    dec_sess = create_session(work / DECODER_FILE, device="cpu")
+    sizes = {"batch": 2, "src_len": 6, "past_len": 0}
+    src, src_len = _encoder_inputs(src_vocab_size, sizes)
+    diffs: dict[str, float] = {}
+    with torch.no_grad():
+        torch_enc = encoder(src, src_len)
+    ort_enc = enc_sess.run(list(specs.io.encoder_outputs), {"src": src.numpy(), "src_len": src_len.numpy()})
+    _record(diffs, specs.io.encoder_outputs, torch_enc, ort_enc, "encoder")
+    encoded = dict(zip(specs.io.encoder_outputs, torch_enc, strict=True))
+    memory = [encoded[m.name] for m in specs.memory]
+    state = [encoded[f"init_{s.name}"] if s.init == "encoder" else _zeros(s, 2, 0) for s in specs.state]
+    generator = torch.Generator().manual_seed(0)
+    for position in range(4):
+        tokens = torch.randint(4, tgt_vocab_size, (2,), generator=generator)
+        reorder = torch.tensor([position % 2, 1 - position % 2], dtype=torch.int64)
+        args = (tokens, torch.tensor(position, dtype=torch.int64), reorder, *memory, *state)
+        with torch.no_grad():
+            torch_out = step(*args)
+        feeds = {name: arg.numpy() for name, arg in zip(specs.io.decoder_inputs, args, strict=True)}
+        ort_out = dec_sess.run(list(specs.io.decoder_outputs), feeds)
+        _record(diffs, specs.io.decoder_outputs, torch_out, ort_out, "decoder")
+        state = list(torch_out[1 : 1 + len(specs.state)])
+    worst = {name: diff for name, diff in diffs.items() if diff > atol}
+    if worst:
+        listed = ", ".join(f"{name} {diff:.2e}" for name, diff in sorted(worst.items()))
+        raise ExportToleranceError(f"ONNX Runtime differs from PyTorch above atol {atol:g}: {listed}")
+    return diffs
+
+
+def _record(
+    diffs: dict[str, float], names: tuple[str, ...], expected: Sequence[torch.Tensor],
+    actual: Sequence[np.ndarray], graph: str,
+) -> None:
+    for name, want, got in zip(names, expected, actual, strict=True):
+        want_np = want.numpy()
+        if want_np.shape != got.shape:
+            raise ExportShapeError(f"{graph} output {name}: ONNX shape {got.shape}, PyTorch {want_np.shape}")
+        diff = float(np.max(np.abs(want_np.astype(np.float64) - got))) if want_np.size else 0.0
+        key = f"{graph}.{name}"
+        diffs[key] = max(diffs.get(key, 0.0), diff)
+
+
+def _io_entries(names: tuple[str, ...], roles: dict[str, str], graph: onnx.GraphProto, kind: str) -> list[dict]:
+    values = {v.name: v for v in getattr(graph, kind)}
+    entries = []
+    for name in names:
+        tensor_type = values[name].type.tensor_type
+        shape = [d.dim_param or d.dim_value for d in tensor_type.shape.dim]
+        dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type).name
+        entries.append({"name": name, "role": roles[name], "dtype": dtype, "shape": shape})
+    return entries
+
+
+def _roles(specs: _Specs) -> dict[str, str]:
+    roles = {"src": "source_tokens", "src_len": "source_lengths", "tokens": "previous_tokens",
+             "step": "step_index", "reorder": "beam_reorder", "log_probs": "log_probs",
+             "attention": "cross_attention"}
+    roles.update({m.name: "memory" for m in specs.memory})
+    for s in specs.state:
+        roles.update({f"init_{s.name}": "state_init", f"past_{s.name}": "state_in",
+                      f"present_{s.name}": "state_out"})
+    return roles
+
+
+def _manifest(
+    plugin: ArchitecturePlugin, config: Any, specs: _Specs, src_vocab: Vocabulary, tgt_vocab: Vocabulary,
+    work: Path, exporter: str, opset: int, source: str, samples: Sequence[str], diffs: dict[str, float],
+    enc_axes: dict[str, Any], dec_axes: dict[str, Any],
+) -> dict[str, Any]:
+    roles = _roles(specs)
+    tokens = plugin.special_tokens
+    graphs = {}
+    for role, file, inputs, outputs in (
+        ("encoder", ENCODER_FILE, specs.io.encoder_inputs, specs.io.encoder_outputs),
+        ("decoder", DECODER_FILE, specs.io.decoder_inputs, specs.io.decoder_outputs),
+    ):
+        graph = onnx.load(str(work / file), load_external_data=False).graph
+        graphs[role] = {
+            "file": file,
+            "sha256": "",
+            "inputs": _io_entries(inputs, roles, graph, "input"),
+            "outputs": _io_entries(outputs, roles, graph, "output"),
+        }
+    return {
+        "format": FORMAT,
+        "plugin": {"name": plugin.name, "version": plugin.version, "description": plugin.description},
+        "config": dataclasses.asdict(config),
+        "source": source,
+        "exporter": exporter,
+        "opset": opset,
+        "graphs": graphs,
+        "memory": [{"name": m.name, "batch_axis": m.batch_axis, "dtype": m.dtype, "description": m.description}
+                   for m in specs.memory],
+        "state": [
+            {"name": s.name, "batch_axis": s.batch_axis, "init": s.init, "shape": list(s.shape),
+             "grow_axis": s.grow_axis, "dtype": s.dtype, "description": s.description}
+            for s in specs.state
+        ],
+        "special_tokens": {
+            "pad": tgt_vocab.pad_id, "bos": tgt_vocab.bos_id, "eos": tgt_vocab.eos_id, "unk": tgt_vocab.unk_id,
+            "decoder_start": tgt_vocab.tokens.index(tokens.decoder_start),
+        },
+        "vocab": {"source": src_vocab.to_dict(), "target": tgt_vocab.to_dict()},
+        "limits": {
+            "max_source_length": plugin.max_source_length(config),
+            "max_target_length": plugin.max_target_length(config),
+        },
+        "search": {"length_penalty_alpha": 0.75},
+        "checkpoint": {"file": CHECKPOINT_FILE, "sha256": sha256_of(work / CHECKPOINT_FILE)},
+        "validation": {"atol": plugin.parity_atol, "max_abs_diff": diffs},
+        "samples": list(samples),
+    }
+
+
+def _write_metadata(path: Path, role: str, raw: dict[str, Any]) -> None:
+    """Key facts inside the graph too, so a lone .onnx file still says what it is."""
+    model = onnx.load(str(path))
+    facts = {
+        "s2s_deploy.format": raw["format"],
+        "s2s_deploy.role": role,
+        "s2s_deploy.plugin": raw["plugin"]["name"],
+        "s2s_deploy.plugin_version": raw["plugin"]["version"],
+        "s2s_deploy.config": json.dumps(raw["config"]),
+        "s2s_deploy.special_tokens": json.dumps(raw["special_tokens"]),
+        "s2s_deploy.memory": json.dumps(raw["memory"]),
+        "s2s_deploy.state": json.dumps(raw["state"]),
+    }
+    del model.metadata_props[:]
+    for key, value in facts.items():
+        model.metadata_props.add(key=key, value=value)
+    model.producer_name = "s2s-deploy"
+    onnx.save(model, str(path))
+
+
+def _move_into_place(work: Path, out_dir: Path) -> None:
+    if out_dir.exists():
+        old = out_dir.with_name(f".{out_dir.name}.old")
+        if old.exists():
+            shutil.rmtree(old)
+        out_dir.rename(old)
+        work.rename(out_dir)
+        shutil.rmtree(old)
+    else:
+        work.rename(out_dir)
+

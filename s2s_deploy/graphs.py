@@ -1,0 +1,76 @@
+"""The two exportable graphs, built generically from any plugin's model and specs.
+
+The PyTorch backend runs these same modules, so parity compares like with like.
+Graph inputs and outputs are bound by name (see ``io_names``), never by position.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from s2s_deploy.contract import MemorySpec, Seq2SeqModel, StateSpec
+
+
+@dataclass(frozen=True)
+class GraphIO:
+    encoder_inputs: tuple[str, ...]
+    encoder_outputs: tuple[str, ...]
+    decoder_inputs: tuple[str, ...]
+    decoder_outputs: tuple[str, ...]
+
+
+def io_names(memory: tuple[MemorySpec, ...], state: tuple[StateSpec, ...], with_attention: bool) -> GraphIO:
+    """The one place graph I/O names are made, so export, manifest and backends agree."""
+    memory_names = tuple(m.name for m in memory)
+    return GraphIO(
+        encoder_inputs=("src", "src_len"),
+        encoder_outputs=memory_names + tuple(f"init_{s.name}" for s in state if s.init == "encoder"),
+        decoder_inputs=("tokens", "step", "reorder", *memory_names, *(f"past_{s.name}" for s in state)),
+        decoder_outputs=("log_probs", *(f"present_{s.name}" for s in state))
+        + (("attention",) if with_attention else ()),
+    )
+
+
+class EncoderGraph(nn.Module):
+    def __init__(self, model: Seq2SeqModel, memory: tuple[MemorySpec, ...], state: tuple[StateSpec, ...]) -> None:
+        super().__init__()
+        self.model = model
+        self.memory_names = [m.name for m in memory]
+        self.init_names = [s.name for s in state if s.init == "encoder"]
+
+    def forward(self, src: Tensor, src_len: Tensor) -> tuple[Tensor, ...]:
+        encoded = self.model.encode(src, src_len)
+        return tuple(encoded[name] for name in self.memory_names + self.init_names)
+
+
+class StepGraph(nn.Module):
+    """One decoder step. ``reorder`` gathers the incoming state along its batch axis first, so
+    beam search reorders the cache inside the runtime instead of copying it through Python."""
+
+    def __init__(
+        self, model: Seq2SeqModel, memory: tuple[MemorySpec, ...], state: tuple[StateSpec, ...],
+        with_attention: bool = False,
+    ) -> None:
+        super().__init__()
+        self.model = model
+        self.memory_names = [m.name for m in memory]
+        self.state_specs = list(state)
+        self.with_attention = with_attention
+
+    def forward(self, tokens: Tensor, step: Tensor, reorder: Tensor, *tensors: Tensor) -> tuple[Tensor, ...]:
+        n_memory = len(self.memory_names)
+        memory = dict(zip(self.memory_names, tensors[:n_memory], strict=True))
+        state = {
+            spec.name: torch.index_select(past, spec.batch_axis, reorder)
+            for spec, past in zip(self.state_specs, tensors[n_memory:], strict=True)
+        }
+        out = self.model.decode_step(tokens, step, memory, state)
+        outputs = (out.log_probs, *(out.state[spec.name] for spec in self.state_specs))
+        if self.with_attention:
+            if out.attention is None:
+                raise ValueError("the model returned no attention weights")
+            outputs = (*outputs, out.attention)
+        return outputs

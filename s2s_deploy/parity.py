@@ -1,0 +1,111 @@
+"""PyTorch vs ONNX Runtime on the same inputs: per-step log-probs and whole search results.
+
+Token disagreement is a failure, never a warning: it is what users would see.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from s2s_deploy.checkpoint import build_model, load_checkpoint
+from s2s_deploy.errors import CheckpointError
+from s2s_deploy.registry import get_plugin
+from s2s_deploy.runtime.backend import Backend
+from s2s_deploy.runtime.manifest import Manifest, sha256_of
+from s2s_deploy.runtime.search import SearchConfig, search
+from s2s_deploy.runtime.translator import encode_batch
+from s2s_deploy.torch_backend import TorchBackend
+
+
+@dataclass(frozen=True)
+class SearchAgreement:
+    mode: str
+    total: int
+    identical: int
+    max_score_diff: float
+    mismatches: tuple[tuple[str, str, str], ...] = field(default=())
+
+    @property
+    def passed(self) -> bool:
+        return self.identical == self.total
+
+
+@dataclass(frozen=True)
+class ParityReport:
+    atol: float
+    step_max_abs_diff: float
+    searches: tuple[SearchAgreement, ...]
+    inputs: int
+
+    @property
+    def passed(self) -> bool:
+        return self.step_max_abs_diff <= self.atol and all(s.passed for s in self.searches)
+
+
+def torch_backend_for(manifest: Manifest, checkpoint: str | Path | None = None) -> TorchBackend:
+    """Rebuild the PyTorch original of an export from the checkpoint it was exported from."""
+    plugin = get_plugin(manifest.plugin)
+    recorded = manifest.raw["checkpoint"]
+    path = Path(checkpoint) if checkpoint else manifest.directory / recorded["file"]
+    if checkpoint is None and path.is_file() and sha256_of(path) != recorded["sha256"]:
+        raise CheckpointError(f"{path} is not the checkpoint this folder was exported from (sha256 differs)")
+    loaded = load_checkpoint(path)
+    model = build_model(loaded, plugin)
+    if loaded.tgt_vocab != manifest.tgt_vocab or loaded.src_vocab != manifest.src_vocab:
+        raise CheckpointError(f"{path} has different vocabularies from the export in {manifest.directory}")
+    return TorchBackend(plugin, model, loaded.config, loaded.tgt_vocab)
+
+
+def check_parity(
+    manifest: Manifest, reference: Backend, candidate: Backend, sources: Sequence[str], *,
+    beam_size: int = 4, max_len: int = 64, atol: float | None = None, batch_size: int = 16,
+) -> ParityReport:
+    atol = float(manifest.raw["validation"]["atol"]) if atol is None else atol
+    modes = [("greedy", SearchConfig(1, 1, max_len)), (f"beam{beam_size}", SearchConfig(beam_size, 1, max_len))]
+    agreements = {name: [0, 0.0, []] for name, _ in modes}
+    step_diff = 0.0
+    for start in range(0, len(sources), batch_size):
+        chunk = list(sources[start : start + batch_size])
+        src, src_len = encode_batch(chunk, manifest.src_vocab, manifest.max_source_length)
+        for name, config in modes:
+            want, got = search(reference, src, src_len, config), search(candidate, src, src_len, config)
+            tally = agreements[name]
+            for text, w, g in zip(chunk, want, got, strict=True):
+                if w[0].tokens == g[0].tokens:
+                    tally[0] += 1
+                    tally[1] = max(tally[1], abs(w[0].score - g[0].score))
+                else:
+                    decode = manifest.tgt_vocab.decode
+                    tally[2].append((text, decode(w[0].tokens), decode(g[0].tokens)))
+            if name == "greedy":
+                forced = [h[0].tokens for h in want]
+                step_diff = max(step_diff, forced_step_diff(reference, candidate, src, src_len, forced))
+    searches = tuple(
+        SearchAgreement(name, len(sources), tally[0], tally[1], tuple(tally[2]))
+        for name, tally in agreements.items()
+    )
+    return ParityReport(atol, step_diff, searches, len(sources))
+
+
+def forced_step_diff(
+    reference: Backend, candidate: Backend, src: np.ndarray, src_len: np.ndarray,
+    targets: Sequence[Sequence[int]],
+) -> float:
+    """Teacher-force the same tokens through both backends; max |Δ log p| over every step."""
+    batch = src.shape[0]
+    steps = max(len(t) for t in targets) + 1
+    forced = np.full((batch, steps), reference.eos_id, dtype=np.int64)
+    forced[:, 0] = reference.decoder_start_id
+    for row, tokens in enumerate(targets):
+        forced[row, 1 : 1 + len(tokens)] = tokens
+    runs = reference.start(src, src_len), candidate.start(src, src_len)
+    reorder = np.arange(batch, dtype=np.int64)
+    worst = 0.0
+    for t in range(steps):
+        a, b = (run.step(forced[:, t], reorder) for run in runs)
+        worst = max(worst, float(np.max(np.abs(a.astype(np.float64) - b))))
+    return worst

@@ -1,0 +1,35 @@
+"""The interface the search code decodes through. Implementations: ONNX Runtime and PyTorch."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+import numpy as np
+
+
+class DecodeRun(ABC):
+    """One batch being decoded: memory tiled per hypothesis, state kept in the backend's own
+    tensors between steps, so nothing large crosses into numpy on the per-token path."""
+
+    @abstractmethod
+    def step(self, tokens: np.ndarray, reorder: np.ndarray) -> np.ndarray:
+        """Feed ``tokens`` (rows,) after gathering state rows by ``reorder``; return log-probs (rows, V)."""
+
+    def attention(self) -> np.ndarray | None:
+        """Cross-attention of the last step, when the backend was asked to keep it."""
+        return None
+
+
+class Backend(ABC):
+    name: str
+    decoder_start_id: int
+    eos_id: int
+    vocab_size: int
+
+    @abstractmethod
+    def start(self, src: np.ndarray, src_len: np.ndarray, expand: int = 1, keep_attention: bool = False) -> DecodeRun:
+        """Encode a batch and repeat every sentence ``expand`` times (once per beam)."""
+
+    def describe(self) -> dict[str, Any]:
+        return {"backend": self.name}

@@ -1,0 +1,162 @@
+"""ONNX Runtime backend. Chooses CUDA only when a session really runs on it, quietly."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from s2s_deploy.errors import S2SError
+from s2s_deploy.runtime.backend import Backend, DecodeRun
+from s2s_deploy.runtime.manifest import Manifest
+
+DEVICES = ("auto", "cpu", "cuda")
+CPU = "CPUExecutionProvider"
+CUDA = "CUDAExecutionProvider"
+
+
+@dataclass(frozen=True)
+class SessionChoice:
+    provider: str
+    reason: str
+
+    def notice(self) -> str:
+        return f"onnxruntime {ort.__version__}: running on {self.provider}{f' ({self.reason})' if self.reason else ''}"
+
+
+def default_threads() -> int:
+    """One intra-op thread per available core; inter-op parallelism only adds contention here."""
+    return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+
+
+def session_options(threads: int | None = None) -> ort.SessionOptions:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads or default_threads()
+    options.inter_op_num_threads = 1
+    options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.log_severity_level = 3
+    return options
+
+
+@contextlib.contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """ONNX Runtime's C++ logger reports a missing CUDA library before any Python setting
+    applies; hide that wall of text at the file-descriptor level while probing."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "wb") as devnull:
+            os.dup2(devnull.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def create_session(
+    path: str | Path, device: str = "auto", threads: int | None = None
+) -> ort.InferenceSession:
+    return _create(path, device, threads)[0]
+
+
+def _create(path: str | Path, device: str, threads: int | None) -> tuple[ort.InferenceSession, SessionChoice]:
+    if device not in DEVICES:
+        raise S2SError(f"unknown device {device!r}; known: {', '.join(DEVICES)}")
+    ort.set_default_logger_severity(3)
+    options = session_options(threads)
+    try:
+        if device in ("auto", "cuda") and CUDA in ort.get_available_providers():
+            with _quiet_stderr():
+                session = ort.InferenceSession(str(path), options, providers=[CUDA, CPU])
+            if session.get_providers()[0] == CUDA:
+                return session, SessionChoice(CUDA, "")
+            reason = "CUDA provider is installed but could not start: CUDA libraries or GPU missing"
+        elif device == "cpu":
+            reason = "requested"
+        else:
+            reason = "this onnxruntime build has no CUDA provider"
+        if device == "cuda":
+            raise S2SError(f"--device cuda: {reason}")
+        return ort.InferenceSession(str(path), options, providers=[CPU]), SessionChoice(CPU, reason)
+    except (ort.capi.onnxruntime_pybind11_state.Fail, ort.capi.onnxruntime_pybind11_state.InvalidGraph,
+            ort.capi.onnxruntime_pybind11_state.InvalidProtobuf, ort.capi.onnxruntime_pybind11_state.NoSuchFile) as exc:
+        raise S2SError(f"onnxruntime cannot load {path}: {str(exc).splitlines()[0]}") from exc
+
+
+class OrtBackend(Backend):
+    name = "onnxruntime"
+
+    def __init__(self, manifest: Manifest, device: str = "auto", threads: int | None = None) -> None:
+        self.manifest = manifest
+        self.encoder, self.choice = _create(manifest.graph_path(manifest.encoder), device, threads)
+        self.device = "cuda" if self.choice.provider == CUDA else "cpu"
+        self.decoder, _ = _create(manifest.graph_path(manifest.decoder), self.device, threads)
+        self.decoder_start_id = manifest.decoder_start_id
+        self.eos_id = manifest.eos_id
+        self.vocab_size = len(manifest.tgt_vocab)
+
+    def describe(self) -> dict[str, Any]:
+        return {"backend": self.name, "provider": self.choice.provider, "onnxruntime": ort.__version__}
+
+    def start(self, src: np.ndarray, src_len: np.ndarray, expand: int = 1, keep_attention: bool = False) -> DecodeRun:
+        manifest = self.manifest
+        names = list(manifest.encoder.outputs)
+        encoded = dict(zip(names, self.encoder.run(names, {"src": src, "src_len": src_len}), strict=True))
+        rows = src.shape[0] * expand
+
+        def tiled(array: np.ndarray, axis: int) -> ort.OrtValue:
+            if expand > 1:
+                array = np.repeat(array, expand, axis=axis)
+            return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array), self.device, 0)
+
+        memory = {m.name: tiled(encoded[m.name], m.batch_axis) for m in manifest.memory}
+        state = []
+        for s in manifest.state:
+            if s.init == "encoder":
+                state.append(tiled(encoded[s.encoder_output], s.batch_axis))
+            else:
+                zeros = np.zeros(s.zeros_shape(rows), dtype=s.dtype)
+                state.append(ort.OrtValue.ortvalue_from_numpy(zeros, self.device, 0))
+        if keep_attention and not manifest.has_attention_output:
+            raise S2SError(f"{manifest.directory} was exported without --with-attention")
+        return _OrtRun(self, memory, state, keep_attention)
+
+
+class _OrtRun(DecodeRun):
+    def __init__(self, backend: OrtBackend, memory: dict[str, ort.OrtValue], state: list[ort.OrtValue],
+                 keep_attention: bool) -> None:
+        manifest = backend.manifest
+        self.session = backend.decoder
+        self.device = backend.device
+        self.memory = memory
+        self.state = state
+        self.state_inputs = [s.decoder_input for s in manifest.state]
+        self.outputs = ["log_probs", *(s.decoder_output for s in manifest.state)]
+        if keep_attention:
+            self.outputs.append("attention")
+        self.position = 0
+        self._attention: np.ndarray | None = None
+
+    def step(self, tokens: np.ndarray, reorder: np.ndarray) -> np.ndarray:
+        feeds = dict(self.memory)
+        feeds["tokens"] = ort.OrtValue.ortvalue_from_numpy(tokens.astype(np.int64, copy=False), self.device, 0)
+        feeds["step"] = ort.OrtValue.ortvalue_from_numpy(np.array(self.position, dtype=np.int64), self.device, 0)
+        feeds["reorder"] = ort.OrtValue.ortvalue_from_numpy(reorder.astype(np.int64, copy=False), self.device, 0)
+        feeds.update(zip(self.state_inputs, self.state, strict=True))
+        outputs = self.session.run_with_ort_values(self.outputs, feeds)
+        self.state = outputs[1 : 1 + len(self.state_inputs)]
+        if len(outputs) > 1 + len(self.state_inputs):
+            self._attention = outputs[-1].numpy()
+        self.position += 1
+        return outputs[0].numpy()
+
+    def attention(self) -> np.ndarray | None:
+        return self._attention

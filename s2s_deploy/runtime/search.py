@@ -1,0 +1,143 @@
+"""Greedy and beam search over any Backend. Imports numpy only.
+
+Scores follow the seeds: a hypothesis of L tokens (its EOS included when it has one) scores
+``log P / L**alpha``. Beam search keeps K live beams per sentence; an EOS candidate ranked
+within the top K of a step becomes a finished hypothesis, and a sentence stops once it has K
+finished ones, or at ``max_len``, where its live beams are finished as they stand.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from s2s_deploy.runtime.backend import Backend
+
+
+@dataclass(frozen=True)
+class Hypothesis:
+    tokens: tuple[int, ...]
+    token_log_probs: tuple[float, ...]
+    score: float
+    finished: bool
+
+    @property
+    def log_prob(self) -> float:
+        return float(sum(self.token_log_probs))
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    beam_size: int = 1
+    n_best: int = 1
+    max_len: int = 256
+    alpha: float = 0.75
+
+    def __post_init__(self) -> None:
+        if self.beam_size < 1:
+            raise ValueError("beam size must be at least 1")
+        if not 1 <= self.n_best <= self.beam_size:
+            raise ValueError("n-best must be between 1 and the beam size")
+        if self.max_len < 1:
+            raise ValueError("max_len must be at least 1")
+
+
+def normalised(log_prob: float | np.ndarray, length: int | np.ndarray, alpha: float) -> float | np.ndarray:
+    return log_prob / np.power(length, alpha)
+
+
+def search(backend: Backend, src: np.ndarray, src_len: np.ndarray, config: SearchConfig) -> list[list[Hypothesis]]:
+    """n-best hypotheses per sentence, best first. Tokens exclude the start token and the EOS."""
+    if config.beam_size == 1:
+        return [[h] for h in greedy(backend, src, src_len, config)]
+    return beam_search(backend, src, src_len, config)
+
+
+def greedy(backend: Backend, src: np.ndarray, src_len: np.ndarray, config: SearchConfig) -> list[Hypothesis]:
+    batch = src.shape[0]
+    run = backend.start(src, src_len)
+    reorder = np.arange(batch, dtype=np.int64)
+    tokens = np.full(batch, backend.decoder_start_id, dtype=np.int64)
+    picked = np.zeros((batch, config.max_len), dtype=np.int64)
+    picked_lp = np.zeros((batch, config.max_len), dtype=np.float64)
+    length = np.full(batch, config.max_len, dtype=np.int64)
+    done = np.zeros(batch, dtype=bool)
+    for t in range(config.max_len):
+        log_probs = run.step(tokens, reorder)
+        tokens = log_probs.argmax(axis=1).astype(np.int64)
+        picked[:, t] = tokens
+        picked_lp[:, t] = log_probs[reorder, tokens]
+        newly = ~done & (tokens == backend.eos_id)
+        length[newly] = t + 1
+        done |= newly
+        if done.all():
+            break
+    results = []
+    for i in range(batch):
+        n = int(length[i])
+        finished = bool(done[i])
+        lps = tuple(float(x) for x in picked_lp[i, :n])
+        body = tuple(int(x) for x in picked[i, : n - 1 if finished else n])
+        results.append(Hypothesis(body, lps, float(normalised(sum(lps), n, config.alpha)), finished))
+    return results
+
+
+def beam_search(
+    backend: Backend, src: np.ndarray, src_len: np.ndarray, config: SearchConfig
+) -> list[list[Hypothesis]]:
+    batch, k, eos = src.shape[0], config.beam_size, backend.eos_id
+    if k >= backend.vocab_size:
+        raise ValueError(f"beam size {k} must be smaller than the vocabulary ({backend.vocab_size})")
+    run = backend.start(src, src_len, expand=k)
+    rows = batch * k
+    row_base = (np.arange(batch) * k)[:, None]
+    scores = np.full((batch, k), -np.inf)
+    scores[:, 0] = 0.0  # all K rows start identical: only the first may extend at step 0
+    history = np.zeros((rows, 0), dtype=np.int64)
+    history_lp = np.zeros((rows, 0), dtype=np.float64)
+    tokens = np.full(rows, backend.decoder_start_id, dtype=np.int64)
+    reorder = np.arange(rows, dtype=np.int64)
+    finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
+    active = np.ones(batch, dtype=bool)
+    for t in range(config.max_len):
+        log_probs = run.step(tokens, reorder).astype(np.float64)
+        vocab = log_probs.shape[1]
+        candidates = (scores[:, :, None] + log_probs.reshape(batch, k, vocab)).reshape(batch, k * vocab)
+        top = _top_sorted(candidates, 2 * k)
+        top_scores = np.take_along_axis(candidates, top, axis=1)
+        is_eos = (top % vocab == eos) & np.isfinite(top_scores)
+        length = t + 1
+        for i, j in zip(*np.nonzero(is_eos[:, :k] & active[:, None]), strict=True):
+            row = row_base[i, 0] + top[i, j] // vocab
+            lps = (*history_lp[row].tolist(), float(log_probs[row, eos]))
+            score = float(normalised(top_scores[i, j], length, config.alpha))
+            finished[i].append(Hypothesis(tuple(history[row].tolist()), lps, score, True))
+        keep = np.argsort(is_eos, axis=1, kind="stable")[:, :k]  # first K non-EOS candidates, in rank order
+        chosen = np.take_along_axis(top, keep, axis=1)
+        scores = np.take_along_axis(top_scores, keep, axis=1)
+        reorder = (row_base + chosen // vocab).reshape(rows)
+        tokens = (chosen % vocab).reshape(rows).astype(np.int64)
+        history = np.concatenate([history[reorder], tokens[:, None]], axis=1)
+        history_lp = np.concatenate([history_lp[reorder], log_probs[reorder, tokens][:, None]], axis=1)
+        active &= np.array([len(f) < k for f in finished])
+        if not active.any():
+            break
+    for i in np.nonzero(active)[0]:
+        for j in range(k):
+            row = row_base[i, 0] + j
+            if np.isfinite(scores[i, j]):
+                score = float(normalised(scores[i, j], history.shape[1], config.alpha))
+                finished[i].append(
+                    Hypothesis(tuple(history[row].tolist()), tuple(history_lp[row].tolist()), score, False)
+                )
+    return [sorted(f, key=lambda h: -h.score)[: config.n_best] for f in finished]
+
+
+def _top_sorted(values: np.ndarray, count: int) -> np.ndarray:
+    """Indices of the ``count`` largest values per row, best first, ties to the lower index."""
+    count = min(count, values.shape[1])
+    part = np.argpartition(-values, count - 1, axis=1)[:, :count]
+    part.sort(axis=1)
+    order = np.argsort(-np.take_along_axis(values, part, axis=1), axis=1, kind="stable")
+    return np.take_along_axis(part, order, axis=1)

@@ -1,0 +1,64 @@
+"""Text in, text out, from an export folder alone: manifest → tokenise → search → detokenise."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from s2s_deploy.errors import S2SError
+from s2s_deploy.runtime.backend import Backend
+from s2s_deploy.runtime.search import Hypothesis, SearchConfig, search
+from s2s_deploy.runtime.vocab import Vocabulary
+
+
+@dataclass(frozen=True)
+class Translation:
+    source: str
+    text: str
+    score: float
+    hypotheses: tuple[tuple[str, float], ...]
+
+
+def encode_batch(texts: Sequence[str], vocab: Vocabulary, max_len: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Right-padded ids (with EOS) and their lengths. Empty lines are the caller's to skip."""
+    ids = [vocab.encode(text) for text in texts]
+    for text, seq in zip(texts, ids, strict=True):
+        if max_len is not None and len(seq) > max_len:
+            raise S2SError(f"input of {len(seq)} tokens exceeds the model's limit of {max_len}: {text[:40]!r}")
+    lengths = np.array([len(seq) for seq in ids], dtype=np.int64)
+    batch = np.full((len(ids), int(lengths.max())), vocab.pad_id, dtype=np.int64)
+    for row, seq in enumerate(ids):
+        batch[row, : len(seq)] = seq
+    return batch, lengths
+
+
+def translate(
+    backend: Backend,
+    texts: Sequence[str],
+    src_vocab: Vocabulary,
+    tgt_vocab: Vocabulary,
+    config: SearchConfig,
+    batch_size: int = 32,
+    max_source_length: int | None = None,
+) -> list[Translation]:
+    """Sentences are batched by length for speed and returned in input order."""
+    if not texts:
+        raise S2SError("no input to translate")
+    for number, text in enumerate(texts, 1):
+        if not text.strip():
+            raise S2SError(f"input {number} is empty")
+    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+    results: list[Translation | None] = [None] * len(texts)
+    for start in range(0, len(order), batch_size):
+        chunk = order[start : start + batch_size]
+        src, src_len = encode_batch([texts[i] for i in chunk], src_vocab, max_source_length)
+        for index, hyps in zip(chunk, search(backend, src, src_len, config), strict=True):
+            results[index] = _translation(texts[index], hyps, tgt_vocab)
+    return [r for r in results if r is not None]
+
+
+def _translation(source: str, hyps: list[Hypothesis], vocab: Vocabulary) -> Translation:
+    texts = tuple((vocab.decode(h.tokens), h.score) for h in hyps)
+    return Translation(source, texts[0][0], texts[0][1], texts)

@@ -1,0 +1,81 @@
+"""PyTorch backend: runs the very modules that were exported (graphs.EncoderGraph/StepGraph)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from s2s_deploy.contract import ArchitecturePlugin, Seq2SeqModel
+from s2s_deploy.graphs import EncoderGraph, StepGraph
+from s2s_deploy.runtime.backend import Backend, DecodeRun
+from s2s_deploy.runtime.vocab import Vocabulary
+
+
+class TorchBackend(Backend):
+    name = "pytorch"
+
+    def __init__(
+        self, plugin: ArchitecturePlugin, model: Seq2SeqModel, config: Any, tgt_vocab: Vocabulary,
+        device: str = "cpu",
+    ) -> None:
+        self.device = torch.device(device)
+        self.model = model.to(self.device).eval()
+        self.memory_specs = plugin.memory_specs(config)
+        self.state_specs = plugin.state_specs(config)
+        self.encoder = EncoderGraph(self.model, self.memory_specs, self.state_specs).eval()
+        self.with_attention = plugin.has_attention
+        self.step_graph = StepGraph(self.model, self.memory_specs, self.state_specs, self.with_attention).eval()
+        self.decoder_start_id = tgt_vocab.tokens.index(plugin.special_tokens.decoder_start)
+        self.eos_id = tgt_vocab.eos_id
+        self.vocab_size = len(tgt_vocab)
+
+    def describe(self) -> dict[str, Any]:
+        return {"backend": self.name, "device": str(self.device), "torch": torch.__version__}
+
+    @torch.no_grad()
+    def start(self, src: np.ndarray, src_len: np.ndarray, expand: int = 1, keep_attention: bool = False) -> DecodeRun:
+        outputs = self.encoder(torch.from_numpy(src).to(self.device), torch.from_numpy(src_len).to(self.device))
+        encoded = dict(zip(self.encoder.memory_names + [f"init_{n}" for n in self.encoder.init_names], outputs,
+                           strict=True))
+        rows = src.shape[0] * expand
+        memory = [encoded[m.name].repeat_interleave(expand, dim=m.batch_axis) for m in self.memory_specs]
+        state = []
+        for s in self.state_specs:
+            if s.init == "encoder":
+                state.append(encoded[f"init_{s.name}"].repeat_interleave(expand, dim=s.batch_axis))
+            else:
+                shape = [rows if d == "batch" else d for d in s.shape]
+                state.append(torch.zeros(shape, dtype=getattr(torch, s.dtype), device=self.device))
+        return _TorchRun(self, memory, state, keep_attention)
+
+
+class _TorchRun(DecodeRun):
+    def __init__(self, backend: TorchBackend, memory: list[torch.Tensor], state: list[torch.Tensor],
+                 keep_attention: bool) -> None:
+        self.backend = backend
+        self.memory = memory
+        self.state = state
+        self.keep_attention = keep_attention
+        self.position = 0
+        self._attention: np.ndarray | None = None
+
+    @torch.no_grad()
+    def step(self, tokens: np.ndarray, reorder: np.ndarray) -> np.ndarray:
+        device = self.backend.device
+        outputs = self.backend.step_graph(
+            torch.from_numpy(tokens.astype(np.int64, copy=False)).to(device),
+            torch.tensor(self.position, dtype=torch.int64, device=device),
+            torch.from_numpy(reorder.astype(np.int64, copy=False)).to(device),
+            *self.memory, *self.state,
+        )
+        n_state = len(self.state)
+        self.state = list(outputs[1 : 1 + n_state])
+        if self.keep_attention and len(outputs) > 1 + n_state:
+            self._attention = outputs[-1].cpu().numpy()
+        self.position += 1
+        return outputs[0].cpu().numpy()
+
+    def attention(self) -> np.ndarray | None:
+        return self._attention
