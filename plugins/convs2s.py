@@ -116,7 +116,7 @@ class DecoderLayer(nn.Module):
         query = (self.attn_hid2emb(conved) + embedded) * SCALE
         energy = query @ memory["conved"].transpose(1, 2) + memory["src_bias"]
         weights = torch.softmax(energy, dim=-1)
-        # Section 3.3: a weighted sum of m vectors shrinks their variance; m * sqrt(1/m) restores it.
+        # Section 3.4: a weighted sum of m vectors shrinks their variance; m * sqrt(1/m) restores it.
         valid_count = (memory["src_bias"] == 0).sum(dim=-1, keepdim=True).to(weights.dtype)
         attended = (weights @ memory["combined"]) * valid_count.sqrt()
         conved = (conved + self.attn_emb2hid(attended)) * SCALE
