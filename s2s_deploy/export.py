@@ -27,6 +27,7 @@ from s2s_deploy.contract import ArchitecturePlugin, Seq2SeqModel, StateSpec
 from s2s_deploy.errors import S2SError
 from s2s_deploy.graphs import EncoderGraph, GraphIO, StepGraph, io_names
 from s2s_deploy.runtime.manifest import FORMAT, sha256_of, write_manifest
+from s2s_deploy.runtime.ort_backend import quiet_stderr
 from s2s_deploy.runtime.vocab import Vocabulary
 
 DEFAULT_OPSET = 18
@@ -218,7 +219,7 @@ def _export(
             )
             if tensor_axes
         }
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), quiet_stderr():  # C++ shape-inference chatter, not errors
             warnings.simplefilter("ignore")
             torch.onnx.export(
                 module, args, str(path), dynamo=False, input_names=list(input_names),
@@ -253,6 +254,7 @@ def _compare_with_onnxruntime(
 
     enc_sess = create_session(work / ENCODER_FILE, device="cpu")
     dec_sess = create_session(work / DECODER_FILE, device="cpu")
+    dec_inputs = {i.name for i in dec_sess.get_inputs()}
     sizes = {"batch": 2, "src_len": 6, "past_len": 0}
     src, src_len = _encoder_inputs(src_vocab_size, sizes)
     diffs: dict[str, float] = {}
@@ -270,7 +272,8 @@ def _compare_with_onnxruntime(
         args = (tokens, torch.tensor(position, dtype=torch.int64), reorder, *memory, *state)
         with torch.no_grad():
             torch_out = step(*args)
-        feeds = {name: arg.numpy() for name, arg in zip(specs.io.decoder_inputs, args, strict=True)}
+        feeds = {name: arg.numpy() for name, arg in zip(specs.io.decoder_inputs, args, strict=True)
+                 if name in dec_inputs}
         ort_out = dec_sess.run(list(specs.io.decoder_outputs), feeds)
         _record(diffs, specs.io.decoder_outputs, torch_out, ort_out, "decoder")
         state = list(torch_out[1 : 1 + len(specs.state)])
@@ -298,6 +301,8 @@ def _io_entries(names: tuple[str, ...], roles: dict[str, str], graph: onnx.Graph
     values = {v.name: v for v in getattr(graph, kind)}
     entries = []
     for name in names:
+        if kind == "input" and name not in values:
+            continue  # an input the model never reads; the TorchScript exporter drops it
         tensor_type = values[name].type.tensor_type
         shape = [d.dim_param or d.dim_value for d in tensor_type.shape.dim]
         dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type).name

@@ -321,7 +321,7 @@ def train(
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_norm)
             optimizer.step()
             step += 1
-            total_loss += float(loss_sum)
+            total_loss += loss_sum.item()
             total_tokens += tokens
             elapsed = time.perf_counter() - began
             bar.set_postfix(loss=f"{total_loss / total_tokens:.3f}", tok_s=f"{total_tokens / max(elapsed, 1e-9):.0f}")

@@ -47,7 +47,7 @@ def session_options(threads: int | None = None) -> ort.SessionOptions:
 
 
 @contextlib.contextmanager
-def _quiet_stderr() -> Iterator[None]:
+def quiet_stderr() -> Iterator[None]:
     """ONNX Runtime's C++ logger reports a missing CUDA library before any Python setting
     applies; hide that wall of text at the file-descriptor level while probing."""
     sys.stderr.flush()
@@ -74,7 +74,7 @@ def _create(path: str | Path, device: str, threads: int | None) -> tuple[ort.Inf
     options = session_options(threads)
     try:
         if device in ("auto", "cuda") and CUDA in ort.get_available_providers():
-            with _quiet_stderr():
+            with quiet_stderr():
                 session = ort.InferenceSession(str(path), options, providers=[CUDA, CPU])
             if session.get_providers()[0] == CUDA:
                 return session, SessionChoice(CUDA, "")
@@ -136,7 +136,9 @@ class _OrtRun(DecodeRun):
         manifest = backend.manifest
         self.session = backend.decoder
         self.device = backend.device
-        self.memory = memory
+        accepted = set(manifest.decoder.inputs)
+        self.memory = {name: value for name, value in memory.items() if name in accepted}
+        self.feeds_step = "step" in accepted
         self.state = state
         self.state_inputs = [s.decoder_input for s in manifest.state]
         self.outputs = ["log_probs", *(s.decoder_output for s in manifest.state)]
@@ -148,7 +150,8 @@ class _OrtRun(DecodeRun):
     def step(self, tokens: np.ndarray, reorder: np.ndarray) -> np.ndarray:
         feeds = dict(self.memory)
         feeds["tokens"] = ort.OrtValue.ortvalue_from_numpy(tokens.astype(np.int64, copy=False), self.device, 0)
-        feeds["step"] = ort.OrtValue.ortvalue_from_numpy(np.array(self.position, dtype=np.int64), self.device, 0)
+        if self.feeds_step:
+            feeds["step"] = ort.OrtValue.ortvalue_from_numpy(np.array(self.position, dtype=np.int64), self.device, 0)
         feeds["reorder"] = ort.OrtValue.ortvalue_from_numpy(reorder.astype(np.int64, copy=False), self.device, 0)
         feeds.update(zip(self.state_inputs, self.state, strict=True))
         outputs = self.session.run_with_ort_values(self.outputs, feeds)

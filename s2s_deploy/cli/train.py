@@ -1,0 +1,75 @@
+"""``s2s-deploy train``."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import click
+
+from s2s_deploy.cli import load_plugin_files, main, plugin_option
+
+
+@main.command("train")
+@click.option("--arch", required=True, help="Registered architecture name (see `s2s-deploy list`).")
+@click.option("--task", default="en-fr", show_default=True,
+              help="Built-in task (en-fr, en-zh), a source<TAB>target file, or a folder with train/valid/test.tsv.")
+@click.option("--preset", default=None, help="Model config preset [default: the plugin's]; not with --resume.")
+@click.option("--epochs", type=click.IntRange(min=1), default=20, show_default=True,
+              help="Total epochs (a resumed run continues up to this many).")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seeds the task split, init and batches.")
+@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=1e-3, show_default=True,
+              help="Peak Adam learning rate.")
+@click.option("--batch-size", type=click.IntRange(min=1), default=128, show_default=True)
+@click.option("--warmup", "warmup_steps", type=click.IntRange(min=0), default=300, show_default=True,
+              help="Linear warmup steps before cosine decay.")
+@click.option("--clip", "clip_norm", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
+              help="Gradient norm clipping threshold.")
+@click.option("--level", type=click.Choice(["char", "word"]), default="char", show_default=True,
+              help="Tokenisation of new vocabularies.")
+@click.option("--max-train", type=click.IntRange(min=1), default=None, help="Use only the first N training pairs.")
+@click.option("--max-valid", type=click.IntRange(min=1), default=None,
+              help="Validate on only the first N valid pairs.")
+@click.option("--threads", type=click.IntRange(min=1), default=2, show_default=True,
+              help="torch CPU threads (results depend on it).")
+@click.option("--device", default="cpu", show_default=True, help="torch device, e.g. cpu or cuda.")
+@click.option("--resume", type=click.Path(dir_okay=False), default=None,
+              help="Continue from a checkpoint (and its .train-state, when present).")
+@click.option("--out", type=click.Path(dir_okay=False), default=None,
+              help="Best checkpoint path [default: runs/<arch>-<task>.safetensors].")
+@click.option("--no-progress", is_flag=True, help="No progress bar.")
+@plugin_option
+def train_command(arch: str, task: str, preset: str | None, epochs: int, seed: int, lr: float, batch_size: int,
+                  warmup_steps: int, clip_norm: float, level: str, max_train: int | None, max_valid: int | None,
+                  threads: int, device: str, resume: str | None, out: str | None, no_progress: bool,
+                  plugin_files: tuple[str, ...]) -> None:
+    """Train an architecture with teacher forcing; keep the checkpoint with the best valid exact match."""
+    from s2s_deploy.errors import S2SError
+    from s2s_deploy.registry import get_plugin
+    from s2s_deploy.tasks import load_task
+    from s2s_deploy.train import TrainConfig, train
+
+    load_plugin_files(plugin_files)
+    plugin = get_plugin(arch)
+    if preset and resume:
+        raise S2SError("--preset applies only without --resume (the checkpoint carries its config)")
+    preset_name = None if resume else (preset or plugin.default_preset)
+    config = plugin.preset(preset_name) if preset_name else None
+    splits = load_task(task, seed)
+    cfg = TrainConfig(epochs=epochs, batch_size=batch_size, lr=lr, warmup_steps=warmup_steps, clip_norm=clip_norm,
+                      seed=seed, threads=threads, level=level, max_train=max_train, max_valid=max_valid,
+                      device=device)
+    destination = Path(out or Path("runs") / f"{arch}-{Path(task).stem}.safetensors")
+    args = ["s2s-deploy", "train", "--arch", arch, "--task", task]
+    args += ["--preset", preset_name] if preset_name else ["--resume", str(resume)]
+    args += ["--epochs", str(epochs), "--seed", str(seed), "--lr", repr(lr), "--batch-size", str(batch_size),
+             "--warmup", str(warmup_steps), "--clip", repr(clip_norm), "--level", level,
+             "--threads", str(threads), "--device", device]
+    args += ["--max-train", str(max_train)] if max_train else []
+    args += ["--max-valid", str(max_valid)] if max_valid else []
+    args += [arg for path in plugin_files for arg in ("--plugin", path)]
+    args += ["--out", str(destination)]
+    info = {"command": shlex.join(args), "preset": preset_name, "resumed_from": resume}
+    result = train(plugin, config, splits, cfg, destination, resume=resume, info=info, progress=not no_progress,
+                   log=lambda line: click.echo(line, err=True))
+    click.echo(f"wrote {result.checkpoint} (epoch {result.best_epoch}: valid {result.best.summary()})")

@@ -1,0 +1,34 @@
+"""Shared fixtures: one export per architecture per test session (exports cost seconds)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from s2s_deploy.export import export_model
+from s2s_deploy.registry import get_plugin
+from s2s_deploy.runtime.manifest import Manifest, load_manifest
+from s2s_deploy.sources import ModelSource, load_source
+
+
+class ExportCache:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self._done: dict[str, tuple[ModelSource, Manifest]] = {}
+
+    def get(self, arch: str) -> tuple[ModelSource, Manifest]:
+        if arch not in self._done:
+            plugin = get_plugin(arch)
+            source = load_source(plugin, None, workdir=self.root)
+            out = self.root / arch
+            export_model(plugin, source.model, source.config, source.src_vocab, source.tgt_vocab, out,
+                         checkpoint_path=source.checkpoint_path, source=source.description, samples=source.samples,
+                         with_attention=plugin.has_attention)
+            self._done[arch] = (source, load_manifest(out))
+        return self._done[arch]
+
+
+@pytest.fixture(scope="session")
+def exports(tmp_path_factory: pytest.TempPathFactory) -> ExportCache:
+    return ExportCache(tmp_path_factory.mktemp("exports"))

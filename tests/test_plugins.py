@@ -1,0 +1,119 @@
+"""The shared suite every architecture passes: export, then parity for greedy and beam.
+
+A new architecture adds one row to ARCH_CASES; test_every_plugin_has_a_row fails until it does.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from s2s_deploy.parity import check_parity, forced_step_diff, torch_backend_for
+from s2s_deploy.registry import REGISTRY
+from s2s_deploy.runtime.ort_backend import OrtBackend
+from s2s_deploy.runtime.search import SearchConfig, search
+from s2s_deploy.runtime.translator import encode_batch
+
+# (architecture, longest target decoded in these tests)
+ARCH_CASES = [
+    ("transformer", 40),
+    ("gru", 40),
+    ("lstm", 40),
+    ("bahdanau", 40),
+    ("rnnsearch", 40),
+    ("convs2s", 40),
+]
+ARCHS = [pytest.param(arch, max_len, id=arch) for arch, max_len in ARCH_CASES]
+
+
+def test_every_plugin_has_a_row() -> None:
+    registered = {entry.plugin.name for entry in REGISTRY.entries()}
+    assert registered == {arch for arch, _ in ARCH_CASES}
+
+
+@pytest.mark.parametrize(("arch", "max_len"), ARCHS)
+def test_export_writes_a_valid_manifest(exports, arch: str, max_len: int) -> None:
+    source, manifest = exports.get(arch)
+    assert manifest.plugin == arch
+    validation = manifest.raw["validation"]
+    assert max(validation["max_abs_diff"].values()) <= validation["atol"]
+    decoder_inputs = set(manifest.decoder.inputs)
+    assert {"tokens", "reorder"} <= decoder_inputs  # "step" is dropped by exporters when unused
+    assert {s.decoder_input for s in manifest.state} <= decoder_inputs
+    assert {s.decoder_output for s in manifest.state} <= set(manifest.decoder.outputs)
+    assert manifest.samples, "an export stores sample inputs for parity"
+
+
+@pytest.mark.parametrize(("arch", "max_len"), ARCHS)
+def test_parity_greedy_and_beam(exports, arch: str, max_len: int) -> None:
+    _, manifest = exports.get(arch)
+    report = check_parity(manifest, torch_backend_for(manifest), OrtBackend(manifest, device="cpu"),
+                          list(manifest.samples), beam_size=4, max_len=max_len)
+    assert report.step_max_abs_diff <= report.atol
+    for agreement in report.searches:
+        assert agreement.passed, agreement.mismatches[:3]
+    assert report.passed
+
+
+@pytest.mark.parametrize(("arch", "max_len"), ARCHS)
+def test_mixed_length_batch_equals_one_at_a_time(exports, arch: str, max_len: int) -> None:
+    _, manifest = exports.get(arch)
+    backend = OrtBackend(manifest, device="cpu")
+    sources = sorted(manifest.samples, key=len)[:: max(1, len(manifest.samples) // 5)]
+    assert len({len(s) for s in sources}) > 1, "the batch must mix lengths"
+    for config in (SearchConfig(1, 1, max_len), SearchConfig(3, 2, max_len)):
+        batched = search(backend, *encode_batch(sources, manifest.src_vocab), config)
+        for text, hyps in zip(sources, batched, strict=True):
+            alone = search(backend, *encode_batch([text], manifest.src_vocab), config)[0]
+            assert [h.tokens for h in hyps] == [h.tokens for h in alone]
+            np.testing.assert_allclose([h.score for h in hyps], [h.score for h in alone], atol=1e-5)
+
+
+@pytest.mark.parametrize(("arch", "max_len"), ARCHS)
+def test_beam_of_one_is_greedy(exports, arch: str, max_len: int) -> None:
+    _, manifest = exports.get(arch)
+    backend = OrtBackend(manifest, device="cpu")
+    src, src_len = encode_batch(list(manifest.samples), manifest.src_vocab)
+    greedy = search(backend, src, src_len, SearchConfig(1, 1, max_len))
+    from s2s_deploy.runtime.search import beam_search
+
+    beam = beam_search(backend, src, src_len, SearchConfig(1, 1, max_len))
+    assert [g[0].tokens for g in greedy] == [b[0].tokens for b in beam]
+    assert [g[0].score for g in greedy] == pytest.approx([b[0].score for b in beam], abs=1e-9)
+
+
+@pytest.mark.parametrize(("arch", "max_len"), ARCHS)
+def test_beam_scores_are_length_normalised_log_probs(exports, arch: str, max_len: int) -> None:
+    """Each returned score equals log P(own tokens) / L**alpha, recomputed by teacher forcing."""
+    _, manifest = exports.get(arch)
+    backend = OrtBackend(manifest, device="cpu")
+    alpha = 0.75
+    src, src_len = encode_batch(list(manifest.samples)[:6], manifest.src_vocab)
+    results = search(backend, src, src_len, SearchConfig(4, 4, max_len, alpha))
+    for row, hyps in enumerate(results):
+        assert [h.score for h in hyps] == sorted((h.score for h in hyps), reverse=True)
+        for hyp in hyps:
+            target = list(hyp.tokens) + ([backend.eos_id] if hyp.finished else [])
+            log_p = _forced_log_prob(backend, src[row : row + 1], src_len[row : row + 1], target)
+            assert hyp.score == pytest.approx(log_p / len(target) ** alpha, abs=1e-4)
+
+
+def _forced_log_prob(backend: OrtBackend, src: np.ndarray, src_len: np.ndarray, target: list[int]) -> float:
+    run = backend.start(src, src_len)
+    reorder = np.zeros(1, dtype=np.int64)
+    previous, total = backend.decoder_start_id, 0.0
+    for token in target:
+        total += float(run.step(np.array([previous]), reorder)[0, token])
+        previous = token
+    return total
+
+
+@pytest.mark.parametrize(("arch", "max_len"), ARCHS)
+def test_forced_step_diff_is_zero_against_itself(exports, arch: str, max_len: int) -> None:
+    """The log-prob comparison would catch a difference: same backend twice gives exactly 0."""
+    _, manifest = exports.get(arch)
+    backend = OrtBackend(manifest, device="cpu")
+    src, src_len = encode_batch(list(manifest.samples)[:3], manifest.src_vocab)
+    assert forced_step_diff(backend, backend, src, src_len, [[5, 6, 7]] * 3) == 0.0
+    reference = torch_backend_for(manifest)
+    assert forced_step_diff(reference, backend, src, src_len, [[5, 6, 7]] * 3) > 0.0
