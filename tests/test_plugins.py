@@ -33,7 +33,7 @@ def test_every_plugin_has_a_row() -> None:
 
 @pytest.mark.parametrize(("arch", "max_len"), ARCHS)
 def test_export_writes_a_valid_manifest(exports, arch: str, max_len: int) -> None:
-    source, manifest = exports.get(arch)
+    _, manifest = exports.get(arch)
     assert manifest.plugin == arch
     validation = manifest.raw["validation"]
     assert max(validation["max_abs_diff"].values()) <= validation["atol"]
