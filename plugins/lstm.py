@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
-from s2s_deploy_plugins.gru import layer_dropout, run_packed, xavier_init
 from torch import Tensor, nn
 
 from s2s_deploy.contract import ArchitecturePlugin, MemorySpec, Seq2SeqModel, StateSpec, StepOutput
+from s2s_deploy_plugins.gru import layer_dropout, run_packed, xavier_init
 
 
 @dataclass(frozen=True)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from s2s_deploy_plugins.convs2s import PLUGIN, ConvS2S, ConvS2SConfig
 
 from s2s_deploy.contract import validate_plugin
+from s2s_deploy_plugins.convs2s import PLUGIN, ConvS2S, ConvS2SConfig
 
 SRC_VOCAB, TGT_VOCAB = 11, 13
 

@@ -7,6 +7,8 @@ from typing import Any
 
 import pytest
 import torch
+
+from s2s_deploy.contract import ArchitecturePlugin, Seq2SeqModel, validate_plugin
 from s2s_deploy_plugins.bahdanau import PLUGIN as BAHDANAU
 from s2s_deploy_plugins.bahdanau import BahdanauConfig
 from s2s_deploy_plugins.gru import PLUGIN as GRU
@@ -15,8 +17,6 @@ from s2s_deploy_plugins.lstm import PLUGIN as LSTM
 from s2s_deploy_plugins.lstm import LSTMConfig
 from s2s_deploy_plugins.rnnsearch import PLUGIN as RNNSEARCH
 from s2s_deploy_plugins.rnnsearch import RNNSearchConfig
-
-from s2s_deploy.contract import ArchitecturePlugin, Seq2SeqModel, validate_plugin
 
 SRC_VOCAB, TGT_VOCAB = 11, 13
 # No hidden size equals a source length used below, so a source axis is recognisable by size.
