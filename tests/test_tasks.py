@@ -1,0 +1,127 @@
+"""Built-in tasks are deterministic, disjoint and linguistically right; user TSVs load or fail clearly."""
+
+from __future__ import annotations
+
+import datetime
+
+import pytest
+
+from s2s_deploy.errors import S2SError, UnknownNameError
+from s2s_deploy.tasks import (
+    BUILTIN_TASKS,
+    MAX_CHARS,
+    Pair,
+    SplitSizes,
+    TaskSplits,
+    generate_pairs,
+    load_task,
+    read_tsv,
+    zh_number,
+)
+
+SMALL = SplitSizes(train=400, valid=50, test=50)
+FR, ZH = BUILTIN_TASKS["en-fr"], BUILTIN_TASKS["en-zh"]
+
+
+def fresh(name: str, seed: int) -> TaskSplits:
+    """Bypass load_task's cache so determinism is really exercised."""
+    return load_task.__wrapped__(name, seed, SMALL)
+
+
+@pytest.mark.parametrize("name", ["en-fr", "en-zh"])
+def test_same_seed_same_splits_other_seed_differs(name: str) -> None:
+    assert fresh(name, 0) == fresh(name, 0)
+    assert fresh(name, 0).train != fresh(name, 1).train
+
+
+@pytest.mark.parametrize("name", ["en-fr", "en-zh"])
+def test_splits_sized_deduplicated_and_disjoint(name: str) -> None:
+    splits = fresh(name, 3)
+    assert (len(splits.train), len(splits.valid), len(splits.test)) == (400, 50, 50)
+    sources = [p.source for split in (splits.train, splits.valid, splits.test) for p in split]
+    assert len(set(sources)) == len(sources)
+    assert all(len(p.source) <= MAX_CHARS and len(p.target) <= MAX_CHARS for p in splits.train)
+    assert sum(p.source == p.target for p in splits.train) < 10  # only cognates: six pages → six pages
+
+
+def test_task_metadata() -> None:
+    assert fresh("en-fr", 0).bleu_tokenize == "13a"
+    assert fresh("en-zh", 0).bleu_tokenize == "zh"
+
+
+def test_french_dates_numbers_and_agreement() -> None:
+    assert FR.date(datetime.date(2021, 3, 3), weekday=True) == "mercredi 3 mars 2021"
+    assert FR.date(datetime.date(2021, 3, 3), weekday=False) == "3 mars 2021"
+    assert FR.date(datetime.date(2021, 9, 1), weekday=True) == "mercredi 1er septembre 2021"
+    assert FR.number(71) == "soixante et onze"
+    assert FR.number(80) == "quatre-vingts"
+    day, week = FR.units[0], FR.units[1]
+    assert FR.quantity(21, day) == "vingt et un jours"
+    assert FR.quantity(21, week) == "vingt et une semaines"
+    assert FR.quantity(81, week) == "quatre-vingt-une semaines"
+    assert FR.quantity(1, week) == "une semaine"
+    assert FR.quantity(0, day) == "zéro jour"
+    assert FR.relative(FR.quantity(3, day), True, datetime.date(2021, 3, 1)) == "trois jours après le 1er mars"
+
+
+def test_generated_pairs_include_known_mappings() -> None:
+    pairs = generate_pairs("en-fr", 3000, seed=0)
+    by_source = {p.source: p.target for p in pairs}
+    dates = [s for s in by_source if s.startswith("Wednesday, March 3, ")]
+    for source in dates:
+        assert by_source[source] == f"mercredi 3 mars {source[-4:]}"
+    assert by_source.get("seventy-one", "soixante et onze") == "soixante et onze"
+    assert any(t.endswith(("jours", "semaines", "mois", "ans")) for t in by_source.values())
+
+
+def test_chinese_dates_numbers_and_measure_words() -> None:
+    assert ZH.date(datetime.date(2021, 3, 3), weekday=True) == "2021年3月3日星期三"
+    assert ZH.date(datetime.date(2021, 3, 3), weekday=False) == "2021年3月3日"
+    expected = {0: "零", 10: "十", 15: "十五", 20: "二十", 101: "一百零一", 110: "一百一十",
+                1001: "一千零一", 1010: "一千零一十", 2000: "两千", 9999: "九千九百九十九"}
+    assert {n: zh_number(n) for n in expected} == expected
+    day, month = ZH.units[0], ZH.units[2]
+    assert ZH.quantity(2, day) == "两天"
+    assert ZH.quantity(12, day) == "十二天"
+    assert ZH.quantity(3, month) == "三个月"
+
+
+def test_unknown_task_lists_known_names() -> None:
+    with pytest.raises(UnknownNameError, match="en-fr, en-zh"):
+        load_task("en-xx")
+
+
+def test_user_tsv_three_columns_and_deterministic_split(tmp_path) -> None:
+    path = tmp_path / "fra.txt"
+    lines = [f"Go {i}.\tVa {i} !\tCC-BY 2.0 (France) Attribution: tatoeba.org" for i in range(100)]
+    path.write_text("\n".join(lines) + "\n\n", encoding="utf-8")
+    splits = load_task.__wrapped__(str(path), 0)
+    assert splits == load_task.__wrapped__(str(path), 0)
+    assert (len(splits.train), len(splits.valid), len(splits.test)) == (90, 5, 5)
+    assert Pair("Go 7.", "Va 7 !") in splits.train + splits.valid + splits.test
+    sources = [p.source for split in (splits.train, splits.valid, splits.test) for p in split]
+    assert len(set(sources)) == 100
+
+
+def test_user_folder_keeps_its_split(tmp_path) -> None:
+    for split in ("train", "valid", "test"):
+        (tmp_path / f"{split}.tsv").write_text(f"{split} a\t{split} b\n", encoding="utf-8")
+    splits = load_task.__wrapped__(str(tmp_path), 0)
+    assert splits.test == (Pair("test a", "test b"),)
+
+
+def test_user_tsv_errors(tmp_path) -> None:
+    with pytest.raises(S2SError, match="not found"):
+        load_task.__wrapped__(str(tmp_path / "missing.tsv"), 0)
+    bad = tmp_path / "bad.tsv"
+    bad.write_text("a\tb\nno tab here\n", encoding="utf-8")
+    with pytest.raises(S2SError, match=r"bad\.tsv:2: .*no tab"):
+        read_tsv(bad)
+    empty = tmp_path / "empty.tsv"
+    empty.write_text("\n  \n", encoding="utf-8")
+    with pytest.raises(S2SError, match="no source<TAB>target pairs"):
+        read_tsv(empty)
+    tiny = tmp_path / "tiny.tsv"
+    tiny.write_text("a\tb\n", encoding="utf-8")
+    with pytest.raises(S2SError, match="at least 3"):
+        load_task.__wrapped__(str(tiny), 0)
