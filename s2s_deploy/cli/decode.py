@@ -51,12 +51,13 @@ def translate_command(export_dir: str, texts: tuple[str, ...], input_path: str |
     from s2s_deploy.runtime.manifest import load_manifest
     from s2s_deploy.runtime.ort_backend import OrtBackend
     from s2s_deploy.runtime.search import SearchConfig
-    from s2s_deploy.runtime.translator import translate
+    from s2s_deploy.runtime.translator import check_inputs, translate
 
     manifest = load_manifest(export_dir)
     sentences = list(texts) + (read_lines(input_path) if input_path else [])
     if not sentences:
         raise S2SError("nothing to translate: give TEXTS or --input")
+    check_inputs(sentences)
     if n_best > beam:
         raise S2SError(f"--n-best {n_best} cannot exceed --beam {beam}")
     backend = OrtBackend(manifest, device=device, threads=threads)

@@ -44,11 +44,7 @@ def translate(
     max_source_length: int | None = None,
 ) -> list[Translation]:
     """Sentences are batched by length for speed and returned in input order."""
-    if not texts:
-        raise S2SError("no input to translate")
-    for number, text in enumerate(texts, 1):
-        if not text.strip():
-            raise S2SError(f"input {number} is empty")
+    check_inputs(texts)
     order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
     results: list[Translation | None] = [None] * len(texts)
     for start in range(0, len(order), batch_size):
@@ -57,6 +53,14 @@ def translate(
         for index, hyps in zip(chunk, search(backend, src, src_len, config), strict=True):
             results[index] = _translation(texts[index], hyps, tgt_vocab)
     return [r for r in results if r is not None]
+
+
+def check_inputs(texts: Sequence[str]) -> None:
+    if not texts:
+        raise S2SError("no input to translate")
+    for number, text in enumerate(texts, 1):
+        if not text.strip():
+            raise S2SError(f"input {number} is empty")
 
 
 def _translation(source: str, hyps: list[Hypothesis], vocab: Vocabulary) -> Translation:

@@ -1,0 +1,3 @@
+from s2s_deploy.cli import main
+
+main()

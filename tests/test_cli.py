@@ -1,0 +1,127 @@
+"""Bad input gets one line on stderr and a non-zero exit, never a traceback."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from s2s_deploy.cli import main
+
+
+def run(*args: str) -> tuple[int, str, str]:
+    result = CliRunner().invoke(main, list(args))
+    return result.exit_code, result.stdout, result.stderr
+
+
+def assert_one_line_error(code: int, stderr: str, fragment: str) -> None:
+    assert code == 1
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    assert lines[0].startswith("error: ") and fragment in lines[0]
+    assert "Traceback" not in stderr
+
+
+def test_list_shows_every_builtin() -> None:
+    code, out, _ = run("list")
+    assert code == 0
+    for name in ("transformer", "gru", "lstm", "bahdanau", "rnnsearch", "convs2s"):
+        assert name in out
+
+
+def test_unknown_arch() -> None:
+    code, _, err = run("export", "--arch", "nope", "--out", "unused")
+    assert_one_line_error(code, err, "known: bahdanau, convs2s, gru, lstm, rnnsearch, transformer")
+
+
+def test_missing_export_folder(tmp_path: Path) -> None:
+    code, _, err = run("translate", str(tmp_path / "absent"), "hello")
+    assert_one_line_error(code, err, "export folder not found")
+
+
+def test_corrupt_manifest(exports, tmp_path: Path) -> None:
+    _, manifest = exports.get("gru")
+    broken = tmp_path / "broken"
+    shutil.copytree(manifest.directory, broken)
+    (broken / "manifest.json").write_text("{not json")
+    code, _, err = run("translate", str(broken), "hello")
+    assert_one_line_error(code, err, "not valid JSON")
+    raw = dict(manifest.raw)
+    del raw["graphs"]
+    (broken / "manifest.json").write_text(json.dumps(raw))
+    code, _, err = run("parity", str(broken))
+    assert_one_line_error(code, err, "incomplete or corrupt")
+
+
+def test_tampered_graph_is_refused(exports, tmp_path: Path) -> None:
+    _, manifest = exports.get("gru")
+    copy = tmp_path / "copy"
+    shutil.copytree(manifest.directory, copy)
+    with open(copy / "decoder.onnx", "ab") as handle:
+        handle.write(b"junk")
+    code, _, err = run("translate", str(copy), "hello")
+    assert_one_line_error(code, err, "does not match the sha256")
+
+
+def test_empty_input(exports, tmp_path: Path) -> None:
+    _, manifest = exports.get("gru")
+    code, _, err = run("translate", str(manifest.directory))
+    assert_one_line_error(code, err, "nothing to translate")
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n  \n")
+    code, _, err = run("translate", str(manifest.directory), "--input", str(empty))
+    assert_one_line_error(code, err, "no non-empty lines")
+    code, _, err = run("translate", str(manifest.directory), "  ")
+    assert_one_line_error(code, err, "input 1 is empty")
+
+
+def test_missing_and_corrupt_checkpoint(tmp_path: Path) -> None:
+    code, _, err = run("export", "--arch", "gru", "--checkpoint", str(tmp_path / "x.safetensors"),
+                       "--out", str(tmp_path / "out"))
+    assert_one_line_error(code, err, "checkpoint not found")
+    junk = tmp_path / "junk.safetensors"
+    junk.write_bytes(b"\x00" * 64)
+    code, _, err = run("export", "--arch", "gru", "--checkpoint", str(junk), "--out", str(tmp_path / "out"))
+    assert_one_line_error(code, err, "not a readable safetensors checkpoint")
+    assert not (tmp_path / "out").exists()
+
+
+def test_mismatched_checkpoint(exports, tmp_path: Path) -> None:
+    _, manifest = exports.get("gru")
+    code, _, err = run("export", "--arch", "lstm", "--checkpoint", str(manifest.directory / "checkpoint.safetensors"),
+                       "--out", str(tmp_path / "out"))
+    assert_one_line_error(code, err, "checkpoint is for architecture 'gru', not 'lstm'")
+    assert not (tmp_path / "out").exists()
+
+
+def test_existing_output_needs_force(exports) -> None:
+    _, manifest = exports.get("gru")
+    before = (manifest.directory / "manifest.json").read_bytes()
+    code, _, err = run("export", "--arch", "gru", "--out", str(manifest.directory))
+    assert_one_line_error(code, err, "already exists; pass --force")
+    assert (manifest.directory / "manifest.json").read_bytes() == before
+
+
+def test_translate_and_parity_succeed(exports) -> None:
+    _, manifest = exports.get("gru")
+    code, out, err = run("translate", str(manifest.directory), manifest.samples[0], manifest.samples[1])
+    assert code == 0, err
+    assert len(out.splitlines()) == 2
+    assert err.strip().startswith("onnxruntime") and len(err.strip().splitlines()) == 1
+    code, out, err = run("parity", str(manifest.directory), "--beam", "2", "--max-len", "20")
+    assert code == 0, out + err
+    assert out.strip().endswith("parity: PASS")
+
+
+@pytest.mark.parametrize("args", [["export", "--arch", "nope"], ["translate", "/nonexistent/dir", "x"]])
+def test_console_script_prints_no_traceback(args: list[str]) -> None:
+    """The installed entry point, not only the click test runner."""
+    result = subprocess.run([sys.executable, "-m", "s2s_deploy", *args], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 1
+    assert "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1

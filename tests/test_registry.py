@@ -1,0 +1,117 @@
+"""The contract is enforced when a plugin registers, and unknown names list the known ones."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+
+from s2s_deploy.contract import BATCH, ArchitecturePlugin, MemorySpec, StateSpec, validate_plugin
+from s2s_deploy.errors import ContractError, S2SError, UnknownNameError
+from s2s_deploy.registry import REGISTRY, Registry
+from s2s_deploy_plugins.transformer import TransformerPlugin
+
+
+@dataclass(frozen=True)
+class TinyConfig:
+    width: int = 4
+
+
+def make_plugin(**overrides: object) -> ArchitecturePlugin:
+    """A subclass of the real Transformer plugin with one class attribute or method changed."""
+    attrs = {"name": "tiny"} | overrides
+    return type("Tiny", (TransformerPlugin,), attrs)()
+
+
+def test_builtin_plugins_pass_the_contract() -> None:
+    for entry in REGISTRY.entries():
+        validate_plugin(entry.plugin)
+        assert entry.source.startswith("entry point")
+
+
+def test_unknown_name_lists_known_names() -> None:
+    with pytest.raises(UnknownNameError) as info:
+        REGISTRY.get("no-such-arch")
+    message = str(info.value)
+    assert "no-such-arch" in message
+    assert "transformer" in message and "gru" in message
+
+
+@dataclass
+class MutableConfig:
+    width: int = 4
+
+
+@pytest.mark.parametrize(
+    ("overrides", "fragment"),
+    [
+        ({"name": "Bad Name"}, "must match"),
+        ({"config_type": MutableConfig, "presets": {"small": MutableConfig()}}, "frozen dataclass"),
+        ({"default_preset": "huge"}, "default_preset"),
+        ({"presets": {"small": TinyConfig()}}, "is not a TransformerConfig"),
+        ({"exporter": "magic"}, "exporter"),
+        ({"parity_atol": 0}, "parity_atol"),
+        ({"memory_specs": lambda self, c: (MemorySpec("tokens"),)}, "reserved"),
+        ({"memory_specs": lambda self, c: (MemorySpec("self_k"),)}, "unique"),
+        ({"state_specs": lambda self, c: (StateSpec("h", 1, "zeros", (2, 3)),)}, "batch"),
+        ({"state_specs": lambda self, c: (StateSpec("h", 1, "zeros", (2, BATCH), grow_axis=1),)}, "grow_axis"),
+        ({"state_specs": lambda self, c: (StateSpec("h", 1, "later"),)}, "bad state spec"),
+    ],
+)
+def test_contract_violations_fail_at_registration(overrides: dict, fragment: str) -> None:
+    with pytest.raises(ContractError, match=fragment):
+        Registry().register(make_plugin(**overrides), "test")
+
+
+def test_not_a_plugin_is_rejected() -> None:
+    with pytest.raises(ContractError, match="not an ArchitecturePlugin"):
+        Registry().register(object(), "test")
+
+
+def test_a_name_cannot_be_taken_twice() -> None:
+    registry = Registry()
+    registry.register(make_plugin(), "first")
+    other = type("Other", (TransformerPlugin,), {"name": "tiny", "version": "9"})()
+    with pytest.raises(ContractError, match="already registered by first"):
+        registry.register(other, "second")
+
+
+def test_plugin_file_goes_through_the_same_registration(tmp_path: Path) -> None:
+    plugin_file = tmp_path / "my_arch.py"
+    plugin_file.write_text(
+        "from s2s_deploy_plugins.transformer import TransformerPlugin\n"
+        "class MyArch(TransformerPlugin):\n"
+        "    name = 'myarch'\n"
+        "PLUGIN = MyArch()\n"
+    )
+    registry = Registry()
+    assert registry.load_file(plugin_file) == ["myarch"]
+    assert registry.get("myarch").name == "myarch"
+    assert [e.source for e in registry.entries() if e.plugin.name == "myarch"] == [f"file {plugin_file}"]
+
+
+def test_plugin_file_errors_are_one_line(tmp_path: Path) -> None:
+    registry = Registry()
+    with pytest.raises(S2SError, match="not found"):
+        registry.load_file(tmp_path / "missing.py")
+    broken = tmp_path / "broken.py"
+    broken.write_text("raise RuntimeError('boom')\n")
+    with pytest.raises(S2SError, match="failed to import: boom"):
+        registry.load_file(broken)
+    empty = tmp_path / "empty.py"
+    empty.write_text("x = 1\n")
+    with pytest.raises(ContractError, match="defines no PLUGIN"):
+        registry.load_file(empty)
+
+
+def test_config_from_dict_rejects_unknown_fields() -> None:
+    plugin = REGISTRY.get("transformer")
+    config = plugin.config_from_dict(dataclasses.asdict(plugin.preset()))
+    assert config == plugin.preset()
+    with pytest.raises(ContractError, match="unknown config fields"):
+        plugin.config_from_dict({"d_model": 8, "colour": "red"})
+
+
