@@ -46,7 +46,9 @@ class ParityReport:
         return self.step_max_abs_diff <= self.atol and all(s.passed for s in self.searches)
 
 
-def torch_backend_for(manifest: Manifest, checkpoint: str | Path | None = None) -> TorchBackend:
+def torch_backend_for(
+    manifest: Manifest, checkpoint: str | Path | None = None, device: str = "cpu"
+) -> TorchBackend:
     """Rebuild the PyTorch original of an export from the checkpoint it was exported from."""
     plugin = get_plugin(manifest.plugin)
     recorded = manifest.raw["checkpoint"]
@@ -57,7 +59,7 @@ def torch_backend_for(manifest: Manifest, checkpoint: str | Path | None = None) 
     model = build_model(loaded, plugin)
     if loaded.tgt_vocab != manifest.tgt_vocab or loaded.src_vocab != manifest.src_vocab:
         raise CheckpointError(f"{path} has different vocabularies from the export in {manifest.directory}")
-    return TorchBackend(plugin, model, loaded.config, loaded.tgt_vocab)
+    return TorchBackend(plugin, model, loaded.config, loaded.tgt_vocab, device=device)
 
 
 def check_parity(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -36,7 +37,9 @@ class TorchBackend(Backend):
 
     @torch.no_grad()
     def start(self, src: np.ndarray, src_len: np.ndarray, expand: int = 1, keep_attention: bool = False) -> DecodeRun:
+        started = time.perf_counter()
         outputs = self.encoder(torch.from_numpy(src).to(self.device), torch.from_numpy(src_len).to(self.device))
+        self.runtime_seconds += time.perf_counter() - started
         encoded = dict(zip(self.encoder.memory_names + [f"init_{n}" for n in self.encoder.init_names], outputs,
                            strict=True))
         rows = src.shape[0] * expand
@@ -64,12 +67,14 @@ class _TorchRun(DecodeRun):
     @torch.no_grad()
     def step(self, tokens: np.ndarray, reorder: np.ndarray) -> np.ndarray:
         device = self.backend.device
+        started = time.perf_counter()
         outputs = self.backend.step_graph(
             torch.from_numpy(tokens.astype(np.int64, copy=False)).to(device),
             torch.tensor(self.position, dtype=torch.int64, device=device),
             torch.from_numpy(reorder.astype(np.int64, copy=False)).to(device),
             *self.memory, *self.state,
         )
+        self.backend.runtime_seconds += time.perf_counter() - started
         n_state = len(self.state)
         self.state = list(outputs[1 : 1 + n_state])
         if self.keep_attention and len(outputs) > 1 + n_state:

@@ -22,10 +22,14 @@ class DecodeRun(ABC):
 
 
 class Backend(ABC):
+    """``runtime_seconds`` accumulates the time spent inside the runtime's own calls, so a
+    benchmark can tell the engine's Python overhead apart from the model's compute."""
+
     name: str
     decoder_start_id: int
     eos_id: int
     vocab_size: int
+    runtime_seconds: float = 0.0
 
     @abstractmethod
     def start(self, src: np.ndarray, src_len: np.ndarray, expand: int = 1, keep_attention: bool = False) -> DecodeRun:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -109,7 +110,9 @@ class OrtBackend(Backend):
     def start(self, src: np.ndarray, src_len: np.ndarray, expand: int = 1, keep_attention: bool = False) -> DecodeRun:
         manifest = self.manifest
         names = list(manifest.encoder.outputs)
+        started = time.perf_counter()
         encoded = dict(zip(names, self.encoder.run(names, {"src": src, "src_len": src_len}), strict=True))
+        self.runtime_seconds += time.perf_counter() - started
         rows = src.shape[0] * expand
 
         def tiled(array: np.ndarray, axis: int) -> ort.OrtValue:
@@ -134,6 +137,7 @@ class _OrtRun(DecodeRun):
     def __init__(self, backend: OrtBackend, memory: dict[str, ort.OrtValue], state: list[ort.OrtValue],
                  keep_attention: bool) -> None:
         manifest = backend.manifest
+        self.backend = backend
         self.session = backend.decoder
         self.device = backend.device
         accepted = set(manifest.decoder.inputs)
@@ -154,7 +158,9 @@ class _OrtRun(DecodeRun):
             feeds["step"] = ort.OrtValue.ortvalue_from_numpy(np.array(self.position, dtype=np.int64), self.device, 0)
         feeds["reorder"] = ort.OrtValue.ortvalue_from_numpy(reorder.astype(np.int64, copy=False), self.device, 0)
         feeds.update(zip(self.state_inputs, self.state, strict=True))
+        started = time.perf_counter()
         outputs = self.session.run_with_ort_values(self.outputs, feeds)
+        self.backend.runtime_seconds += time.perf_counter() - started
         self.state = outputs[1 : 1 + len(self.state_inputs)]
         if len(outputs) > 1 + len(self.state_inputs):
             self._attention = outputs[-1].numpy()

@@ -1,5 +1,7 @@
 """Greedy and beam search over any Backend. Imports numpy only.
 
+``min_len`` forbids EOS before that many tokens (benchmarks force a fixed output length).
+
 Scores follow the seeds: a hypothesis of L tokens (its EOS included when it has one) scores
 ``log P / L**alpha``. Beam search keeps K live beams per sentence; an EOS candidate ranked
 within the top K of a step becomes a finished hypothesis, and a sentence stops once it has K
@@ -33,6 +35,7 @@ class SearchConfig:
     n_best: int = 1
     max_len: int = 256
     alpha: float = 0.75
+    min_len: int = 0
 
     def __post_init__(self) -> None:
         if self.beam_size < 1:
@@ -41,6 +44,8 @@ class SearchConfig:
             raise ValueError("n-best must be between 1 and the beam size")
         if self.max_len < 1:
             raise ValueError("max_len must be at least 1")
+        if not 0 <= self.min_len <= self.max_len:
+            raise ValueError("min_len must be between 0 and max_len")
 
 
 def normalised(log_prob: float | np.ndarray, length: int | np.ndarray, alpha: float) -> float | np.ndarray:
@@ -65,6 +70,8 @@ def greedy(backend: Backend, src: np.ndarray, src_len: np.ndarray, config: Searc
     done = np.zeros(batch, dtype=bool)
     for t in range(config.max_len):
         log_probs = run.step(tokens, reorder)
+        if t < config.min_len:
+            log_probs[:, backend.eos_id] = -np.inf
         tokens = log_probs.argmax(axis=1).astype(np.int64)
         picked[:, t] = tokens
         picked_lp[:, t] = log_probs[reorder, tokens]
@@ -102,6 +109,8 @@ def beam_search(
     active = np.ones(batch, dtype=bool)
     for t in range(config.max_len):
         log_probs = run.step(tokens, reorder).astype(np.float64)
+        if t < config.min_len:
+            log_probs[:, eos] = -np.inf
         vocab = log_probs.shape[1]
         candidates = (scores[:, :, None] + log_probs.reshape(batch, k, vocab)).reshape(batch, k * vocab)
         top = _top_sorted(candidates, 2 * k)

@@ -1,0 +1,220 @@
+"""Speed of the same search on PyTorch eager and ONNX Runtime, on the same inputs.
+
+Each (model, system) runs in its own spawned process, so peak memory is that system's own.
+Figures are wall-clock: they belong in docs/performance.md, never in a unit test's assertion.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import platform
+import resource
+import statistics
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from s2s_deploy.errors import S2SError
+
+SYSTEMS = ("pytorch", "onnxruntime-cpu", "pytorch-cuda", "onnxruntime-cuda")
+
+
+@dataclass(frozen=True)
+class BenchSettings:
+    beams: tuple[int, ...] = (1, 4)
+    batches: tuple[int, ...] = (1, 16, 64)
+    sentences: int = 64
+    reps: int = 3
+    warmup: int = 1
+    threads: int = 2
+    fixed_length: int | None = None
+    max_len: int = 128
+    systems: tuple[str, ...] = ("pytorch", "onnxruntime-cpu", "onnxruntime-cuda")
+
+
+@dataclass(frozen=True)
+class BenchRow:
+    model: str
+    system: str
+    beam: int
+    batch: int
+    tokens_per_s: float
+    tokens_per_s_min: float
+    tokens_per_s_max: float
+    p50_ms: float
+    p95_ms: float
+    engine_overhead: float
+    peak_rss_mb: float
+    tokens: int
+    ratio_to_pytorch: float | None = None
+
+
+@dataclass(frozen=True)
+class BenchResult:
+    rows: tuple[BenchRow, ...]
+    skipped: dict[str, str] = field(default_factory=dict)
+    machine: dict[str, Any] = field(default_factory=dict)
+
+
+def machine_description() -> dict[str, Any]:
+    import onnxruntime
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "logical_cpus": multiprocessing.cpu_count(), "platform": platform.platform(),
+            "python": platform.python_version(), "onnxruntime": onnxruntime.__version__,
+            "date": time.strftime("%Y-%m-%d")}
+
+
+def source_batches(export_dir: Path, sentences: int) -> list[str]:
+    from s2s_deploy.runtime.manifest import load_manifest
+
+    samples = list(load_manifest(export_dir).samples)
+    if not samples:
+        raise S2SError(f"{export_dir} stores no sample inputs to benchmark with")
+    return [samples[i % len(samples)] for i in range(sentences)]
+
+
+def synthetic_export(spec: str, vocab_size: int, workdir: Path) -> Path:
+    """Export ``ARCH:PRESET`` with seeded random weights and a word vocabulary of ``vocab_size``."""
+    import torch
+
+    from s2s_deploy.checkpoint import save_checkpoint
+    from s2s_deploy.export import export_model
+    from s2s_deploy.registry import get_plugin
+    from s2s_deploy.runtime.vocab import SPECIALS, Vocabulary
+
+    arch, _, preset = spec.partition(":")
+    plugin = get_plugin(arch)
+    config = plugin.preset(preset or None)
+    vocab = Vocabulary((*SPECIALS, *(f"w{i}" for i in range(len(SPECIALS), vocab_size))), "word")
+    torch.manual_seed(0)
+    model = plugin.build(config, len(vocab), len(vocab)).eval()
+    generator = np.random.default_rng(20261122)
+    samples = [" ".join(f"w{i}" for i in generator.integers(len(SPECIALS), vocab_size, generator.integers(14, 25)))
+               for _ in range(32)]
+    checkpoint = save_checkpoint(workdir / f"{arch}-{preset}.safetensors", plugin, config, model, vocab, vocab)
+    out = workdir / f"{arch}-{preset}"
+    export_model(plugin, model, config, vocab, vocab, out, checkpoint_path=checkpoint,
+                 source=f"seeded random {spec}, vocab {vocab_size}", samples=samples, force=True)
+    return out
+
+
+def run_benchmark(export_dirs: Sequence[Path], settings: BenchSettings) -> BenchResult:
+    rows: list[BenchRow] = []
+    skipped: dict[str, str] = {}
+    context = multiprocessing.get_context("spawn")
+    for export_dir in export_dirs:
+        for system in settings.systems:
+            with context.Pool(1) as pool:
+                outcome = pool.apply(_measure_system, (str(export_dir), system, settings))
+            if isinstance(outcome, str):
+                skipped[f"{export_dir.name}/{system}"] = outcome
+            else:
+                rows.extend(outcome)
+    return BenchResult(tuple(_with_ratios(rows)), skipped, machine_description())
+
+
+def _with_ratios(rows: list[BenchRow]) -> list[BenchRow]:
+    baseline = {(r.model, r.beam, r.batch, r.system.endswith("cuda")): r.tokens_per_s
+                for r in rows if r.system.startswith("pytorch")}
+    out = []
+    for r in rows:
+        base = baseline.get((r.model, r.beam, r.batch, r.system.endswith("cuda")))
+        out.append(BenchRow(**{**asdict(r), "ratio_to_pytorch": r.tokens_per_s / base if base else None}))
+    return out
+
+
+def _backend(export_dir: Path, system: str, threads: int):
+    from s2s_deploy.runtime.manifest import load_manifest
+
+    manifest = load_manifest(export_dir)
+    if system.startswith("pytorch"):
+        import torch
+
+        from s2s_deploy.parity import torch_backend_for
+
+        torch.set_num_threads(threads)
+        torch.set_num_interop_threads(1)
+        device = "cuda" if system.endswith("cuda") else "cpu"
+        if device == "cuda" and not torch.cuda.is_available():
+            raise S2SError("torch has no CUDA device here")
+        return manifest, torch_backend_for(manifest, device=device)
+    from s2s_deploy.runtime.ort_backend import OrtBackend
+
+    return manifest, OrtBackend(manifest, device="cuda" if system.endswith("cuda") else "cpu", threads=threads)
+
+
+def _measure_system(export_dir: str, system: str, settings: BenchSettings) -> list[BenchRow] | str:
+    from s2s_deploy.runtime.search import SearchConfig, search
+    from s2s_deploy.runtime.translator import encode_batch
+
+    try:
+        manifest, backend = _backend(Path(export_dir), system, settings.threads)
+    except S2SError as exc:
+        return str(exc)
+    texts = source_batches(Path(export_dir), settings.sentences)
+    rows = []
+    for beam in settings.beams:
+        max_len = settings.fixed_length or settings.max_len
+        config = SearchConfig(beam, 1, max_len, min_len=settings.fixed_length or 0)
+        for batch in settings.batches:
+            chunks = [encode_batch(texts[i : i + batch], manifest.src_vocab) for i in range(0, len(texts), batch)]
+            passes, latencies, overheads, tokens = [], [], [], 0
+            for rep in range(settings.warmup + settings.reps):
+                backend.runtime_seconds = 0.0
+                started = time.perf_counter()
+                count = 0
+                for src, src_len in chunks:
+                    t0 = time.perf_counter()
+                    results = search(backend, src, src_len, config)
+                    elapsed = time.perf_counter() - t0
+                    count += sum(len(h[0].token_log_probs) for h in results)
+                    if rep >= settings.warmup:
+                        latencies.extend([elapsed * 1000] * src.shape[0])
+                total = time.perf_counter() - started
+                if rep >= settings.warmup:
+                    passes.append(count / total)
+                    overheads.append(1 - backend.runtime_seconds / total)
+                    tokens = count
+            rows.append(BenchRow(
+                model=Path(export_dir).name, system=system, beam=beam, batch=batch,
+                tokens_per_s=statistics.median(passes), tokens_per_s_min=min(passes),
+                tokens_per_s_max=max(passes), p50_ms=float(np.percentile(latencies, 50)),
+                p95_ms=float(np.percentile(latencies, 95)), engine_overhead=statistics.median(overheads),
+                peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, tokens=tokens,
+            ))
+    return rows
+
+
+def markdown_table(result: BenchResult) -> str:
+    lines = [
+        "| model | system | beam | batch | tokens/s [min–max] | p50 ms | p95 ms | engine overhead "
+        "| peak RSS MB | × PyTorch |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in result.rows:
+        ratio = f"{r.ratio_to_pytorch:.2f}" if r.ratio_to_pytorch is not None else "–"
+        lines.append(
+            f"| {r.model} | {r.system} | {r.beam} | {r.batch} | **{r.tokens_per_s:.1f}** "
+            f"[{r.tokens_per_s_min:.1f}–{r.tokens_per_s_max:.1f}] | {r.p50_ms:.1f} | {r.p95_ms:.1f} | "
+            f"{100 * r.engine_overhead:.1f}% | {r.peak_rss_mb:.0f} | {ratio} |"
+        )
+    for key, reason in result.skipped.items():
+        lines.append(f"\nskipped {key}: {reason}")
+    return "\n".join(lines)
+
+
+def scratch_dir() -> Path:
+    return Path(tempfile.mkdtemp(prefix="s2s-bench-"))

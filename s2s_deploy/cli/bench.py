@@ -1,0 +1,77 @@
+"""``s2s-deploy bench``."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+import click
+
+from s2s_deploy.cli import load_plugin_files, main, plugin_option
+
+
+def _ints(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError as exc:
+        raise click.BadParameter(f"expected comma-separated integers, got {text!r}") from exc
+    if not values or min(values) < 1:
+        raise click.BadParameter("values must be positive")
+    return values
+
+
+@main.command("bench")
+@click.argument("export_dirs", nargs=-1, type=click.Path(file_okay=False))
+@click.option("--synthetic", default=None, metavar="ARCH:PRESET",
+              help="Also export and measure a seeded random model of this preset, e.g. transformer:base.")
+@click.option("--vocab-size", type=click.IntRange(8), default=32000, show_default=True,
+              help="Vocabulary of the --synthetic model.")
+@click.option("--fixed-length", type=click.IntRange(1), default=None,
+              help="Generate exactly this many tokens per sentence (EOS suppressed until then).")
+@click.option("--beams", default="1,4", show_default=True, help="Beam sizes, comma-separated.")
+@click.option("--batches", default="1,16,64", show_default=True, help="Batch sizes, comma-separated.")
+@click.option("--sentences", type=click.IntRange(1), default=64, show_default=True)
+@click.option("--reps", type=click.IntRange(1), default=3, show_default=True, help="Timed repetitions.")
+@click.option("--warmup", type=click.IntRange(0), default=1, show_default=True)
+@click.option("--threads", type=click.IntRange(1), default=2, show_default=True,
+              help="Threads for both PyTorch and ONNX Runtime.")
+@click.option("--systems", default="pytorch,onnxruntime-cpu,onnxruntime-cuda", show_default=True,
+              help="Comma-separated: pytorch, onnxruntime-cpu, pytorch-cuda, onnxruntime-cuda.")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write results as JSON.")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None, help="Write a chart (PNG).")
+@plugin_option
+def bench_command(export_dirs: tuple[str, ...], synthetic: str | None, vocab_size: int, fixed_length: int | None,
+                  beams: str, batches: str, sentences: int, reps: int, warmup: int, threads: int, systems: str,
+                  json_path: str | None, plot_path: str | None, plugin_files: tuple[str, ...]) -> None:
+    """Tokens/s, latency, engine overhead and peak memory: PyTorch eager vs ONNX Runtime."""
+    from s2s_deploy.bench import SYSTEMS, BenchSettings, markdown_table, run_benchmark, scratch_dir, synthetic_export
+    from s2s_deploy.errors import S2SError
+    from s2s_deploy.runtime.manifest import load_manifest
+
+    load_plugin_files(plugin_files)
+    chosen = tuple(s.strip() for s in systems.split(","))
+    unknown = sorted(set(chosen) - set(SYSTEMS))
+    if unknown:
+        raise S2SError(f"unknown system {unknown[0]!r}; known: {', '.join(SYSTEMS)}")
+    dirs = [Path(d) for d in export_dirs]
+    for d in dirs:
+        load_manifest(d)
+    if synthetic:
+        click.echo(f"exporting synthetic {synthetic} (vocab {vocab_size})...", err=True)
+        dirs.append(synthetic_export(synthetic, vocab_size, scratch_dir()))
+    if not dirs:
+        raise S2SError("nothing to benchmark: give export folders or --synthetic ARCH:PRESET")
+    settings = BenchSettings(beams=_ints(beams), batches=_ints(batches), sentences=sentences, reps=reps,
+                             warmup=warmup, threads=threads, fixed_length=fixed_length, systems=chosen)
+    result = run_benchmark(dirs, settings)
+    click.echo(markdown_table(result))
+    if json_path:
+        Path(json_path).write_text(json.dumps({
+            "machine": result.machine, "settings": asdict(settings),
+            "rows": [asdict(r) for r in result.rows], "skipped": result.skipped,
+        }, indent=2))
+    if plot_path:
+        from s2s_deploy.plot import plot_benchmark
+
+        plot_benchmark([asdict(r) for r in result.rows], Path(plot_path))
