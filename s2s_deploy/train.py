@@ -281,6 +281,8 @@ def train(
         model = plugin.build(config, len(src_vocab), len(tgt_vocab))
     model.to(device)
 
+    if start_epoch >= cfg.epochs:
+        raise S2SError(f"nothing to do: {resume} was already trained for {start_epoch} epochs; raise --epochs")
     kept = _fits(plugin, config, train_pairs, src_vocab, tgt_vocab)
     if len(kept) < len(train_pairs):
         emit(f"skipping {len(train_pairs) - len(kept)} training pairs longer than the model's limits")
@@ -344,8 +346,7 @@ def train(
         })
         emit(f"epoch {epoch}/{cfg.epochs}: loss {stats.loss:.4f}, {stats.tokens_per_s:.0f} tokens/s, "
              f"valid {valid.summary()}{' (best, saved)' if improved else ''}")
-    if best_scores is None:
-        raise S2SError(f"nothing to do: the train state is already at epoch {start_epoch} of {cfg.epochs}")
+    assert best_scores is not None
     return TrainResult(out, best_epoch, best_scores, tuple(history))
 
 
