@@ -73,6 +73,7 @@ def export_model(
     checkpoint_path: Path,
     source: str,
     samples: Sequence[str] = (),
+    training: dict[str, Any] | None = None,
     exporter: str | None = None,
     opset: int = DEFAULT_OPSET,
     with_attention: bool = False,
@@ -107,7 +108,8 @@ def export_model(
                                           plugin.parity_atol)
         shutil.copyfile(checkpoint_path, work / CHECKPOINT_FILE)
         raw = _manifest(plugin, config, specs, src_vocab, tgt_vocab, work, exporter, opset, source,
-                        samples, diffs, enc_axes, dec_axes)
+                        samples, diffs)
+        raw["training"] = training or {}
         for role, path in (("encoder", work / ENCODER_FILE), ("decoder", work / DECODER_FILE)):
             _write_metadata(path, role, raw)
             raw["graphs"][role]["sha256"] = sha256_of(path)
@@ -324,7 +326,6 @@ def _roles(specs: _Specs) -> dict[str, str]:
 def _manifest(
     plugin: ArchitecturePlugin, config: Any, specs: _Specs, src_vocab: Vocabulary, tgt_vocab: Vocabulary,
     work: Path, exporter: str, opset: int, source: str, samples: Sequence[str], diffs: dict[str, float],
-    enc_axes: dict[str, Any], dec_axes: dict[str, Any],
 ) -> dict[str, Any]:
     roles = _roles(specs)
     tokens = plugin.special_tokens

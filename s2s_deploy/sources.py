@@ -32,6 +32,7 @@ class ModelSource:
     description: str
     samples: tuple[str, ...]
     trained: bool
+    info: dict[str, Any]
 
 
 def bundled_checkpoint(plugin: ArchitecturePlugin) -> Path | None:
@@ -53,7 +54,7 @@ def load_source(plugin: ArchitecturePlugin, checkpoint: str | Path | None, prese
     trained = f", trained on {info['task']}" if info.get("task") else ""
     return ModelSource(
         plugin, loaded.config, model, loaded.src_vocab, loaded.tgt_vocab, path,
-        f"{kind} {path}{trained}", tuple(info.get("samples", ())) or _task_samples(info), trained=True,
+        f"{kind} {path}{trained}", tuple(info.get("samples", ())) or _task_samples(info), trained=True, info=info,
     )
 
 
@@ -87,5 +88,5 @@ def _random_source(plugin: ArchitecturePlugin, preset: str | None, workdir: Path
         plugin, config, model, vocab, vocab, path,
         f"seeded random weights (seed {RANDOM_SEED}, preset {preset or plugin.default_preset}): "
         "no checkpoint given and none bundled; this model does not translate",
-        samples, trained=False,
+        samples, trained=False, info={"random_seed": RANDOM_SEED},
     )

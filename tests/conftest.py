@@ -24,6 +24,7 @@ class ExportCache:
             out = self.root / arch
             export_model(plugin, source.model, source.config, source.src_vocab, source.tgt_vocab, out,
                          checkpoint_path=source.checkpoint_path, source=source.description, samples=source.samples,
+            training=source.info,
                          with_attention=plugin.has_attention)
             self._done[arch] = (source, load_manifest(out))
         return self._done[arch]

@@ -125,3 +125,34 @@ def parity_command(export_dir: str, input_path: str | None, beam: int, max_len: 
         click.echo("parity: PASS" if report.passed else "parity: FAIL")
     if not report.passed:
         sys.exit(1)
+
+
+@main.command("evaluate")
+@click.argument("export_dir", type=click.Path())
+@click.option("--task", default=None, help="Task name or TSV file [default: the one the model was trained on].")
+@click.option("--split", type=click.Choice(["train", "valid", "test"]), default="test", show_default=True)
+@click.option("--beam", type=click.IntRange(2), default=4, show_default=True)
+@click.option("--limit", type=click.IntRange(1), default=None, help="Evaluate only the first N pairs.")
+@click.option("--backends", type=click.Choice(["both", "onnxruntime", "pytorch"]), default="both", show_default=True)
+@device_option
+@plugin_option
+def evaluate_command(export_dir: str, task: str | None, split: str, beam: int, limit: int | None, backends: str,
+                     device: str, plugin_files: tuple[str, ...]) -> None:
+    """BLEU and exact match of an export on its task, PyTorch and ONNX Runtime side by side."""
+    from s2s_deploy.evaluate import evaluate, markdown, task_of
+    from s2s_deploy.runtime.manifest import load_manifest
+    from s2s_deploy.runtime.ort_backend import OrtBackend
+
+    load_plugin_files(plugin_files)
+    manifest = load_manifest(export_dir)
+    task_of(manifest, task)
+    chosen = []
+    if backends in ("both", "pytorch"):
+        from s2s_deploy.parity import torch_backend_for
+
+        chosen.append(torch_backend_for(manifest))
+    if backends in ("both", "onnxruntime"):
+        ort_backend = OrtBackend(manifest, device=device)
+        click.echo(ort_backend.choice.notice(), err=True)
+        chosen.append(ort_backend)
+    click.echo(markdown(evaluate(manifest, chosen, task, split, beam, limit)))

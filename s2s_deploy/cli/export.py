@@ -45,6 +45,7 @@ def export_command(arch: str, checkpoint: str | None, out_dir: str | None, prese
         report = export_model(
             plugin, source.model, source.config, source.src_vocab, source.tgt_vocab, destination,
             checkpoint_path=source.checkpoint_path, source=source.description, samples=source.samples,
+            training=source.info,
             exporter=exporter, opset=opset, with_attention=with_attention, force=force,
         )
     worst = max(report.max_abs_diff.items(), key=lambda item: item[1])

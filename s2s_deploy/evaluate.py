@@ -1,0 +1,62 @@
+"""Task accuracy of an export, on PyTorch and ONNX Runtime side by side, greedy and beam."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from s2s_deploy.errors import S2SError
+from s2s_deploy.metrics import Scores, score
+from s2s_deploy.runtime.backend import Backend
+from s2s_deploy.runtime.manifest import Manifest
+from s2s_deploy.runtime.search import SearchConfig
+from s2s_deploy.runtime.translator import translate
+from s2s_deploy.tasks import load_task
+
+
+@dataclass(frozen=True)
+class EvalRow:
+    backend: str
+    mode: str
+    scores: Scores
+    seconds: float
+
+
+def task_of(manifest: Manifest, task: str | None) -> tuple[str, int]:
+    training = manifest.raw.get("training", {})
+    name = task or training.get("task")
+    if not name:
+        raise S2SError(f"{manifest.directory} records no training task; pass --task NAME or a TSV file")
+    seed = 0 if task else int(training.get("task_seed", 0))
+    return name, seed
+
+
+def evaluate(
+    manifest: Manifest, backends: list[Backend], task: str | None = None, split: str = "test",
+    beam_size: int = 4, limit: int | None = None, max_len: int | None = None,
+) -> list[EvalRow]:
+    name, seed = task_of(manifest, task)
+    pairs = list(getattr(load_task(name, seed), split))[:limit]
+    if not pairs:
+        raise S2SError(f"the {split} split of {name} is empty")
+    sources, references = [p.source for p in pairs], [p.target for p in pairs]
+    tokenize = load_task(name, seed).bleu_tokenize
+    max_len = max_len or manifest.max_target_length or 256
+    rows = []
+    for backend in backends:
+        for mode, config in (("greedy", SearchConfig(1, 1, max_len)),
+                             (f"beam{beam_size}", SearchConfig(beam_size, 1, max_len))):
+            started = time.perf_counter()
+            results = translate(backend, sources, manifest.src_vocab, manifest.tgt_vocab, config, 64,
+                                manifest.max_source_length)
+            elapsed = time.perf_counter() - started
+            rows.append(EvalRow(backend.name, mode, score([r.text for r in results], references, tokenize), elapsed))
+    return rows
+
+
+def markdown(rows: list[EvalRow]) -> str:
+    lines = ["| backend | search | BLEU | exact match | d2l BLEU | sentences | seconds |",
+             "|---|---|---|---|---|---|---|"]
+    lines += [f"| {r.backend} | {r.mode} | {r.scores.bleu:.2f} | {100 * r.scores.exact_match:.1f}% | "
+              f"{r.scores.d2l_bleu:.3f} | {r.scores.count} | {r.seconds:.1f} |" for r in rows]
+    return "\n".join(lines)
