@@ -1,0 +1,67 @@
+"""``s2s-deploy attention``: heatmaps of what an exported model attends to."""
+
+from __future__ import annotations
+
+import click
+
+from s2s_deploy.cli import load_plugin_files, main, plugin_option
+from s2s_deploy.cli.decode import device_option
+
+
+@main.command("attention")
+@click.argument("export_dir", type=click.Path())
+@click.argument("text")
+@click.option("--out", type=click.Path(dir_okay=False), default="attention.png", show_default=True,
+              help="Image to write (PNG, SVG or PDF by extension).")
+@click.option("--reduce", type=click.Choice(["none", "mean"]), default="none", show_default=True,
+              help="none: one panel per layer and head; mean: their average.")
+@click.option("--compare", is_flag=True, help="Also run the PyTorch original and plot both side by side.")
+@click.option("--max-len", type=click.IntRange(1), default=64, show_default=True, help="Most target tokens.")
+@device_option
+@plugin_option
+def attention_command(export_dir: str, text: str, out: str, reduce: str, compare: bool, max_len: int,
+                      device: str, plugin_files: tuple[str, ...]) -> None:
+    """Decode TEXT greedily and plot its cross-attention (the export needs --with-attention)."""
+    from s2s_deploy.attention import attention_map, compare_attention
+    from s2s_deploy.runtime.manifest import load_manifest
+    from s2s_deploy.runtime.ort_backend import OrtBackend
+
+    load_plugin_files(plugin_files)
+    manifest = load_manifest(export_dir)
+    if not manifest.has_attention_output:
+        _explain_missing_attention(manifest.plugin, export_dir)
+    from s2s_deploy import plot
+
+    plot.require_matplotlib()
+    backend = OrtBackend(manifest, device=device)
+    click.echo(backend.choice.notice(), err=True)
+    if manifest.max_target_length:
+        max_len = min(max_len, manifest.max_target_length)
+    if compare:
+        from s2s_deploy.parity import torch_backend_for
+
+        comparison = compare_attention(torch_backend_for(manifest), backend, manifest, text, max_len=max_len)
+        amap = comparison.candidate
+        path = plot.plot_comparison(comparison, out, reduce)
+        click.echo(f"max |diff| attention {comparison.reference.backend} vs {amap.backend}: "
+                   f"{comparison.max_abs_diff:.2e}")
+    else:
+        amap = attention_map(backend, manifest, text, max_len=max_len)
+        path = plot.plot_attention(amap.reduce(reduce), out,
+                                   title=f"{manifest.plugin}: {manifest.tgt_vocab.decode(amap.target_ids)}")
+    click.echo(f"wrote {path}: {len(amap.target_tokens)} target x {len(amap.source_tokens)} source tokens, "
+               f"{len(amap.panels)} map{'s' if len(amap.panels) > 1 else ''}")
+
+
+def _explain_missing_attention(architecture: str, export_dir: str) -> None:
+    """Tell an architecture without attention from an export that merely left it out."""
+    from s2s_deploy.errors import S2SError
+    from s2s_deploy.registry import get_plugin
+
+    try:
+        has_attention = get_plugin(architecture).has_attention
+    except S2SError:  # a plugin not installed here: the export cannot tell us more
+        has_attention = True
+    if not has_attention:
+        raise S2SError(f"the {architecture} architecture has no attention")
+    raise S2SError(f"{export_dir} was exported without attention weights; re-export with --with-attention")
