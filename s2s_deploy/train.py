@@ -75,6 +75,7 @@ class TrainResult:
     best_epoch: int
     best: Scores
     history: tuple[EpochStats, ...]
+    test: Scores | None = None
 
 
 @dataclass(frozen=True)
@@ -347,7 +348,24 @@ def train(
         emit(f"epoch {epoch}/{cfg.epochs}: loss {stats.loss:.4f}, {stats.tokens_per_s:.0f} tokens/s, "
              f"valid {valid.summary()}{' (best, saved)' if improved else ''}")
     assert best_scores is not None
-    return TrainResult(out, best_epoch, best_scores, tuple(history))
+    test = _score_test_split(out, plugin, splits, max_steps, device) if splits.test else None
+    if test is not None:
+        emit(f"test (epoch {best_epoch} checkpoint): {test.summary()}")
+    return TrainResult(out, best_epoch, best_scores, tuple(history), test)
+
+
+def _score_test_split(out: Path, plugin: ArchitecturePlugin, splits: TaskSplits, max_steps: int,
+                      device: torch.device) -> Scores:
+    """Score the kept checkpoint once on the test split and record it in its info (never used to select)."""
+    checkpoint = load_checkpoint(out)
+    model = build_model(checkpoint, plugin).to(device)
+    test, _ = evaluate(model, plugin, checkpoint.config, splits.test, checkpoint.src_vocab, checkpoint.tgt_vocab,
+                       splits.bleu_tokenize, max_steps, device)
+    save_checkpoint(out, plugin, checkpoint.config, model, checkpoint.src_vocab, checkpoint.tgt_vocab, {
+        **checkpoint.info, "test_bleu": test.bleu, "test_exact_match": test.exact_match,
+        "test_d2l_bleu": test.d2l_bleu, "test_pairs": test.count,
+    })
+    return test
 
 
 def _stats_to_dict(stats: EpochStats) -> dict[str, Any]:

@@ -48,28 +48,16 @@ def translate_command(export_dir: str, texts: tuple[str, ...], input_path: str |
                       threads: int | None) -> None:
     """Translate TEXTS (or --input) with an exported model; needs no PyTorch."""
     from s2s_deploy.errors import S2SError
-    from s2s_deploy.runtime.manifest import load_manifest
-    from s2s_deploy.runtime.ort_backend import OrtBackend
-    from s2s_deploy.runtime.search import SearchConfig
-    from s2s_deploy.runtime.translator import check_inputs, translate
+    from s2s_deploy.runtime.translator import Translator, check_inputs
 
-    manifest = load_manifest(export_dir)
     sentences = list(texts) + (read_lines(input_path) if input_path else [])
     if not sentences:
         raise S2SError("nothing to translate: give TEXTS or --input")
     check_inputs(sentences)
-    if n_best > beam:
-        raise S2SError(f"--n-best {n_best} cannot exceed --beam {beam}")
-    backend = OrtBackend(manifest, device=device, threads=threads)
-    click.echo(backend.choice.notice(), err=True)
-    config = SearchConfig(
-        beam_size=beam, n_best=n_best,
-        max_len=max_len or manifest.max_target_length or 256,
-        alpha=manifest.raw["search"]["length_penalty_alpha"] if alpha is None else alpha,
-    )
-    results = translate(backend, sentences, manifest.src_vocab, manifest.tgt_vocab, config, batch_size,
-                        manifest.max_source_length)
-    for result in results:
+    translator = Translator(export_dir, device=device, threads=threads)
+    translator.search_config(beam, n_best, max_len, alpha)  # reject bad options before the notice
+    click.echo(translator.backend.choice.notice(), err=True)
+    for result in translator(sentences, beam, n_best, max_len, alpha, batch_size):
         for text, score in result.hypotheses:
             click.echo(f"{score:.4f}\t{text}" if scores else text)
 

@@ -73,3 +73,5 @@ def train_command(arch: str, task: str, preset: str | None, epochs: int, seed: i
     result = train(plugin, config, splits, cfg, destination, resume=resume, info=info, progress=not no_progress,
                    log=lambda line: click.echo(line, err=True))
     click.echo(f"wrote {result.checkpoint} (epoch {result.best_epoch}: valid {result.best.summary()})")
+    if result.test is not None:
+        click.echo(f"test: {result.test.summary()}")

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from s2s_deploy.errors import S2SError
 from s2s_deploy.runtime.backend import Backend
+from s2s_deploy.runtime.manifest import load_manifest
 from s2s_deploy.runtime.search import Hypothesis, SearchConfig, search
 from s2s_deploy.runtime.vocab import Vocabulary
 
@@ -66,3 +68,30 @@ def check_inputs(texts: Sequence[str]) -> None:
 def _translation(source: str, hyps: list[Hypothesis], vocab: Vocabulary) -> Translation:
     texts = tuple((vocab.decode(h.tokens), h.score) for h in hyps)
     return Translation(source, texts[0][0], texts[0][1], texts)
+
+
+class Translator:
+    """The embedding API: ``Translator("exported/transformer")(["..."], beam=4)``."""
+
+    def __init__(self, export_dir: str | Path, device: str = "auto", threads: int | None = None) -> None:
+        from s2s_deploy.runtime.ort_backend import OrtBackend
+
+        self.manifest = load_manifest(export_dir)
+        self.backend = OrtBackend(self.manifest, device=device, threads=threads)
+
+    def search_config(self, beam: int = 1, n_best: int = 1, max_len: int | None = None,
+                      alpha: float | None = None) -> SearchConfig:
+        manifest = self.manifest
+        if n_best > beam:
+            raise S2SError(f"n-best {n_best} cannot exceed the beam size {beam}")
+        return SearchConfig(
+            beam_size=beam, n_best=n_best, max_len=max_len or manifest.max_target_length or 256,
+            alpha=manifest.raw["search"]["length_penalty_alpha"] if alpha is None else alpha,
+        )
+
+    def __call__(self, texts: Sequence[str], beam: int = 1, n_best: int = 1, max_len: int | None = None,
+                 alpha: float | None = None, batch_size: int = 32) -> list[Translation]:
+        config = self.search_config(beam, n_best, max_len, alpha)
+        manifest = self.manifest
+        return translate(self.backend, texts, manifest.src_vocab, manifest.tgt_vocab, config, batch_size,
+                         manifest.max_source_length)

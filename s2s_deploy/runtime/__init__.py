@@ -1,0 +1,18 @@
+"""The torch-free runtime: manifest, tokenisation, ONNX Runtime backend, search, translation."""
+
+from s2s_deploy.runtime.manifest import Manifest, load_manifest
+from s2s_deploy.runtime.search import Hypothesis, SearchConfig, search
+from s2s_deploy.runtime.translator import Translation, Translator, translate
+from s2s_deploy.runtime.vocab import Vocabulary
+
+__all__ = [
+    "Hypothesis",
+    "Manifest",
+    "SearchConfig",
+    "Translation",
+    "Translator",
+    "Vocabulary",
+    "load_manifest",
+    "search",
+    "translate",
+]
