@@ -53,3 +53,28 @@ def export_command(arch: str, checkpoint: str | None, out_dir: str | None, prese
     click.echo(f"wrote {report.directory}/ ({sizes}; exporter {report.exporter})")
     click.echo(f"checked: onnx checker, shape inference, ONNX Runtime vs PyTorch max |diff| {worst[1]:.2e} "
                f"({worst[0]}; atol {plugin.parity_atol:g})")
+
+
+@main.command("inspect")
+@click.argument("export_dir", type=click.Path())
+def inspect_command(export_dir: str) -> None:
+    """Inputs, outputs, opset, node and parameter counts, and sizes of each graph."""
+    import onnxruntime
+
+    from s2s_deploy.runtime.inspect import shared_parameter_bytes, summarise
+    from s2s_deploy.runtime.manifest import load_manifest
+
+    manifest = load_manifest(export_dir)
+    click.echo(f"{manifest.directory}: {manifest.plugin} v{manifest.plugin_version}, "
+               f"exporter {manifest.raw['exporter']}, source: {manifest.raw['source']}")
+    for g in summarise(manifest):
+        click.echo(f"\n{g.role} ({g.file}): opset {g.opset}, {g.nodes} nodes, {g.parameters:,} parameters")
+        click.echo(f"  file {g.file_bytes / 1e6:.2f} MB = {g.size_ratio:.3f} x parameter bytes "
+                   f"({g.parameter_bytes / 1e6:.2f} MB)")
+        click.echo("  ops: " + ", ".join(f"{op} {n}" for op, n in g.top_ops))
+        for name in g.inputs:
+            click.echo(f"  in   {name}")
+        for name in g.outputs:
+            click.echo(f"  out  {name}")
+    click.echo(f"\nweights stored in both graphs: {shared_parameter_bytes(manifest) / 1e6:.2f} MB")
+    click.echo(f"execution providers in this onnxruntime build: {', '.join(onnxruntime.get_available_providers())}")

@@ -1,0 +1,71 @@
+"""What an export holds, read from the graphs themselves (torch-free)."""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from s2s_deploy.runtime.manifest import Manifest
+
+
+@dataclass(frozen=True)
+class GraphSummary:
+    role: str
+    file: str
+    opset: int
+    nodes: int
+    parameters: int
+    parameter_bytes: int
+    file_bytes: int
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    top_ops: tuple[tuple[str, int], ...]
+
+    @property
+    def size_ratio(self) -> float:
+        return self.file_bytes / self.parameter_bytes if self.parameter_bytes else float("inf")
+
+
+def summarise(manifest: Manifest) -> list[GraphSummary]:
+    return [_summary(role, manifest.graph_path(graph)) for role, graph in
+            (("encoder", manifest.encoder), ("decoder", manifest.decoder))]
+
+
+def shared_parameter_bytes(manifest: Manifest) -> int:
+    """Bytes of initializers stored in both graphs (same shape and content)."""
+    digests = []
+    for graph in (manifest.encoder, manifest.decoder):
+        model = onnx.load(str(manifest.graph_path(graph)))
+        digests.append({(init.dims.__repr__(), onnx.numpy_helper.to_array(init).tobytes()): _nbytes(init)
+                        for init in model.graph.initializer if _nbytes(init) >= 1024})
+    return sum(size for key, size in digests[0].items() if key in digests[1])
+
+
+def _nbytes(init: onnx.TensorProto) -> int:
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(init.data_type)
+    return int(np.prod(init.dims, dtype=np.int64)) * np.dtype(dtype).itemsize
+
+
+def _summary(role: str, path: Path) -> GraphSummary:
+    model = onnx.load(str(path))
+    graph = model.graph
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    ops = collections.Counter(node.op_type for node in graph.node)
+    return GraphSummary(
+        role=role, file=path.name, opset=opset, nodes=len(graph.node),
+        parameters=sum(int(np.prod(i.dims, dtype=np.int64)) for i in graph.initializer),
+        parameter_bytes=sum(_nbytes(i) for i in graph.initializer), file_bytes=path.stat().st_size,
+        inputs=tuple(f"{v.name}{_shape(v)}" for v in graph.input),
+        outputs=tuple(f"{v.name}{_shape(v)}" for v in graph.output),
+        top_ops=tuple(ops.most_common(6)),
+    )
+
+
+def _shape(value: onnx.ValueInfoProto) -> str:
+    dims = [d.dim_param or str(d.dim_value) for d in value.type.tensor_type.shape.dim]
+    dtype = onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type).name
+    return f" {dtype}[{', '.join(dims)}]"
