@@ -27,6 +27,7 @@ from s2s_deploy.runtime.manifest import Manifest
 from s2s_deploy.runtime.translator import encode_batch
 
 REDUCTIONS = ("none", "mean")
+SINGLE_MAP = "attention"
 
 
 @dataclass(frozen=True, eq=False)
@@ -64,7 +65,7 @@ class AttentionComparison:
 def panel_layout(shape: Sequence[int]) -> tuple[tuple[str, ...], tuple[int, int]]:
     """Panel names and plotting grid for an ``attention`` output of this shape (batch axis included)."""
     if len(shape) == 2 or (len(shape) == 3 and shape[1] == 1):
-        return ("attention",), (1, 1)
+        return (SINGLE_MAP,), (1, 1)
     if len(shape) == 3:
         return tuple(f"layer {i + 1}" for i in range(shape[1])), (1, shape[1])
     if len(shape) == 4:

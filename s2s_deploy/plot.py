@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from s2s_deploy.attention import AttentionComparison, AttentionMap
+from s2s_deploy.attention import SINGLE_MAP, AttentionComparison, AttentionMap
 from s2s_deploy.errors import S2SError
 
 CMAP = "Reds"
@@ -68,13 +68,17 @@ def _draw(container: Any, amap: AttentionMap, cell: float, vmax: float) -> None:
     image = None
     for index, ax in enumerate(axes.flat):
         image = ax.imshow(amap.weights[:, index, :], cmap=CMAP, vmin=0.0, vmax=vmax, aspect="equal")
-        ax.set_title(amap.panels[index], fontsize=fontsize + 1)
+        if amap.panels[index] != SINGLE_MAP:
+            ax.set_title(amap.panels[index], fontsize=fontsize + 1)
         ax.xaxis.tick_top()
-        ax.set_xticks(range(len(amap.source_tokens)), [_label(t) for t in amap.source_tokens],
-                      rotation=90, fontsize=fontsize)
+        ax.set_xticks(range(len(amap.source_tokens)), [_label(t) for t in amap.source_tokens], fontsize=fontsize)
         ax.set_yticks(range(len(amap.target_tokens)), [_label(t) for t in amap.target_tokens], fontsize=fontsize)
         ax.tick_params(length=0, labeltop=index < columns, labelleft=index % columns == 0)
+    for ax in axes.flat:  # after every set_xticks, which resets the shared axes' labels
+        for tick in ax.get_xticklabels():  # characters stay upright, longer tokens turn to fit a column
+            tick.set_rotation(90 if len(tick.get_text()) > 1 else 0)
     if rows * columns == 1:
+        axes[0, 0].xaxis.set_label_position("top")
         axes[0, 0].set_xlabel("source", fontsize=fontsize + 1)
         axes[0, 0].set_ylabel("target", fontsize=fontsize + 1)
     container.colorbar(image, ax=axes, shrink=0.6, aspect=30)
