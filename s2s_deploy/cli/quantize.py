@@ -1,0 +1,66 @@
+"""``s2s-deploy quantize``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from s2s_deploy.cli import main
+
+# Largest exact-match loss (percentage points) we call acceptable for a quantised model.
+MAX_EXACT_MATCH_DROP = 2.0
+
+
+@main.command("quantize")
+@click.argument("export_dir", type=click.Path())
+@click.option("--int8", "kind", flag_value="int8", help="Dynamic int8 quantisation of MatMul/Gemm weights (CPU).")
+@click.option("--fp16", "kind", flag_value="fp16", help="float16 weights and compute, I/O and softmax/norms kept fp32 "
+              "(for CUDA).")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Output folder [default: EXPORT_DIR-int8 or EXPORT_DIR-fp16].")
+@click.option("--force", is_flag=True, help="Replace an existing output folder.")
+@click.option("--limit", type=click.IntRange(1), default=None, help="Evaluate on the first N test pairs only.")
+@click.option("--no-evaluate", is_flag=True, help="Skip the before/after BLEU and exact-match comparison.")
+def quantize_command(export_dir: str, kind: str | None, out_dir: str | None, force: bool, limit: int | None,
+                     no_evaluate: bool) -> None:
+    """Write a quantised copy of an export, with sizes and task accuracy before and after."""
+    from s2s_deploy.errors import S2SError
+    from s2s_deploy.quantize import quantize_export
+    from s2s_deploy.runtime.manifest import load_manifest
+
+    if kind is None:
+        raise S2SError("choose --int8 or --fp16")
+    manifest = load_manifest(export_dir)
+    destination = Path(out_dir) if out_dir else manifest.directory.with_name(f"{manifest.directory.name}-{kind}")
+    report = quantize_export(manifest, kind, destination, force)
+    click.echo(f"wrote {report.directory}/ ({kind})")
+    for name, before in report.bytes_before.items():
+        after = report.bytes_after[name]
+        click.echo(f"  {name}: {before / 1e6:.2f} MB -> {after / 1e6:.2f} MB ({after / before:.0%})")
+    if no_evaluate or not manifest.raw.get("training", {}).get("task"):
+        if not no_evaluate:
+            click.echo("no training task recorded: skipping the accuracy comparison (use `s2s-deploy evaluate`)")
+        return
+    _compare_accuracy(manifest, load_manifest(destination), limit, kind)
+
+
+def _compare_accuracy(original, quantised, limit: int | None, kind: str) -> None:
+    from s2s_deploy.evaluate import evaluate
+    from s2s_deploy.runtime.ort_backend import OrtBackend
+
+    device = "cuda" if kind == "fp16" else "cpu"
+    rows = {}
+    for label, manifest in (("fp32", original), (kind, quantised)):
+        backend = OrtBackend(manifest, device="auto" if device == "cuda" else "cpu")
+        for row in evaluate(manifest, [backend], limit=limit):
+            rows[(label, row.mode)] = row
+    click.echo("| model | search | BLEU | exact match | seconds |\n|---|---|---|---|---|")
+    for (label, mode), row in rows.items():
+        click.echo(f"| {label} | {mode} | {row.scores.bleu:.2f} | {100 * row.scores.exact_match:.1f}% | "
+                   f"{row.seconds:.1f} |")
+    for mode in {m for _, m in rows}:
+        drop = 100 * (rows[("fp32", mode)].scores.exact_match - rows[(kind, mode)].scores.exact_match)
+        if drop > MAX_EXACT_MATCH_DROP:
+            click.echo(f"WARNING: {kind} loses {drop:.1f} points of exact match ({mode}), more than the "
+                       f"{MAX_EXACT_MATCH_DROP:g} we accept: prefer the fp32 export for this model")

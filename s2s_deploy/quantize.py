@@ -1,0 +1,112 @@
+"""Smaller or faster copies of an export: int8 dynamic quantisation (CPU) and fp16 (CUDA).
+
+A quantised model no longer matches PyTorch to 1e-4, so its manifest drops the log-prob
+tolerance and states the token agreement it must keep with the fp32 original instead.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import onnx
+
+from s2s_deploy.errors import S2SError
+from s2s_deploy.runtime.manifest import Manifest, sha256_of, write_manifest
+
+KINDS = ("int8", "fp16")
+# Token agreement with the fp32 original that parity requires, per kind: int8 weights move
+# log-probs by ~1e-2, enough to flip genuine near-ties, so a few differing sentences are expected.
+MIN_TOKEN_AGREEMENT = {"int8": 0.95, "fp16": 0.98}
+# Kept in fp32 under fp16: reductions whose range or precision fp16 cannot hold.
+FP16_BLOCKED_OPS = ["Softmax", "LogSoftmax", "LayerNormalization", "ReduceMean", "Pow", "Sqrt", "Exp", "Log",
+                    "Range", "CumSum", "Gather", "LSTM", "GRU"]
+
+
+@dataclass(frozen=True)
+class QuantizeReport:
+    directory: Path
+    kind: str
+    bytes_before: dict[str, int]
+    bytes_after: dict[str, int]
+
+
+def quantize_export(manifest: Manifest, kind: str, out_dir: Path, force: bool = False) -> QuantizeReport:
+    if kind not in KINDS:
+        raise S2SError(f"unknown quantisation {kind!r}; known: {', '.join(KINDS)}")
+    if manifest.raw.get("quantization"):
+        raise S2SError(f"{manifest.directory} is already quantised ({manifest.raw['quantization']['kind']})")
+    if out_dir.exists() and not force:
+        raise S2SError(f"{out_dir} already exists; pass --force to replace it")
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.tmp-"))
+    raw = copy.deepcopy(manifest.raw)
+    before, after = {}, {}
+    try:
+        for role, graph in (("encoder", manifest.encoder), ("decoder", manifest.decoder)):
+            source = manifest.graph_path(graph)
+            target = work / graph.file
+            (_int8 if kind == "int8" else _fp16)(source, target)
+            before[graph.file], after[graph.file] = source.stat().st_size, target.stat().st_size
+            raw["graphs"][role]["sha256"] = sha256_of(target)
+        checkpoint = manifest.directory / raw["checkpoint"]["file"]
+        if checkpoint.is_file():
+            shutil.copyfile(checkpoint, work / checkpoint.name)
+        raw["quantization"] = {"kind": kind, "source": str(manifest.directory)}
+        raw["validation"] = {"atol": None, "min_token_agreement": MIN_TOKEN_AGREEMENT[kind],
+                             "fp32_max_abs_diff": raw["validation"]["max_abs_diff"]}
+        write_manifest(work, raw)
+        if out_dir.exists():
+            shutil.rmtree(out_dir)
+        work.rename(out_dir)
+    finally:
+        if work.exists():
+            shutil.rmtree(work)
+    return QuantizeReport(out_dir, kind, before, after)
+
+
+def _int8(source: Path, target: Path) -> None:
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    model = onnx.load(str(source))
+    _drop_initializer_value_info(model)
+    _untie_gemm_weights(model)
+    logging.getLogger().setLevel(logging.ERROR)  # the quantizer warns through the root logger
+    quantize_dynamic(model, str(target), op_types_to_quantize=["MatMul", "Gemm"],
+                     weight_type=QuantType.QInt8, per_channel=False)
+
+
+def _untie_gemm_weights(model: onnx.ModelProto) -> None:
+    """A tied embedding feeds a Gather and a Gemm; the quantiser rewrites the Gemm's weight in
+    place, which would corrupt the Gather. Give such a Gemm its own copy (quantised to int8)."""
+    users: dict[str, int] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            users[name] = users.get(name, 0) + 1
+    weights = {init.name: init for init in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "Gemm" and len(node.input) > 1 and node.input[1] in weights and users[node.input[1]] > 1:
+            copy_ = onnx.TensorProto()
+            copy_.CopyFrom(weights[node.input[1]])
+            copy_.name = f"{node.input[1]}.gemm"
+            model.graph.initializer.append(copy_)
+            node.input[1] = copy_.name
+
+
+def _drop_initializer_value_info(model: onnx.ModelProto) -> None:
+    """Shapes recorded for weights go stale when the quantiser transposes a Gemm weight in place."""
+    weights = {init.name for init in model.graph.initializer}
+    kept = [v for v in model.graph.value_info if v.name not in weights]
+    del model.graph.value_info[:]
+    model.graph.value_info.extend(kept)
+
+
+def _fp16(source: Path, target: Path) -> None:
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    model = convert_float_to_float16(onnx.load(str(source)), keep_io_types=True, op_block_list=FP16_BLOCKED_OPS)
+    onnx.save(model, str(target))

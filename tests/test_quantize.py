@@ -1,0 +1,38 @@
+"""int8 exports: smaller, loadable, judged on token agreement rather than a log-prob tolerance."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from s2s_deploy.errors import S2SError
+from s2s_deploy.parity import check_parity, torch_backend_for
+from s2s_deploy.quantize import MIN_TOKEN_AGREEMENT, quantize_export
+from s2s_deploy.runtime.manifest import load_manifest
+from s2s_deploy.runtime.ort_backend import OrtBackend
+
+
+@pytest.mark.parametrize("arch", ["transformer", "bahdanau"])
+def test_int8_export_is_smaller_and_agrees(exports, tmp_path: Path, arch: str) -> None:
+    _, manifest = exports.get(arch)
+    report = quantize_export(manifest, "int8", tmp_path / f"{arch}-int8")
+    quantised = load_manifest(report.directory)
+    assert quantised.raw["quantization"]["kind"] == "int8"
+    assert quantised.raw["validation"]["atol"] is None
+    total_before, total_after = sum(report.bytes_before.values()), sum(report.bytes_after.values())
+    assert total_after < 0.6 * total_before
+    parity = check_parity(quantised, torch_backend_for(quantised), OrtBackend(quantised, device="cpu"),
+                          list(quantised.samples), beam_size=2, max_len=30)
+    assert parity.min_token_agreement == MIN_TOKEN_AGREEMENT["int8"]
+    assert parity.step_max_abs_diff > 0  # int8 really changed the numbers
+    assert parity.passed == all(s.agreement >= parity.min_token_agreement for s in parity.searches)
+
+
+def test_quantising_twice_is_refused(exports, tmp_path: Path) -> None:
+    _, manifest = exports.get("gru")
+    report = quantize_export(manifest, "int8", tmp_path / "once")
+    with pytest.raises(S2SError, match="already quantised"):
+        quantize_export(load_manifest(report.directory), "int8", tmp_path / "twice")
+    with pytest.raises(S2SError, match="already exists"):
+        quantize_export(manifest, "int8", tmp_path / "once")
