@@ -13,15 +13,17 @@ from s2s_deploy.runtime.manifest import load_manifest
 from s2s_deploy.runtime.ort_backend import OrtBackend
 
 
-@pytest.mark.parametrize("arch", ["transformer", "bahdanau"])
-def test_int8_export_is_smaller_and_agrees(exports, tmp_path: Path, arch: str) -> None:
+# Shrink expected from int8 MatMul/Gemm weights: most of the Transformer, little of a GRU,
+# whose weights live in the GRU op that dynamic quantisation leaves in fp32.
+@pytest.mark.parametrize(("arch", "max_ratio"), [("transformer", 0.6), ("bahdanau", 0.97)])
+def test_int8_export_is_smaller_and_agrees(exports, tmp_path: Path, arch: str, max_ratio: float) -> None:
     _, manifest = exports.get(arch)
     report = quantize_export(manifest, "int8", tmp_path / f"{arch}-int8")
     quantised = load_manifest(report.directory)
     assert quantised.raw["quantization"]["kind"] == "int8"
     assert quantised.raw["validation"]["atol"] is None
     total_before, total_after = sum(report.bytes_before.values()), sum(report.bytes_after.values())
-    assert total_after < 0.6 * total_before
+    assert total_after < max_ratio * total_before
     parity = check_parity(quantised, torch_backend_for(quantised), OrtBackend(quantised, device="cpu"),
                           list(quantised.samples), beam_size=2, max_len=30)
     assert parity.min_token_agreement == MIN_TOKEN_AGREEMENT["int8"]
