@@ -86,6 +86,8 @@ def attention_map(
     """
     if not text.strip():
         raise S2SError("no text to decode")
+    if (len(forced) if forced is not None else max_len) < 1:
+        raise S2SError("an attention map needs at least one target step")
     src, src_len = encode_batch([text], manifest.src_vocab, manifest.max_source_length)
     length = int(src_len[0])
     run = backend.start(src, src_len, keep_attention=True)
