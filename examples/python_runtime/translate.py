@@ -1,0 +1,51 @@
+"""Greedy decoding of an s2s-deploy export with numpy and onnxruntime only, from docs/manifest.md.
+
+usage: python translate.py EXPORT_DIR "sentence" ...
+"""
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+folder = Path(sys.argv[1])
+manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
+src_vocab, tgt_vocab = manifest["vocab"]["source"], manifest["vocab"]["target"]
+special = manifest["special_tokens"]
+index = {token: i for i, token in enumerate(src_vocab["tokens"])}
+encoder = ort.InferenceSession(str(folder / manifest["graphs"]["encoder"]["file"]), providers=["CPUExecutionProvider"])
+decoder = ort.InferenceSession(str(folder / manifest["graphs"]["decoder"]["file"]), providers=["CPUExecutionProvider"])
+decoder_inputs = {io["name"] for io in manifest["graphs"]["decoder"]["inputs"]}
+max_len = manifest["limits"]["max_target_length"] or 256
+
+
+def split(text, level):
+    return list(text) if level == "char" else re.findall(r"\w+|[^\w\s]", text)
+
+
+for text in sys.argv[2:]:
+    ids = [index.get(t, special["unk"]) for t in split(text, src_vocab["level"])] + [special["eos"]]
+    src, src_len = np.array([ids], dtype=np.int64), np.array([len(ids)], dtype=np.int64)
+    encoder_names = [io["name"] for io in manifest["graphs"]["encoder"]["outputs"]]
+    encoded = dict(zip(encoder_names, encoder.run(encoder_names, {"src": src, "src_len": src_len})))
+    feeds = {m["name"]: encoded[m["name"]] for m in manifest["memory"] if m["name"] in decoder_inputs}
+    for s in manifest["state"]:
+        shape = [1 if d == "batch" else d for d in s["shape"]]
+        feeds[f"past_{s['name']}"] = encoded[f"init_{s['name']}"] if s["init"] == "encoder" else np.zeros(shape, s["dtype"])
+    token, output = special["decoder_start"], []
+    for step in range(max_len):
+        feeds.update(tokens=np.array([token], dtype=np.int64), reorder=np.zeros(1, dtype=np.int64))
+        if "step" in decoder_inputs:
+            feeds["step"] = np.array(step, dtype=np.int64)
+        names = ["log_probs"] + [f"present_{s['name']}" for s in manifest["state"]]
+        log_probs, *state = decoder.run(names, feeds)
+        feeds.update({f"past_{s['name']}": value for s, value in zip(manifest["state"], state)})
+        token = int(log_probs[0].argmax())
+        if token == special["eos"]:
+            break
+        output.append(token)
+    words = [tgt_vocab["tokens"][i] for i in output if i not in (special["pad"], special["bos"])]
+    print(("" if tgt_vocab["level"] == "char" else " ").join(words))

@@ -1,0 +1,76 @@
+"""The runtime and the examples need no PyTorch: they run with torch made unimportable."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from s2s_deploy.runtime.translator import Translator
+
+ROOT = Path(__file__).resolve().parents[1]
+BLOCK_TORCH = "import sys; sys.modules['torch'] = None\n"  # any `import torch` now raises ImportError
+
+
+def run_python(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", BLOCK_TORCH + code], capture_output=True, text=True, timeout=120)
+
+
+def expected(manifest, texts: list[str]) -> list[str]:
+    return [t.text for t in Translator(manifest.directory, device="cpu")(texts)]
+
+
+def test_runtime_translates_without_torch(exports) -> None:
+    _, manifest = exports.get("transformer")
+    texts = list(manifest.samples[:3])
+    code = (
+        "from s2s_deploy.runtime import Translator\n"
+        f"for t in Translator({str(manifest.directory)!r}, device='cpu')({texts!r}, beam=2):\n"
+        "    print(repr(t.text))\n"
+        "assert 'torch' not in [m for m in sys.modules if sys.modules[m] is not None]\n"
+    )
+    result = run_python(code)
+    assert result.returncode == 0, result.stderr
+    beam2 = [t.text for t in Translator(manifest.directory, device="cpu")(texts, beam=2)]
+    assert result.stdout.splitlines() == [repr(t) for t in beam2]
+
+
+def test_translate_command_runs_without_torch(exports) -> None:
+    _, manifest = exports.get("gru")
+    code = (
+        "from s2s_deploy.cli import main\n"
+        f"main(['translate', {str(manifest.directory)!r}, {manifest.samples[0]!r}, '--device', 'cpu'])\n"
+    )
+    result = run_python(code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == expected(manifest, [manifest.samples[0]])
+
+
+@pytest.mark.parametrize("arch", ["transformer", "gru", "lstm", "convs2s"])
+def test_python_example_matches_translate(exports, arch: str) -> None:
+    _, manifest = exports.get(arch)
+    texts = list(manifest.samples[:4])
+    script = ROOT / "examples" / "python_runtime" / "translate.py"
+    result = run_python(f"import runpy; sys.argv = {[str(script), str(manifest.directory), *texts]!r}; "
+                        f"runpy.run_path({str(script)!r}, run_name='__main__')")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == expected(manifest, texts)
+
+
+NODE_DIR = ROOT / "examples" / "node"
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="Node.js is not installed")
+@pytest.mark.skipif(not (NODE_DIR / "node_modules" / "onnxruntime-node").is_dir(),
+                    reason="run `npm install --ignore-scripts` in examples/node first (.ci/run does)")
+@pytest.mark.parametrize("arch", ["transformer", "gru", "rnnsearch", "convs2s"])
+def test_node_example_matches_translate(exports, arch: str) -> None:
+    _, manifest = exports.get(arch)
+    texts = list(manifest.samples[:4])
+    result = subprocess.run(["node", "translate.js", str(manifest.directory), *texts], cwd=NODE_DIR,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == expected(manifest, texts)
