@@ -77,8 +77,13 @@ def export_model(
     exporter: str | None = None,
     opset: int = DEFAULT_OPSET,
     with_attention: bool = False,
+    optimize: bool = False,
+    ort_format: bool = False,
     force: bool = False,
 ) -> ExportReport:
+    """``optimize`` stores the graphs as ONNX Runtime's extended optimisations leave them (fused,
+    still portable across machines); ``ort_format`` adds ``.ort`` copies for ORT's mobile and
+    minimal builds. Every variant written is compared against PyTorch like the plain export."""
     out_dir = Path(out_dir)
     if out_dir.exists() and not force:
         raise S2SError(f"{out_dir} already exists; pass --force to replace it")
@@ -102,17 +107,30 @@ def export_model(
                 enc_axes, exporter, opset)
         _export(step, dec_args, work / DECODER_FILE, specs.io.decoder_inputs, specs.io.decoder_outputs,
                 dec_axes, exporter, opset)
-        for path in (work / ENCODER_FILE, work / DECODER_FILE):
+        graph_paths = (work / ENCODER_FILE, work / DECODER_FILE)
+        for path in graph_paths:
             _check_graph(path)
-        diffs = _compare_with_onnxruntime(encoder, step, specs, work, len(src_vocab), len(tgt_vocab),
+            if optimize:
+                _ort_optimize(path, path, "onnx")
+        diffs = _compare_with_onnxruntime(encoder, step, specs, graph_paths, len(src_vocab), len(tgt_vocab),
                                           plugin.parity_atol)
         shutil.copyfile(checkpoint_path, work / CHECKPOINT_FILE)
         raw = _manifest(plugin, config, specs, src_vocab, tgt_vocab, work, exporter, opset, source,
                         samples, diffs)
         raw["training"] = training or {}
-        for role, path in (("encoder", work / ENCODER_FILE), ("decoder", work / DECODER_FILE)):
+        raw["ort_optimized"] = optimize
+        for role, path in zip(("encoder", "decoder"), graph_paths, strict=True):
             _write_metadata(path, role, raw)
             raw["graphs"][role]["sha256"] = sha256_of(path)
+        if ort_format:
+            ort_paths = tuple(path.with_suffix(".ort") for path in graph_paths)
+            for path, ort_path in zip(graph_paths, ort_paths, strict=True):
+                _ort_optimize(path, ort_path, "ort")
+            _compare_with_onnxruntime(encoder, step, specs, ort_paths, len(src_vocab), len(tgt_vocab),
+                                      plugin.parity_atol)
+            for role, ort_path in zip(("encoder", "decoder"), ort_paths, strict=True):
+                raw["graphs"][role]["ort_file"] = ort_path.name
+                raw["graphs"][role]["ort_sha256"] = sha256_of(ort_path)
         write_manifest(work, raw)
         _move_into_place(work, out_dir)
     finally:
@@ -246,16 +264,32 @@ def _check_graph(path: Path) -> None:
         raise S2SError(f"{path.name} fails the ONNX checker: {str(exc).splitlines()[0]}") from exc
 
 
+def _ort_optimize(source: Path, target: Path, file_format: str) -> None:
+    """Let ONNX Runtime optimise and save a graph. The extended level fuses (e.g. LayerNorm,
+    attention) without the layout-specific rewrites of the "all" level, so the file stays portable."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    options.log_severity_level = 3
+    scratch = target.with_name(f".{target.name}.opt")
+    options.optimized_model_filepath = str(scratch)
+    if file_format == "ort":
+        options.add_session_config_entry("session.save_model_format", "ORT")
+    ort.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
+    scratch.replace(target)
+
+
 def _compare_with_onnxruntime(
-    encoder: EncoderGraph, step: StepGraph, specs: _Specs, work: Path, src_vocab_size: int,
+    encoder: EncoderGraph, step: StepGraph, specs: _Specs, paths: tuple[Path, Path], src_vocab_size: int,
     tgt_vocab_size: int, atol: float,
 ) -> dict[str, float]:
     """Run both graphs in ONNX Runtime on fresh sizes, from an empty cache through several
     reordered steps, and fail on any shape mismatch or difference above the plugin's atol."""
     from s2s_deploy.runtime.ort_backend import create_session
 
-    enc_sess = create_session(work / ENCODER_FILE, device="cpu")
-    dec_sess = create_session(work / DECODER_FILE, device="cpu")
+    enc_sess = create_session(paths[0], device="cpu")
+    dec_sess = create_session(paths[1], device="cpu")
     dec_inputs = {i.name for i in dec_sess.get_inputs()}
     sizes = {"batch": 2, "src_len": 6, "past_len": 0}
     src, src_len = _encoder_inputs(src_vocab_size, sizes)

@@ -41,15 +41,46 @@ def read_lines(path: str) -> list[str]:
 @click.option("--max-len", type=click.IntRange(1), default=None, help="Most target tokens [default: model limit].")
 @click.option("--batch-size", type=click.IntRange(1), default=32, show_default=True)
 @click.option("--scores", is_flag=True, help="Print each hypothesis's score before it, tab-separated.")
+@click.option("--output", "output_path", type=click.Path(dir_okay=False, allow_dash=True), default=None,
+              help="Stream --input into this file ('-' for stdout), one line per input line, in order.")
+@click.option("--on-long", type=click.Choice(["truncate", "skip", "error"]), default=None,
+              help="With --output: a line over the model's source limit [default: truncate; skip leaves it blank].")
+@click.option("--errors", "utf8_errors", type=click.Choice(["strict", "replace"]), default=None,
+              help="With --output: invalid UTF-8 stops with its line number, or becomes U+FFFD [default: strict].")
+@click.option("--resume", is_flag=True, help="With --output: continue an interrupted run from its .part file.")
+@click.option("--quiet", is_flag=True, help="With --output: no progress bar or device notice.")
+@click.option("--ray", "ray_address", is_flag=False, flag_value="", default=None, metavar="[ADDRESS]",
+              help="With --output: translate on Ray (a local one, or the cluster at ADDRESS, e.g. auto).")
+@click.option("--actors", type=click.IntRange(1), default=2, show_default=True,
+              help="With --ray: translator actors, each holding its own model.")
 @device_option
 @threads_option
 def translate_command(export_dir: str, texts: tuple[str, ...], input_path: str | None, beam: int, n_best: int,
-                      alpha: float | None, max_len: int | None, batch_size: int, scores: bool, device: str,
-                      threads: int | None) -> None:
-    """Translate TEXTS (or --input) with an exported model; needs no PyTorch."""
+                      alpha: float | None, max_len: int | None, batch_size: int, scores: bool,
+                      output_path: str | None, on_long: str | None, utf8_errors: str | None, resume: bool,
+                      quiet: bool, ray_address: str | None, actors: int, device: str, threads: int | None) -> None:
+    """Translate TEXTS (or --input) with an exported model; needs no PyTorch.
+
+    With --output, --input is streamed in chunks of 10,000 lines: memory stays flat, output
+    line N belongs to input line N, and Ctrl-C leaves a part file that --resume continues.
+    """
     from s2s_deploy.errors import S2SError
     from s2s_deploy.runtime.translator import Translator, check_inputs
 
+    file_only = {"--on-long": on_long, "--errors": utf8_errors, "--resume": resume or None, "--quiet": quiet or None,
+                 "--ray": ray_address}
+    if output_path is not None:
+        if texts or input_path is None:
+            raise S2SError("--output translates --input FILE ('-' for stdin), not TEXTS")
+        if n_best > 1:
+            raise S2SError("--output writes one line per input line: --n-best needs output to the terminal")
+        _translate_file(export_dir, input_path, output_path, beam, alpha, max_len, batch_size, scores,
+                        on_long or "truncate", utf8_errors or "strict", resume, quiet, ray_address, actors,
+                        device, threads)
+        return
+    given = [name for name, value in file_only.items() if value is not None]
+    if given:
+        raise S2SError(f"{given[0]} needs --output")
     sentences = list(texts) + (read_lines(input_path) if input_path else [])
     if not sentences:
         raise S2SError("nothing to translate: give TEXTS or --input")
@@ -62,6 +93,39 @@ def translate_command(export_dir: str, texts: tuple[str, ...], input_path: str |
             click.echo(f"{score:.4f}\t{text}" if scores else text)
 
 
+def _translate_file(export_dir: str, input_path: str, output_path: str, beam: int, alpha: float | None,
+                    max_len: int | None, batch_size: int, scores: bool, on_long: str, utf8_errors: str, resume: bool,
+                    quiet: bool, ray_address: str | None, actors: int, device: str, threads: int | None) -> None:
+    """translate --output: here or on Ray; the summary line always, Ctrl-C as one line and exit 130."""
+    import sys
+
+    from s2s_deploy.runtime.files import FileOptions, FileSummary, TranslationInterrupted, translate_file
+    from s2s_deploy.runtime.translator import Translator
+
+    progress = False if quiet else None
+    summary: FileSummary
+    try:
+        if ray_address is not None:
+            from s2s_deploy.distributed import translate_dataset
+
+            summary = translate_dataset(export_dir, input_path, output_path, actors=actors, batch_size=batch_size,
+                                        beam=beam, address=ray_address or None, max_len=max_len, alpha=alpha,
+                                        on_long=on_long, errors=utf8_errors, scores=scores, resume=resume,
+                                        progress=progress, device=device, threads=threads or 1)
+        else:
+            translator = Translator(export_dir, device=device, threads=threads)
+            translator.search_config(beam, 1, max_len, alpha)
+            if not quiet:
+                click.echo(translator.backend.choice.notice(), err=True)
+            options = FileOptions(beam=beam, batch_size=batch_size, max_len=max_len, alpha=alpha, on_long=on_long,
+                                  errors=utf8_errors, scores=scores)
+            summary = translate_file(translator, input_path, output_path, options, resume=resume, progress=progress)
+    except TranslationInterrupted as exc:
+        click.echo(str(exc), err=True)
+        sys.exit(130)
+    click.echo(summary.describe(), err=True)
+
+
 @main.command("parity")
 @click.argument("export_dir", type=click.Path())
 @click.option("--input", "input_path", type=click.Path(dir_okay=False, allow_dash=True), default=None,
@@ -72,10 +136,12 @@ def translate_command(export_dir: str, texts: tuple[str, ...], input_path: str |
 @click.option("--checkpoint", type=click.Path(dir_okay=False), default=None,
               help="The PyTorch original [default: the checkpoint stored in the export].")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option("--ort-format", is_flag=True, help="Check the .ort graphs instead of the .onnx ones.")
 @device_option
 @plugin_option
 def parity_command(export_dir: str, input_path: str | None, beam: int, max_len: int, atol: float | None,
-                   checkpoint: str | None, as_json: bool, device: str, plugin_files: tuple[str, ...]) -> None:
+                   checkpoint: str | None, as_json: bool, ort_format: bool, device: str,
+                   plugin_files: tuple[str, ...]) -> None:
     """Decode with PyTorch and ONNX Runtime, greedy and beam; exit 1 unless they agree."""
     import sys
 
@@ -90,7 +156,7 @@ def parity_command(export_dir: str, input_path: str | None, beam: int, max_len: 
     if not sources:
         raise S2SError(f"{export_dir} stores no sample inputs; pass --input FILE")
     reference = torch_backend_for(manifest, checkpoint)
-    candidate = OrtBackend(manifest, device=device)
+    candidate = OrtBackend(manifest, device=device, graph_format="ort" if ort_format else "onnx")
     click.echo(candidate.choice.notice(), err=True)
     report = check_parity(manifest, reference, candidate, sources, beam_size=beam, max_len=max_len, atol=atol)
     if as_json:

@@ -21,11 +21,13 @@ from s2s_deploy.cli import load_plugin_files, main, plugin_option
               help="torch.onnx exporter [default: the plugin's choice].")
 @click.option("--opset", type=click.IntRange(17, 23), default=18, show_default=True)
 @click.option("--with-attention", is_flag=True, help="Add the cross-attention weights as a decoder output.")
+@click.option("--optimize", is_flag=True, help="Store the graphs already optimised by ONNX Runtime (extended level).")
+@click.option("--ort-format", is_flag=True, help="Also write .ort files for ONNX Runtime mobile/minimal builds.")
 @click.option("--force", is_flag=True, help="Replace an existing output folder.")
 @plugin_option
 def export_command(arch: str, checkpoint: str | None, out_dir: str | None, preset: str | None,
-                   exporter: str | None, opset: int, with_attention: bool, force: bool,
-                   plugin_files: tuple[str, ...]) -> None:
+                   exporter: str | None, opset: int, with_attention: bool, optimize: bool, ort_format: bool,
+                   force: bool, plugin_files: tuple[str, ...]) -> None:
     """Export an encoder graph and a step-wise decoder graph, then validate them against PyTorch."""
     from s2s_deploy.errors import S2SError
     from s2s_deploy.export import export_model
@@ -46,7 +48,8 @@ def export_command(arch: str, checkpoint: str | None, out_dir: str | None, prese
             plugin, source.model, source.config, source.src_vocab, source.tgt_vocab, destination,
             checkpoint_path=source.checkpoint_path, source=source.description, samples=source.samples,
             training=source.info,
-            exporter=exporter, opset=opset, with_attention=with_attention, force=force,
+            exporter=exporter, opset=opset, with_attention=with_attention, optimize=optimize,
+            ort_format=ort_format, force=force,
         )
     worst = max(report.max_abs_diff.items(), key=lambda item: item[1])
     sizes = ", ".join(f"{name} {size / 1e6:.2f} MB" for name, size in report.graph_bytes.items())

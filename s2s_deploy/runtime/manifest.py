@@ -58,6 +58,8 @@ class GraphEntry:
     sha256: str
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
+    ort_file: str | None = None
+    ort_sha256: str | None = None
 
 
 @dataclass(frozen=True)
@@ -79,7 +81,11 @@ class Manifest:
     has_attention_output: bool
     samples: tuple[str, ...]
 
-    def graph_path(self, graph: GraphEntry) -> Path:
+    def graph_path(self, graph: GraphEntry, graph_format: str = "onnx") -> Path:
+        if graph_format == "ort":
+            if graph.ort_file is None:
+                raise ManifestError(f"{self.directory} has no .ort graphs; export with --ort-format")
+            return self.directory / graph.ort_file
         return self.directory / graph.file
 
 
@@ -115,6 +121,10 @@ def load_manifest(directory: str | Path, verify_hashes: bool = True) -> Manifest
             raise ManifestError(f"{graph_path} is missing")
         if verify_hashes and sha256_of(graph_path) != graph.sha256:
             raise ManifestError(f"{graph_path} does not match the sha256 in the manifest (modified or corrupt)")
+        if graph.ort_file and verify_hashes:
+            ort_path = directory / graph.ort_file
+            if not ort_path.is_file() or sha256_of(ort_path) != graph.ort_sha256:
+                raise ManifestError(f"{ort_path} is missing or does not match the sha256 in the manifest")
     return manifest
 
 
@@ -147,7 +157,7 @@ def _parse(directory: Path, raw: dict[str, Any]) -> Manifest:
 
 def _graph(entry: dict[str, Any]) -> GraphEntry:
     names = (tuple(io["name"] for io in entry[key]) for key in ("inputs", "outputs"))
-    return GraphEntry(entry["file"], entry["sha256"], *names)
+    return GraphEntry(entry["file"], entry["sha256"], *names, entry.get("ort_file"), entry.get("ort_sha256"))
 
 
 def write_manifest(directory: Path, raw: dict[str, Any]) -> Path:

@@ -95,11 +95,12 @@ def _create(path: str | Path, device: str, threads: int | None) -> tuple[ort.Inf
 class OrtBackend(Backend):
     name = "onnxruntime"
 
-    def __init__(self, manifest: Manifest, device: str = "auto", threads: int | None = None) -> None:
+    def __init__(self, manifest: Manifest, device: str = "auto", threads: int | None = None,
+                 graph_format: str = "onnx") -> None:
         self.manifest = manifest
-        self.encoder, self.choice = _create(manifest.graph_path(manifest.encoder), device, threads)
+        self.encoder, self.choice = _create(manifest.graph_path(manifest.encoder, graph_format), device, threads)
         self.device = "cuda" if self.choice.provider == CUDA else "cpu"
-        self.decoder, _ = _create(manifest.graph_path(manifest.decoder), self.device, threads)
+        self.decoder, _ = _create(manifest.graph_path(manifest.decoder, graph_format), self.device, threads)
         self.decoder_start_id = manifest.decoder_start_id
         self.eos_id = manifest.eos_id
         self.vocab_size = len(manifest.tgt_vocab)
