@@ -1,0 +1,102 @@
+"""Decoding with ``generate.onnx``: the whole search of a batch in one ONNX Runtime call.
+
+Returns the same ``Hypothesis`` lists as ``search.search`` with ``OrtBackend``, so a caller
+can switch engines without other changes. Needs numpy and onnxruntime only (no torch, no onnx).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from s2s_deploy.errors import S2SError
+from s2s_deploy.runtime.manifest import Manifest, sha256_of
+from s2s_deploy.runtime.ort_backend import CUDA, create_session
+from s2s_deploy.runtime.search import Hypothesis, SearchConfig, normalised
+
+
+def generate_entry(manifest: Manifest) -> dict[str, Any]:
+    """The manifest's ``graphs.generate`` entry, or a hint to run ``s2s-deploy fuse``."""
+    entry = manifest.raw["graphs"].get("generate")
+    if entry is None:
+        raise S2SError(f"{manifest.directory} has no generate.onnx: run `s2s-deploy fuse {manifest.directory}`")
+    return entry
+
+
+def generate_feeds(src: np.ndarray, src_len: np.ndarray, config: SearchConfig, beam: bool) -> dict[str, np.ndarray]:
+    """The inputs of generate.onnx for one batch and search configuration."""
+    feeds = {
+        "src": np.ascontiguousarray(src, dtype=np.int64),
+        "src_len": np.ascontiguousarray(src_len, dtype=np.int64),
+        "max_len": np.array(config.max_len, dtype=np.int64),
+        "min_len": np.array(config.min_len, dtype=np.int64),
+        "alpha": np.array(config.alpha, dtype=np.float32),
+    }
+    if beam:
+        feeds["beam_size"] = np.array(config.beam_size, dtype=np.int64)
+    return feeds
+
+
+def hypotheses(outputs: dict[str, np.ndarray], eos_id: int, config: SearchConfig) -> list[list[Hypothesis]]:
+    """generate.onnx outputs -> the n-best ``Hypothesis`` lists ``search()`` returns.
+
+    Scores are recomputed in float64 from the per-token log-probs, exactly as search.py
+    does, so they match it to the bit rather than to float32."""
+    tokens, lengths, lps = outputs["tokens"], outputs["lengths"], outputs["token_log_probs"]
+    results = []
+    for row_tokens, row_lengths, row_lps in zip(tokens, lengths, lps, strict=True):
+        found = []
+        for ids, length, logs in zip(row_tokens, row_lengths, row_lps, strict=True):
+            n = int(length)
+            if n == 0:
+                continue  # an empty slot: fewer hypotheses than beams
+            finished = bool(ids[n - 1] == eos_id)
+            values = tuple(float(x) for x in logs[:n])
+            body = tuple(int(x) for x in ids[: n - 1 if finished else n])
+            found.append(Hypothesis(body, values, float(normalised(sum(values), n, config.alpha)), finished))
+        results.append(sorted(found, key=lambda h: -h.score)[: config.n_best])
+    return results
+
+
+class GraphEngine:
+    """Runs an export's generate.onnx; ``search(src, src_len, config)`` mirrors ``search.search``."""
+
+    name = "onnxruntime-generate"
+
+    def __init__(self, manifest: Manifest, device: str = "auto", threads: int | None = None,
+                 verify_hash: bool = True) -> None:
+        entry = generate_entry(manifest)
+        path = manifest.directory / entry["file"]
+        if not path.is_file():
+            raise S2SError(f"{path} is missing")
+        if verify_hash and sha256_of(path) != entry["sha256"]:
+            raise S2SError(f"{path} does not match the sha256 in the manifest (modified or corrupt)")
+        self.manifest = manifest
+        self.path = Path(path)
+        self.beam = entry.get("search") == "beam"
+        self.session = create_session(path, device, threads)
+        self.provider = self.session.get_providers()[0]
+        self.device = "cuda" if self.provider == CUDA else "cpu"
+        self.eos_id = manifest.eos_id
+        self.vocab_size = len(manifest.tgt_vocab)
+        self.runtime_seconds = 0.0
+
+    def describe(self) -> dict[str, Any]:
+        return {"backend": self.name, "provider": self.provider, "onnxruntime": ort.__version__,
+                "search": "beam" if self.beam else "greedy"}
+
+    def search(self, src: np.ndarray, src_len: np.ndarray, config: SearchConfig) -> list[list[Hypothesis]]:
+        """n-best hypotheses per sentence, best first; tokens exclude the start token and EOS."""
+        if config.beam_size > 1 and not self.beam:
+            raise S2SError(f"{self.path.name} was fused with --greedy-only; beam size must be 1")
+        if config.beam_size >= self.vocab_size:
+            raise ValueError(f"beam size {config.beam_size} must be smaller than the vocabulary ({self.vocab_size})")
+        started = time.perf_counter()
+        values = self.session.run(None, generate_feeds(src, src_len, config, self.beam))
+        self.runtime_seconds += time.perf_counter() - started
+        names = [o.name for o in self.session.get_outputs()]
+        return hypotheses(dict(zip(names, values, strict=True)), self.eos_id, config)
