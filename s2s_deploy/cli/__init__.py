@@ -63,7 +63,7 @@ def list_command(plugin_files: tuple[str, ...]) -> None:
 def _register_subcommands() -> None:
     from importlib import import_module
 
-    for module in ("export", "decode", "train", "bench", "attention", "quantize"):
+    for module in ("export", "decode", "train", "bench", "attention", "quantize", "fuse"):
         try:
             import_module(f"s2s_deploy.cli.{module}")
         except ModuleNotFoundError as exc:

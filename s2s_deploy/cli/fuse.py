@@ -1,0 +1,23 @@
+"""``s2s-deploy fuse``."""
+
+from __future__ import annotations
+
+import click
+
+from s2s_deploy.cli import main
+
+
+@main.command("fuse")
+@click.argument("export_dir", type=click.Path())
+@click.option("--greedy-only", is_flag=True, help="Fuse greedy search only (a smaller loop body, no beam inputs).")
+def fuse_command(export_dir: str, greedy_only: bool) -> None:
+    """Write generate.onnx: encoder, then greedy or beam search in an ONNX Loop, in one graph."""
+    from s2s_deploy.fuse import GENERATE_FILE, add_to_manifest, fuse_generate
+    from s2s_deploy.runtime.manifest import load_manifest
+
+    manifest = load_manifest(export_dir)
+    beam = not greedy_only
+    path = fuse_generate(manifest, manifest.directory / GENERATE_FILE, beam=beam)
+    add_to_manifest(manifest, path, beam=beam)
+    click.echo(f"wrote {path} ({path.stat().st_size / 1e6:.2f} MB, {'beam' if beam else 'greedy'} search); "
+               f"checked: onnx checker (full), default-domain ops only; manifest graphs.generate updated")
