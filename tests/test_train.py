@@ -43,6 +43,8 @@ def test_checkpoint_records_the_run(trained) -> None:
     assert info["task"] == "en-fr" and info["seed"] == 0 and info["epochs"] == 3 and info["command"] == "test"
     assert info["epoch"] == result.best_epoch
     assert info["valid_exact_match"] == result.best.exact_match and info["valid_bleu"] == result.best.bleu
+    assert result.test is not None and info["test_exact_match"] == result.test.exact_match
+    assert info["test_pairs"] == len(SPLITS.test)
 
 
 def test_checkpoint_round_trip_gives_identical_outputs(tmp_path) -> None:
