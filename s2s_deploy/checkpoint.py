@@ -60,11 +60,18 @@ def save_checkpoint(
     os.close(fd)
     try:
         save_file(tensors, tmp, metadata=metadata)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's 0600 would make a shared checkpoint unreadable
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
     return path
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _unique_tensors(model: Seq2SeqModel) -> dict[str, torch.Tensor]:

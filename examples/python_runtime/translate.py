@@ -30,11 +30,12 @@ for text in sys.argv[2:]:
     ids = [index.get(t, special["unk"]) for t in split(text, src_vocab["level"])] + [special["eos"]]
     src, src_len = np.array([ids], dtype=np.int64), np.array([len(ids)], dtype=np.int64)
     encoder_names = [io["name"] for io in manifest["graphs"]["encoder"]["outputs"]]
-    encoded = dict(zip(encoder_names, encoder.run(encoder_names, {"src": src, "src_len": src_len})))
+    encoded = dict(zip(encoder_names, encoder.run(encoder_names, {"src": src, "src_len": src_len}), strict=True))
     feeds = {m["name"]: encoded[m["name"]] for m in manifest["memory"] if m["name"] in decoder_inputs}
     for s in manifest["state"]:
         shape = [1 if d == "batch" else d for d in s["shape"]]
-        feeds[f"past_{s['name']}"] = encoded[f"init_{s['name']}"] if s["init"] == "encoder" else np.zeros(shape, s["dtype"])
+        initial = encoded[f"init_{s['name']}"] if s["init"] == "encoder" else np.zeros(shape, s["dtype"])
+        feeds[f"past_{s['name']}"] = initial
     token, output = special["decoder_start"], []
     for step in range(max_len):
         feeds.update(tokens=np.array([token], dtype=np.int64), reorder=np.zeros(1, dtype=np.int64))
@@ -42,7 +43,7 @@ for text in sys.argv[2:]:
             feeds["step"] = np.array(step, dtype=np.int64)
         names = ["log_probs"] + [f"present_{s['name']}" for s in manifest["state"]]
         log_probs, *state = decoder.run(names, feeds)
-        feeds.update({f"past_{s['name']}": value for s, value in zip(manifest["state"], state)})
+        feeds.update({f"past_{s['name']}": value for s, value in zip(manifest["state"], state, strict=True)})
         token = int(log_probs[0].argmax())
         if token == special["eos"]:
             break
