@@ -107,26 +107,31 @@ def beam_search(
     reorder = np.arange(rows, dtype=np.int64)
     finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
     active = np.ones(batch, dtype=bool)
+    width = min(2 * k, backend.vocab_size)
     for t in range(config.max_len):
-        log_probs = run.step(tokens, reorder).astype(np.float64)
+        log_probs = run.step(tokens, reorder)
         if t < config.min_len:
             log_probs[:, eos] = -np.inf
-        vocab = log_probs.shape[1]
-        candidates = (scores[:, :, None] + log_probs.reshape(batch, k, vocab)).reshape(batch, k * vocab)
-        top = _top_sorted(candidates, 2 * k)
+        # The best 2K of K*V candidates lie among each row's own best 2K: rank only those.
+        row_tokens = np.argpartition(-log_probs, width - 1, axis=1)[:, :width]
+        row_scores = np.take_along_axis(log_probs, row_tokens, axis=1).astype(np.float64)
+        candidates = (scores.reshape(rows, 1) + row_scores).reshape(batch, k * width)
+        flat = ((np.arange(rows) % k)[:, None] * backend.vocab_size + row_tokens).reshape(batch, k * width)
+        top = _top_sorted(candidates, flat, 2 * k)
         top_scores = np.take_along_axis(candidates, top, axis=1)
-        is_eos = (top % vocab == eos) & np.isfinite(top_scores)
+        top_flat = np.take_along_axis(flat, top, axis=1)
+        origin, token_of = top_flat // backend.vocab_size, top_flat % backend.vocab_size
+        is_eos = (token_of == eos) & np.isfinite(top_scores)
         length = t + 1
         for i, j in zip(*np.nonzero(is_eos[:, :k] & active[:, None]), strict=True):
-            row = row_base[i, 0] + top[i, j] // vocab
+            row = row_base[i, 0] + origin[i, j]
             lps = (*history_lp[row].tolist(), float(log_probs[row, eos]))
             score = float(normalised(top_scores[i, j], length, config.alpha))
             finished[i].append(Hypothesis(tuple(history[row].tolist()), lps, score, True))
         keep = np.argsort(is_eos, axis=1, kind="stable")[:, :k]  # first K non-EOS candidates, in rank order
-        chosen = np.take_along_axis(top, keep, axis=1)
         scores = np.take_along_axis(top_scores, keep, axis=1)
-        reorder = (row_base + chosen // vocab).reshape(rows)
-        tokens = (chosen % vocab).reshape(rows).astype(np.int64)
+        reorder = (row_base + np.take_along_axis(origin, keep, axis=1)).reshape(rows)
+        tokens = np.take_along_axis(token_of, keep, axis=1).reshape(rows).astype(np.int64)
         history = np.concatenate([history[reorder], tokens[:, None]], axis=1)
         history_lp = np.concatenate([history_lp[reorder], log_probs[reorder, tokens][:, None]], axis=1)
         active &= np.array([len(f) < k for f in finished])
@@ -143,10 +148,12 @@ def beam_search(
     return [sorted(f, key=lambda h: -h.score)[: config.n_best] for f in finished]
 
 
-def _top_sorted(values: np.ndarray, count: int) -> np.ndarray:
-    """Indices of the ``count`` largest values per row, best first, ties to the lower index."""
+def _top_sorted(values: np.ndarray, tie_keys: np.ndarray, count: int) -> np.ndarray:
+    """Positions of the ``count`` largest values per row, best first; equal values are ordered
+    by ``tie_keys`` (the flat beam*V + token index), so ties go to the lower beam, then token."""
     count = min(count, values.shape[1])
     part = np.argpartition(-values, count - 1, axis=1)[:, :count]
-    part.sort(axis=1)
-    order = np.argsort(-np.take_along_axis(values, part, axis=1), axis=1, kind="stable")
+    part_values = np.take_along_axis(values, part, axis=1)
+    part_keys = np.take_along_axis(tie_keys, part, axis=1)
+    order = np.lexsort((part_keys, -part_values), axis=1)
     return np.take_along_axis(part, order, axis=1)
