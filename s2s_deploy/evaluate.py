@@ -9,7 +9,7 @@ from s2s_deploy.errors import S2SError
 from s2s_deploy.metrics import Scores, score
 from s2s_deploy.runtime.backend import Backend
 from s2s_deploy.runtime.manifest import Manifest
-from s2s_deploy.runtime.search import SearchConfig
+from s2s_deploy.runtime.search import SearchConfig, StepLoop
 from s2s_deploy.runtime.translator import translate
 from s2s_deploy.tasks import load_task
 
@@ -47,7 +47,7 @@ def evaluate(
         for mode, config in (("greedy", SearchConfig(1, 1, max_len)),
                              (f"beam{beam_size}", SearchConfig(beam_size, 1, max_len))):
             started = time.perf_counter()
-            results = translate(backend, sources, manifest.src_vocab, manifest.tgt_vocab, config, 64,
+            results = translate(StepLoop(backend), sources, manifest.src_vocab, manifest.tgt_vocab, config, 64,
                                 manifest.max_source_length)
             elapsed = time.perf_counter() - started
             rows.append(EvalRow(backend.name, mode, score([r.text for r in results], references, tokenize), elapsed))

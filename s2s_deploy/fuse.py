@@ -61,6 +61,7 @@ def generate_io(beam: bool) -> tuple[tuple[GraphIO, ...], tuple[GraphIO, ...]]:
     ]
     if beam:
         inputs.append(GraphIO("beam_size", "beam_size", "int64", ()))
+        inputs.append(GraphIO("n_best", "n_best", "int64", ()))
     outputs = (
         GraphIO("tokens", "hypothesis_tokens", "int64", ("batch", n, "out_len")),
         GraphIO("scores", "hypothesis_scores", "float32", ("batch", n)),
@@ -470,7 +471,10 @@ class _Fuser:
         history = b("Concat", b("Gather", n["history"], reorder), column, axis=1)
         token_lp = b("GatherElements", b("Gather", log_probs, reorder), column, axis=1)
         history_lp = b("Concat", b("Gather", n["history_lp"], reorder), token_lp, axis=1)
-        active = b("And", n["active"], b("Less", count, b("Squeeze", k, c([0]))))
+        # done once the best candidate is EOS and n-best hypotheses have finished (as search.py)
+        top_is_eos = b("Squeeze", b("Slice", is_eos, c([0]), c([1]), c([1])), c([1]))
+        done = b("And", top_is_eos, b("GreaterOrEqual", count, "n_best"))
+        active = b("And", n["active"], b("Not", done))
         cond = b("Greater", b("ReduceSum", b("Cast", active, to=TensorProto.INT64), keepdims=0), c(0))
         outs = [tokens, reorder, scores, history, history_lp, *fin, count, active, *next_state]
         final = self.loop(b, carried, n, outs, [], iteration, cond_in, cond)

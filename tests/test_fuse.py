@@ -68,7 +68,7 @@ def test_graph_is_portable(fused, beam: bool) -> None:
     assert len(loops) == 1
     body = loops[0].attribute[0].g
     assert {n.domain for n in [*model.graph.node, *body.node]} == {""}
-    expected = {"src", "src_len", "max_len", "min_len", "alpha"} | ({"beam_size"} if beam else set())
+    expected = {"src", "src_len", "max_len", "min_len", "alpha"} | ({"beam_size", "n_best"} if beam else set())
     assert {i.name for i in model.graph.input} == expected
     assert [o.name for o in model.graph.output] == ["tokens", "scores", "lengths", "token_log_probs"]
 

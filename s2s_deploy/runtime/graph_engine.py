@@ -38,6 +38,7 @@ def generate_feeds(src: np.ndarray, src_len: np.ndarray, config: SearchConfig, b
     }
     if beam:
         feeds["beam_size"] = np.array(config.beam_size, dtype=np.int64)
+        feeds["n_best"] = np.array(config.n_best, dtype=np.int64)
     return feeds
 
 

@@ -4,13 +4,16 @@
 
 Scores follow the seeds: a hypothesis of L tokens (its EOS included when it has one) scores
 ``log P / L**alpha``. Beam search keeps K live beams per sentence; an EOS candidate ranked
-within the top K of a step becomes a finished hypothesis, and a sentence stops once it has K
-finished ones, or at ``max_len``, where its live beams are finished as they stand.
+within the top K of a step becomes a finished hypothesis. A sentence stops when the best
+candidate of a step is EOS and it holds at least n-best finished hypotheses (OpenNMT's rule:
+stopping at K finished would let short, poor EOS candidates end the search before the best
+hypothesis finishes), or at ``max_len``, where its live beams are finished as they stand.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -50,6 +53,26 @@ class SearchConfig:
 
 def normalised(log_prob: float | np.ndarray, length: int | np.ndarray, alpha: float) -> float | np.ndarray:
     return log_prob / np.power(length, alpha)
+
+
+class SearchEngine(Protocol):
+    """Anything that turns a padded batch into n-best lists: the step loop below over any
+    Backend, or a fused generate.onnx (runtime/graph_engine.py)."""
+
+    name: str
+
+    def search(self, src: np.ndarray, src_len: np.ndarray, config: SearchConfig) -> list[list[Hypothesis]]: ...
+
+
+class StepLoop:
+    """The Python search loop over a step-wise Backend, as a SearchEngine."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self.name = backend.name
+
+    def search(self, src: np.ndarray, src_len: np.ndarray, config: SearchConfig) -> list[list[Hypothesis]]:
+        return search(self.backend, src, src_len, config)
 
 
 def search(backend: Backend, src: np.ndarray, src_len: np.ndarray, config: SearchConfig) -> list[list[Hypothesis]]:
@@ -134,7 +157,8 @@ def beam_search(
         tokens = np.take_along_axis(token_of, keep, axis=1).reshape(rows).astype(np.int64)
         history = np.concatenate([history[reorder], tokens[:, None]], axis=1)
         history_lp = np.concatenate([history_lp[reorder], log_probs[reorder, tokens][:, None]], axis=1)
-        active &= np.array([len(f) < k for f in finished])
+        enough = np.array([len(f) >= config.n_best for f in finished])
+        active &= ~(is_eos[:, 0] & enough)
         if not active.any():
             break
     for i in np.nonzero(active)[0]:

@@ -9,9 +9,8 @@ from pathlib import Path
 import numpy as np
 
 from s2s_deploy.errors import S2SError
-from s2s_deploy.runtime.backend import Backend
 from s2s_deploy.runtime.manifest import load_manifest
-from s2s_deploy.runtime.search import Hypothesis, SearchConfig, search
+from s2s_deploy.runtime.search import Hypothesis, SearchConfig, SearchEngine, StepLoop
 from s2s_deploy.runtime.vocab import Vocabulary
 
 
@@ -37,7 +36,7 @@ def encode_batch(texts: Sequence[str], vocab: Vocabulary, max_len: int | None = 
 
 
 def translate(
-    backend: Backend,
+    engine: SearchEngine,
     texts: Sequence[str],
     src_vocab: Vocabulary,
     tgt_vocab: Vocabulary,
@@ -52,7 +51,7 @@ def translate(
     for start in range(0, len(order), batch_size):
         chunk = order[start : start + batch_size]
         src, src_len = encode_batch([texts[i] for i in chunk], src_vocab, max_source_length)
-        for index, hyps in zip(chunk, search(backend, src, src_len, config), strict=True):
+        for index, hyps in zip(chunk, engine.search(src, src_len, config), strict=True):
             results[index] = _translation(texts[index], hyps, tgt_vocab)
     return [r for r in results if r is not None]
 
@@ -70,14 +69,31 @@ def _translation(source: str, hyps: list[Hypothesis], vocab: Vocabulary) -> Tran
     return Translation(source, texts[0][0], texts[0][1], texts)
 
 
-class Translator:
-    """The embedding API: ``Translator("exported/transformer")(["..."], beam=4)``."""
+ENGINES = ("loop", "graph")
 
-    def __init__(self, export_dir: str | Path, device: str = "auto", threads: int | None = None) -> None:
+
+class Translator:
+    """The embedding API: ``Translator("exported/transformer")(["..."], beam=4)``.
+
+    ``engine="loop"`` runs the search in Python over the step decoder; ``engine="graph"`` makes one
+    call per batch to the fused generate.onnx (``s2s-deploy fuse``)."""
+
+    def __init__(self, export_dir: str | Path, device: str = "auto", threads: int | None = None,
+                 engine: str = "loop") -> None:
         from s2s_deploy.runtime.ort_backend import OrtBackend
 
+        if engine not in ENGINES:
+            raise S2SError(f"unknown engine {engine!r}; known: {', '.join(ENGINES)}")
         self.manifest = load_manifest(export_dir)
-        self.backend = OrtBackend(self.manifest, device=device, threads=threads)
+        if engine == "graph":
+            from s2s_deploy.runtime.graph_engine import GraphEngine
+
+            self.engine: SearchEngine = GraphEngine(self.manifest, device=device, threads=threads)
+            self.notice = f"onnxruntime: generate.onnx on {self.engine.provider}"
+        else:
+            self.backend = OrtBackend(self.manifest, device=device, threads=threads)
+            self.engine = StepLoop(self.backend)
+            self.notice = self.backend.choice.notice()
 
     def search_config(self, beam: int = 1, n_best: int = 1, max_len: int | None = None,
                       alpha: float | None = None) -> SearchConfig:
@@ -93,5 +109,5 @@ class Translator:
                  alpha: float | None = None, batch_size: int = 32) -> list[Translation]:
         config = self.search_config(beam, n_best, max_len, alpha)
         manifest = self.manifest
-        return translate(self.backend, texts, manifest.src_vocab, manifest.tgt_vocab, config, batch_size,
+        return translate(self.engine, texts, manifest.src_vocab, manifest.tgt_vocab, config, batch_size,
                          manifest.max_source_length)
