@@ -74,3 +74,22 @@ def test_node_example_matches_translate(exports, arch: str) -> None:
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == expected(manifest, texts)
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="Node.js is not installed")
+@pytest.mark.skipif(not (NODE_DIR / "node_modules" / "onnxruntime-node").is_dir(),
+                    reason="run `npm install --ignore-scripts` in examples/node first (.ci/run does)")
+@pytest.mark.parametrize("beam", [1, 3])
+def test_node_generate_example_matches_translate(exports, tmp_path: Path, beam: int) -> None:
+    from s2s_deploy.fuse import add_to_manifest, fuse_generate
+    from s2s_deploy.runtime.manifest import load_manifest
+
+    _, original = exports.get("transformer")
+    folder = tmp_path / "fused"
+    shutil.copytree(original.directory, folder)
+    add_to_manifest(load_manifest(folder), fuse_generate(load_manifest(folder), folder / "generate.onnx"), beam=True)
+    texts = list(original.samples[:3])
+    result = subprocess.run(["node", "generate.js", str(folder), str(beam), *texts], cwd=NODE_DIR,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [t.text for t in Translator(folder, device="cpu")(texts, beam=beam)]
