@@ -21,7 +21,7 @@ import numpy as np
 
 from s2s_deploy.errors import S2SError
 
-SYSTEMS = ("pytorch", "onnxruntime-cpu", "pytorch-cuda", "onnxruntime-cuda")
+SYSTEMS = ("pytorch", "onnxruntime-cpu", "onnxruntime-generate", "pytorch-cuda", "onnxruntime-cuda")
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class BenchSettings:
     threads: int = 2
     fixed_length: int | None = None
     max_len: int = 128
-    systems: tuple[str, ...] = ("pytorch", "onnxruntime-cpu", "onnxruntime-cuda")
+    systems: tuple[str, ...] = ("pytorch", "onnxruntime-cpu", "onnxruntime-generate", "onnxruntime-cuda")
 
 
 @dataclass(frozen=True)
@@ -108,6 +108,10 @@ def synthetic_export(spec: str, vocab_size: int, workdir: Path) -> Path:
     out = workdir / f"{arch}-{preset}"
     export_model(plugin, model, config, vocab, vocab, out, checkpoint_path=checkpoint,
                  source=f"seeded random {spec}, vocab {vocab_size}", samples=samples, force=True)
+    from s2s_deploy.fuse import add_to_manifest, fuse_generate
+    from s2s_deploy.runtime.manifest import load_manifest
+
+    add_to_manifest(load_manifest(out), fuse_generate(load_manifest(out), out / "generate.onnx"), beam=True)
     return out
 
 
@@ -136,10 +140,17 @@ def _with_ratios(rows: list[BenchRow]) -> list[BenchRow]:
     return out
 
 
-def _backend(export_dir: Path, system: str, threads: int):
+def _engine(export_dir: Path, system: str, threads: int):
+    """(manifest, search engine, the object whose ``runtime_seconds`` counts runtime time)."""
     from s2s_deploy.runtime.manifest import load_manifest
+    from s2s_deploy.runtime.search import StepLoop
 
     manifest = load_manifest(export_dir)
+    if system == "onnxruntime-generate":
+        from s2s_deploy.runtime.graph_engine import GraphEngine
+
+        engine = GraphEngine(manifest, device="cpu", threads=threads)
+        return manifest, engine, engine
     if system.startswith("pytorch"):
         import torch
 
@@ -150,18 +161,20 @@ def _backend(export_dir: Path, system: str, threads: int):
         device = "cuda" if system.endswith("cuda") else "cpu"
         if device == "cuda" and not torch.cuda.is_available():
             raise S2SError("torch has no CUDA device here")
-        return manifest, torch_backend_for(manifest, device=device)
+        backend = torch_backend_for(manifest, device=device)
+        return manifest, StepLoop(backend), backend
     from s2s_deploy.runtime.ort_backend import OrtBackend
 
-    return manifest, OrtBackend(manifest, device="cuda" if system.endswith("cuda") else "cpu", threads=threads)
+    backend = OrtBackend(manifest, device="cuda" if system.endswith("cuda") else "cpu", threads=threads)
+    return manifest, StepLoop(backend), backend
 
 
 def _measure_system(export_dir: str, system: str, settings: BenchSettings) -> list[BenchRow] | str:
-    from s2s_deploy.runtime.search import SearchConfig, search
+    from s2s_deploy.runtime.search import SearchConfig
     from s2s_deploy.runtime.translator import encode_batch
 
     try:
-        manifest, backend = _backend(Path(export_dir), system, settings.threads)
+        manifest, engine, timer = _engine(Path(export_dir), system, settings.threads)
     except S2SError as exc:
         return str(exc)
     texts = source_batches(Path(export_dir), settings.sentences)
@@ -173,12 +186,12 @@ def _measure_system(export_dir: str, system: str, settings: BenchSettings) -> li
             chunks = [encode_batch(texts[i : i + batch], manifest.src_vocab) for i in range(0, len(texts), batch)]
             passes, latencies, overheads, tokens = [], [], [], 0
             for rep in range(settings.warmup + settings.reps):
-                backend.runtime_seconds = 0.0
+                timer.runtime_seconds = 0.0
                 started = time.perf_counter()
                 count = 0
                 for src, src_len in chunks:
                     t0 = time.perf_counter()
-                    results = search(backend, src, src_len, config)
+                    results = engine.search(src, src_len, config)
                     elapsed = time.perf_counter() - t0
                     count += sum(len(h[0].token_log_probs) for h in results)
                     if rep >= settings.warmup:
@@ -186,7 +199,7 @@ def _measure_system(export_dir: str, system: str, settings: BenchSettings) -> li
                 total = time.perf_counter() - started
                 if rep >= settings.warmup:
                     passes.append(count / total)
-                    overheads.append(1 - backend.runtime_seconds / total)
+                    overheads.append(1 - timer.runtime_seconds / total)
                     tokens = count
             rows.append(BenchRow(
                 model=Path(export_dir).name, system=system, beam=beam, batch=batch,

@@ -36,8 +36,9 @@ def _ints(text: str) -> tuple[int, ...]:
 @click.option("--warmup", type=click.IntRange(0), default=1, show_default=True)
 @click.option("--threads", type=click.IntRange(1), default=2, show_default=True,
               help="Threads for both PyTorch and ONNX Runtime.")
-@click.option("--systems", default="pytorch,onnxruntime-cpu,onnxruntime-cuda", show_default=True,
-              help="Comma-separated: pytorch, onnxruntime-cpu, pytorch-cuda, onnxruntime-cuda.")
+@click.option("--systems", default="pytorch,onnxruntime-cpu,onnxruntime-generate,onnxruntime-cuda",
+              show_default=True, help="Comma-separated: pytorch, onnxruntime-cpu, onnxruntime-generate (the fused "
+              "generate.onnx; run `s2s-deploy fuse` first), pytorch-cuda, onnxruntime-cuda.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write results as JSON.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None, help="Write a chart (PNG).")
 @plugin_option
