@@ -1,0 +1,358 @@
+"""Translate text files of any size: streamed in chunks, in order, resumable after an interrupt.
+
+Needs numpy and onnxruntime only. The input is read ``chunk_lines`` lines at a time, never
+whole; each chunk is sorted by length and batched for speed, then written back in input order,
+one output line per input line (blank lines stay blank). Lines are split on ``\\n`` alone, so
+the output lines up with ``wc -l`` and ``paste`` whatever characters the text holds.
+
+The output grows in ``<output>.part``; after every chunk a sidecar ``<output>.part.json``
+records the input, the options, the model and a hash of the input consumed so far, and only at
+the end is the part file renamed over the output. A chunk is the unit of work everywhere (here
+and on Ray), so a resumed run composes its batches exactly as an uninterrupted one and writes
+the same bytes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, fields
+from itertools import islice
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+
+from s2s_deploy.errors import S2SError
+from s2s_deploy.runtime.manifest import MANIFEST_NAME, Manifest, sha256_of
+from s2s_deploy.runtime.search import search
+from s2s_deploy.runtime.translator import Translator
+
+CHUNK_LINES = 10_000
+ON_LONG = ("truncate", "skip", "error")
+ERRORS = ("strict", "replace")
+STATE_FORMAT = "s2s-deploy-partial/1"
+_LENIENT = {"on_long": "error", "errors": "strict"}  # a prefix made this way suits any value
+
+
+@dataclass(frozen=True)
+class FileOptions:
+    """Everything that decides the output bytes; a resumed run must agree with them."""
+
+    beam: int = 1
+    batch_size: int = 32
+    max_len: int | None = None
+    alpha: float | None = None
+    on_long: str = "truncate"
+    errors: str = "strict"
+    scores: bool = False
+    chunk_lines: int = CHUNK_LINES
+
+    def __post_init__(self) -> None:
+        if self.on_long not in ON_LONG:
+            raise S2SError(f"on-long must be one of {', '.join(ON_LONG)}, not {self.on_long!r}")
+        if self.errors not in ERRORS:
+            raise S2SError(f"errors must be one of {', '.join(ERRORS)}, not {self.errors!r}")
+        if min(self.beam, self.batch_size, self.chunk_lines, self.max_len or 1) < 1:
+            raise S2SError("beam, batch size, chunk lines and max length must be at least 1")
+
+
+@dataclass(frozen=True)
+class Counts:
+    lines: int = 0
+    blank: int = 0
+    truncated: int = 0
+    skipped: int = 0
+
+    def __add__(self, other: Counts) -> Counts:
+        return Counts(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
+
+
+@dataclass(frozen=True)
+class ChunkResult:
+    text: bytes
+    counts: Counts
+
+
+@dataclass(frozen=True)
+class FileSummary:
+    output: str
+    counts: Counts
+    resumed: int
+    seconds: float
+
+    @property
+    def lines_per_second(self) -> float:
+        return (self.counts.lines - self.resumed) / max(self.seconds, 1e-9)
+
+    def describe(self) -> str:
+        c = self.counts
+        where = "stdout" if self.output == "-" else self.output
+        resumed = f", resumed after line {self.resumed}" if self.resumed else ""
+        return (f"translated {c.lines} lines to {where} ({c.blank} blank, {c.truncated} truncated, "
+                f"{c.skipped} skipped{resumed}) in {self.seconds:.1f} s, {self.lines_per_second:.0f} lines/s")
+
+
+class TranslationInterrupted(S2SError):
+    """Ctrl-C: the message says what was kept and how to continue."""
+
+
+def translate_chunk(translator: Translator, data: bytes, first_line: int, options: FileOptions,
+                    on_batch: Callable[[int], None] | None = None) -> ChunkResult:
+    """One output line per line of ``data``; depends on its arguments alone, so every machine writes the same."""
+    raw = data.split(b"\n")
+    if raw[-1] == b"":
+        raw.pop()
+    manifest = translator.manifest
+    vocab, limit = manifest.src_vocab, manifest.max_source_length
+    config = translator.search_config(options.beam, 1, options.max_len, options.alpha)
+    out = [""] * len(raw)
+    todo: list[tuple[int, list[int]]] = []
+    blank = truncated = skipped = 0
+    for offset, line in enumerate(raw):
+        text = _decode(line, first_line + offset, options.errors)
+        if not text.strip():
+            blank += 1
+            continue
+        ids = vocab.encode(text)
+        if limit is not None and len(ids) > limit:
+            if options.on_long == "error":
+                raise S2SError(f"input line {first_line + offset} has {len(ids)} tokens, over the model's limit "
+                               f"of {limit}: pass --on-long truncate or skip")
+            if options.on_long == "skip":
+                skipped += 1
+                continue
+            ids = [*ids[: limit - 1], vocab.eos_id]
+            truncated += 1
+        todo.append((offset, ids))
+    if on_batch and blank + skipped:
+        on_batch(blank + skipped)
+    todo.sort(key=lambda item: len(item[1]))
+    for start in range(0, len(todo), options.batch_size):
+        batch = todo[start : start + options.batch_size]
+        src, src_len = _pad([ids for _, ids in batch], vocab.pad_id)
+        for (offset, _), hyps in zip(batch, search(translator.backend, src, src_len, config), strict=True):
+            best = hyps[0]
+            # A target vocabulary may hold a newline; it must not split an output line.
+            text = manifest.tgt_vocab.decode(best.tokens).replace("\r", " ").replace("\n", " ")
+            out[offset] = f"{best.score:.4f}\t{text}" if options.scores else text
+        if on_batch:
+            on_batch(len(batch))
+    return ChunkResult("".join(f"{line}\n" for line in out).encode("utf-8"),
+                       Counts(len(raw), blank, truncated, skipped))
+
+
+def _decode(line: bytes, number: int, errors: str) -> str:
+    if line.endswith(b"\r"):
+        line = line[:-1]
+    try:
+        return line.decode("utf-8-sig" if number == 1 else "utf-8", errors=errors)
+    except UnicodeDecodeError as exc:
+        raise S2SError(f"input line {number} is not valid UTF-8 (byte {exc.start + 1} of the line): "
+                       "pass --errors replace to substitute U+FFFD") from exc
+
+
+def _pad(ids: Sequence[list[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    lengths = np.array([len(seq) for seq in ids], dtype=np.int64)
+    batch = np.full((len(ids), int(lengths.max())), pad_id, dtype=np.int64)
+    for row, seq in enumerate(ids):
+        batch[row, : len(seq)] = seq
+    return batch, lengths
+
+
+def count_lines(path: str | Path) -> int:
+    """Lines as this module counts them, at disk speed: for the progress bar's ETA."""
+    count, last = 0, b"\n"
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 22), b""):
+            count += block.count(b"\n")
+            last = block[-1:]
+    return count + (last != b"\n")
+
+
+def model_identity(manifest: Manifest) -> dict[str, str]:
+    """Hashes of the manifest and graphs: resuming with another export would mix two models' output."""
+    return {"manifest": sha256_of(manifest.directory / MANIFEST_NAME),
+            "encoder": manifest.encoder.sha256, "decoder": manifest.decoder.sha256}
+
+
+class FileJob:
+    """The input stream, the partial output and its sidecar: where a run stands, safe after every chunk.
+
+    Open it with ``file_job``; read chunks with ``read_chunk``, hand each result to ``commit`` in
+    input order, and ``finish`` renames the part file over the output.
+    """
+
+    def __init__(self, source: IO[bytes], input_path: str, output_path: str, options: FileOptions,
+                 model: dict[str, str], resume: bool) -> None:
+        self.source = source
+        self.options = options
+        self.output = output_path
+        self.to_stdout = output_path == "-"
+        self.part = Path(f"{output_path}.part")
+        self.sidecar = Path(f"{output_path}.part.json")
+        self.identity = {"input": input_path if input_path == "-" else str(Path(input_path).resolve()),
+                         "model": model, "options": asdict(options)}
+        self.counts = Counts()
+        self.resumed = 0
+        self.input_bytes = 0
+        self.output_bytes = 0
+        self.digest = hashlib.sha256()
+        self.sink: IO[bytes] | None = None
+        self.bar: Any = None
+        if self.to_stdout:
+            if resume:
+                raise S2SError("--resume needs an output file; output to stdout cannot be resumed")
+            self.sink = sys.stdout.buffer
+            return
+        state = self._load_state()
+        if state is not None and not resume:
+            raise S2SError(f"{self.part} holds {state['counts']['lines']} lines from an earlier run: pass --resume "
+                           "to continue it, or delete it to start over")
+        if state is None:
+            self.sidecar.unlink(missing_ok=True)
+            self.sink = open(self.part, "wb")  # noqa: SIM115 - lives as long as the job
+        else:
+            self._take_over(state)
+
+    @property
+    def lines(self) -> int:
+        return self.counts.lines
+
+    def start_progress(self, show: bool | None, total: int | None) -> None:
+        """tqdm on stderr; ``show=None`` shows it only on a terminal."""
+        from tqdm import tqdm
+
+        visible = sys.stderr.isatty() if show is None else show
+        self.bar = tqdm(total=total, initial=self.lines, unit="line", unit_scale=True, dynamic_ncols=True,
+                        file=sys.stderr, disable=not visible, smoothing=0.1, desc="translate")
+
+    def advance(self, lines: int) -> None:
+        if self.bar is not None:
+            self.bar.update(lines)
+
+    def read_chunk(self) -> bytes:
+        """The next ``chunk_lines`` lines as raw bytes; empty at the end of the input."""
+        return b"".join(islice(self.source, self.options.chunk_lines))
+
+    def commit(self, data: bytes, result: ChunkResult) -> None:
+        """Append one chunk's output (the chunk after the last committed one) and record it durably."""
+        assert self.sink is not None
+        self.sink.write(result.text)
+        self.sink.flush()
+        self.digest.update(data)
+        self.input_bytes += len(data)
+        self.output_bytes += len(result.text)
+        self.counts += result.counts
+        if not self.to_stdout:
+            os.fsync(self.sink.fileno())
+            self._save_state()
+
+    def finish(self, started: float) -> FileSummary:
+        if not self.to_stdout:
+            assert self.sink is not None
+            self.sink.close()
+            os.replace(self.part, self.output)
+            self.sidecar.unlink(missing_ok=True)
+        self.close()
+        return FileSummary(self.output, self.counts, self.resumed, time.perf_counter() - started)
+
+    def close(self) -> None:
+        """Leave a resumable part file, or none at all when not even one chunk was recorded."""
+        if self.bar is not None:
+            self.bar.close()
+        if self.sink is not None and not self.to_stdout:
+            self.sink.close()
+            if self.part.exists() and not self.sidecar.exists():
+                self.part.unlink()
+
+    def interrupted(self) -> str:
+        if self.to_stdout:
+            return f"interrupted after {self.lines} lines; output to stdout cannot be resumed"
+        if not self.sidecar.exists():
+            return f"interrupted before the first {self.options.chunk_lines} lines were done; nothing to resume"
+        return (f"interrupted: {self.lines} lines are safe in {self.part}; run the same command with --resume "
+                "to continue")
+
+    def _load_state(self) -> dict[str, Any] | None:
+        if not (self.sidecar.is_file() and self.part.is_file()):
+            return None
+        try:
+            state = json.loads(self.sidecar.read_text(encoding="utf-8"))
+            if state.get("format") != STATE_FORMAT:
+                raise ValueError(state.get("format"))
+            return state
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise S2SError(f"{self.sidecar} is corrupt ({exc}); delete it and {self.part} to start over") from exc
+
+    def _take_over(self, state: dict[str, Any]) -> None:
+        done = state["counts"]["lines"]
+        refuse = f"cannot resume from {self.part} ({done} lines): "
+        if state["input"] != self.identity["input"]:
+            raise S2SError(f"{refuse}it was made from {state['input']}, not {self.identity['input']}")
+        if state["model"] != self.identity["model"]:
+            raise S2SError(f"{refuse}it was made with a different model export")
+        for key, value in self.identity["options"].items():
+            before = state["options"].get(key)
+            if before != value and before != _LENIENT.get(key):
+                raise S2SError(f"{refuse}it was made with {key}={_shown(before)}, not {key}={_shown(value)}")
+        remaining = state["input_bytes"]
+        while remaining:
+            block = self.source.read(min(remaining, 1 << 20))
+            if not block:
+                break
+            self.digest.update(block)
+            remaining -= len(block)
+        if remaining or self.digest.hexdigest() != state["input_sha256"]:
+            raise S2SError(f"{refuse}the first {done} lines of the input changed since; delete it to start over")
+        self.counts = Counts(**state["counts"])
+        self.resumed = done
+        self.input_bytes = state["input_bytes"]
+        self.output_bytes = state["output_bytes"]
+        self.sink = open(self.part, "r+b")  # noqa: SIM115 - lives as long as the job
+        self.sink.truncate(self.output_bytes)
+        self.sink.seek(self.output_bytes)
+
+    def _save_state(self) -> None:
+        state = {"format": STATE_FORMAT, **self.identity, "counts": asdict(self.counts),
+                 "input_bytes": self.input_bytes, "input_sha256": self.digest.hexdigest(),
+                 "output_bytes": self.output_bytes}
+        temporary = self.sidecar.with_name(self.sidecar.name + ".tmp")
+        temporary.write_text(json.dumps(state, indent=1) + "\n", encoding="utf-8")
+        os.replace(temporary, self.sidecar)
+
+
+def _shown(value: object) -> str:
+    return "default" if value is None else str(value)
+
+
+@contextlib.contextmanager
+def file_job(input_path: str, output_path: str, options: FileOptions, manifest: Manifest, *,
+             resume: bool = False) -> Iterator[FileJob]:
+    """A ``FileJob`` whose Ctrl-C becomes ``TranslationInterrupted`` with a resumable part file left behind."""
+    with contextlib.ExitStack() as stack:
+        source = sys.stdin.buffer if input_path == "-" else stack.enter_context(open(input_path, "rb"))
+        job = FileJob(source, input_path, output_path, options, model_identity(manifest), resume)
+        stack.callback(job.close)
+        try:
+            yield job
+        except KeyboardInterrupt as exc:
+            raise TranslationInterrupted(job.interrupted()) from exc
+
+
+def translate_file(translator: Translator, input_path: str, output_path: str, options: FileOptions | None = None,
+                   *, resume: bool = False, progress: bool | None = None) -> FileSummary:
+    """Translate ``input_path`` line by line into ``output_path`` ('-' for stdin/stdout) on this machine."""
+    started = time.perf_counter()
+    options = options or FileOptions()
+    with file_job(input_path, output_path, options, translator.manifest, resume=resume) as job:
+        visible = sys.stderr.isatty() if progress is None else progress
+        job.start_progress(visible, count_lines(input_path) if visible and input_path != "-" else None)
+        while data := job.read_chunk():
+            job.commit(data, translate_chunk(translator, data, job.lines + 1, options, job.advance))
+        return job.finish(started)
