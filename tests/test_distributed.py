@@ -1,0 +1,63 @@
+"""Ray: the same bytes as one machine, errors in input order, and resuming across the two."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from s2s_deploy.errors import S2SError
+from s2s_deploy.runtime.files import FileOptions, translate_file
+from s2s_deploy.runtime.translator import Translator
+
+ray = pytest.importorskip("ray", reason="Ray is an optional extra: pip install 's2s-deploy[ray]'")
+
+from s2s_deploy.distributed import translate_dataset  # noqa: E402
+
+MAX_LEN = 12
+CHUNK = 8
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(num_cpus=2, include_dashboard=False)
+    yield
+    ray.shutdown()
+
+
+def lines_of(manifest, count: int) -> list[str]:
+    samples = list(manifest.samples)
+    return ["" if i % 9 == 4 else samples[i % len(samples)] for i in range(count)]
+
+
+def single_machine(export: Path, source: Path, out: Path, **changes) -> bytes:
+    options = FileOptions(max_len=MAX_LEN, batch_size=4, chunk_lines=CHUNK, **changes)
+    translate_file(Translator(export, device="cpu", threads=1), str(source), str(out), options, progress=False)
+    return out.read_bytes()
+
+
+def on_ray(export: Path, source: Path, out: Path, **changes) -> None:
+    translate_dataset(export, source, out, actors=2, batch_size=4, max_len=MAX_LEN, chunk_lines=CHUNK, device="cpu",
+                      progress=False, **changes)
+
+
+def test_ray_output_equals_single_machine(exports, local_ray, tmp_path: Path) -> None:
+    _, manifest = exports.get("gru")
+    source = tmp_path / "in.txt"
+    source.write_text("\n".join(lines_of(manifest, 45)) + "\n", encoding="utf-8")
+    on_ray(manifest.directory, source, tmp_path / "ray.txt")
+    expected = single_machine(manifest.directory, source, tmp_path / "one.txt")
+    assert (tmp_path / "ray.txt").read_bytes() == expected
+    assert len(expected.splitlines()) == 45
+
+
+def test_ray_error_in_order_then_resume(exports, local_ray, tmp_path: Path) -> None:
+    _, manifest = exports.get("gru")
+    source = tmp_path / "in.txt"
+    source.write_bytes("\n".join(lines_of(manifest, 30)).encode() + b"\nbad\xfe\n" + b"end\n")
+    out = tmp_path / "ray.txt"
+    with pytest.raises(S2SError, match=r"input line 31 is not valid UTF-8"):
+        on_ray(manifest.directory, source, out)
+    assert not out.exists() and (tmp_path / "ray.txt.part").read_bytes().count(b"\n") == 24
+    on_ray(manifest.directory, source, out, errors="replace", resume=True)
+    assert out.read_bytes() == single_machine(manifest.directory, source, tmp_path / "one.txt", errors="replace")
