@@ -229,8 +229,8 @@ class FileJob:
         from tqdm import tqdm
 
         visible = sys.stderr.isatty() if show is None else show
-        self.bar = tqdm(total=total, initial=self.lines, unit="line", unit_scale=True, dynamic_ncols=True,
-                        file=sys.stderr, disable=not visible, smoothing=0.1, desc="translate")
+        self.bar = tqdm(total=total, initial=self.lines, unit=" lines", dynamic_ncols=True, file=sys.stderr,
+                        disable=not visible, smoothing=0.1, desc="translate")
 
     def advance(self, lines: int) -> None:
         if self.bar is not None:
@@ -310,6 +310,8 @@ class FileJob:
             remaining -= len(block)
         if remaining or self.digest.hexdigest() != state["input_sha256"]:
             raise S2SError(f"{refuse}the first {done} lines of the input changed since; delete it to start over")
+        if self.part.stat().st_size < state["output_bytes"]:
+            raise S2SError(f"{refuse}it is shorter than its sidecar records; delete it to start over")
         self.counts = Counts(**state["counts"])
         self.resumed = done
         self.input_bytes = state["input_bytes"]
