@@ -115,9 +115,11 @@ def translate_dataset(export_dir: str | Path, input_path: str | Path, output_pat
     manifest = load_manifest(export_dir)
     started = time.perf_counter()
     owned = not ray.is_initialized()
-    if owned:
-        ray.init(address=address, runtime_env=runtime_env, include_dashboard=False, logging_level=logging.WARNING,
-                 **({} if address else {"num_cpus": max(actors, os.cpu_count() or 1)}))
+    if owned and address:
+        ray.init(address=address, runtime_env=runtime_env)
+    elif owned:
+        ray.init(num_cpus=max(actors, os.cpu_count() or 1), runtime_env=runtime_env, include_dashboard=False,
+                 logging_level=logging.WARNING)
     try:
         with file_job(input_path, str(output_path), options, manifest, resume=resume) as job:
             chunks = list(chunk_ranges(input_path, job.input_bytes, job.lines + 1, chunk_lines))
