@@ -25,6 +25,16 @@ class LSTMConfig:
     dropout: float = 0.1
 
 
+def open_forget_gates(lstm: nn.LSTM) -> None:
+    """Forget-gate bias 1 (Jozefowicz et al. 2015): with zero biases a 4-layer LSTM forgets its
+    input early in training, and on the date task it stalled below 1% exact match for 5 epochs."""
+    hidden = lstm.hidden_size
+    for name, bias in lstm.named_parameters():
+        if name.startswith("bias_ih"):
+            with torch.no_grad():
+                bias[hidden : 2 * hidden].fill_(1.0)
+
+
 class LSTMSeq2Seq(Seq2SeqModel):
     def __init__(self, cfg: LSTMConfig, src_vocab_size: int, tgt_vocab_size: int) -> None:
         super().__init__()
@@ -37,6 +47,8 @@ class LSTMSeq2Seq(Seq2SeqModel):
         )
         self.output = nn.Linear(cfg.num_hiddens, tgt_vocab_size)
         xavier_init(self)
+        open_forget_gates(self.encoder)
+        open_forget_gates(self.decoder)
 
     def run_decoder(self, tgt: Tensor, context: Tensor, h: Tensor, c: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Logits ``(B, T, V)`` and the new (h, c) for target tokens ``(B, T)``."""
