@@ -27,6 +27,8 @@ def _ints(text: str) -> tuple[int, ...]:
               help="Also export and measure a seeded random model of this preset, e.g. transformer:base.")
 @click.option("--vocab-size", type=click.IntRange(8), default=32000, show_default=True,
               help="Vocabulary of the --synthetic model.")
+@click.option("--synthetic-dir", type=click.Path(file_okay=False), default=None,
+              help="Keep the --synthetic export here (e.g. to quantize it) [default: a temporary folder].")
 @click.option("--fixed-length", type=click.IntRange(1), default=None,
               help="Generate exactly this many tokens per sentence (EOS suppressed until then).")
 @click.option("--beams", default="1,4", show_default=True, help="Beam sizes, comma-separated.")
@@ -42,7 +44,8 @@ def _ints(text: str) -> tuple[int, ...]:
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write results as JSON.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None, help="Write a chart (PNG).")
 @plugin_option
-def bench_command(export_dirs: tuple[str, ...], synthetic: str | None, vocab_size: int, fixed_length: int | None,
+def bench_command(export_dirs: tuple[str, ...], synthetic: str | None, vocab_size: int, synthetic_dir: str | None,
+                  fixed_length: int | None,
                   beams: str, batches: str, sentences: int, reps: int, warmup: int, threads: int, systems: str,
                   json_path: str | None, plot_path: str | None, plugin_files: tuple[str, ...]) -> None:
     """Tokens/s, latency, engine overhead and peak memory: PyTorch eager vs ONNX Runtime."""
@@ -60,7 +63,9 @@ def bench_command(export_dirs: tuple[str, ...], synthetic: str | None, vocab_siz
         load_manifest(d)
     if synthetic:
         click.echo(f"exporting synthetic {synthetic} (vocab {vocab_size})...", err=True)
-        dirs.append(synthetic_export(synthetic, vocab_size, scratch_dir()))
+        workdir = Path(synthetic_dir) if synthetic_dir else scratch_dir()
+        workdir.mkdir(parents=True, exist_ok=True)
+        dirs.append(synthetic_export(synthetic, vocab_size, workdir))
     if not dirs:
         raise S2SError("nothing to benchmark: give export folders or --synthetic ARCH:PRESET")
     settings = BenchSettings(beams=_ints(beams), batches=_ints(batches), sentences=sentences, reps=reps,
