@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from s2s_deploy.cli import load_plugin_files, main, plugin_option
+
+if TYPE_CHECKING:
+    from s2s_deploy.runtime.files import FileOptions
 
 device_option = click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto",
                              show_default=True, help="ONNX Runtime device; auto uses CUDA only if it works.")
@@ -53,30 +57,37 @@ def read_lines(path: str) -> list[str]:
               help="With --output: translate on Ray (a local one, or the cluster at ADDRESS, e.g. auto).")
 @click.option("--actors", type=click.IntRange(1), default=2, show_default=True,
               help="With --ray: translator actors, each holding its own model.")
+@click.option("--chunk-lines", type=click.IntRange(1), default=None,
+              help="With --output: lines read, sorted, translated and saved at a time; on Ray, the unit each actor "
+                   "takes [default: 10000].")
 @device_option
 @threads_option
 def translate_command(export_dir: str, texts: tuple[str, ...], input_path: str | None, beam: int, n_best: int,
                       alpha: float | None, max_len: int | None, batch_size: int, scores: bool,
                       output_path: str | None, on_long: str | None, utf8_errors: str | None, resume: bool,
-                      quiet: bool, ray_address: str | None, actors: int, device: str, threads: int | None) -> None:
+                      quiet: bool, ray_address: str | None, actors: int, chunk_lines: int | None, device: str,
+                      threads: int | None) -> None:
     """Translate TEXTS (or --input) with an exported model; needs no PyTorch.
 
     With --output, --input is streamed in chunks of 10,000 lines: memory stays flat, output
     line N belongs to input line N, and Ctrl-C leaves a part file that --resume continues.
     """
     from s2s_deploy.errors import S2SError
+    from s2s_deploy.runtime.files import CHUNK_LINES, FileOptions
     from s2s_deploy.runtime.translator import Translator, check_inputs
 
     file_only = {"--on-long": on_long, "--errors": utf8_errors, "--resume": resume or None, "--quiet": quiet or None,
-                 "--ray": ray_address}
+                 "--ray": ray_address, "--chunk-lines": chunk_lines}
     if output_path is not None:
         if texts or input_path is None:
             raise S2SError("--output translates --input FILE ('-' for stdin), not TEXTS")
         if n_best > 1:
             raise S2SError("--output writes one line per input line: --n-best needs output to the terminal")
-        _translate_file(export_dir, input_path, output_path, beam, alpha, max_len, batch_size, scores,
-                        on_long or "truncate", utf8_errors or "strict", resume, quiet, ray_address, actors,
-                        device, threads)
+        options = FileOptions(beam=beam, batch_size=batch_size, max_len=max_len, alpha=alpha,
+                              on_long=on_long or "truncate", errors=utf8_errors or "strict", scores=scores,
+                              chunk_lines=chunk_lines or CHUNK_LINES)
+        _translate_file(export_dir, input_path, output_path, options, resume, quiet, ray_address, actors, device,
+                        threads)
         return
     given = [name for name, value in file_only.items() if value is not None]
     if given:
@@ -93,13 +104,13 @@ def translate_command(export_dir: str, texts: tuple[str, ...], input_path: str |
             click.echo(f"{score:.4f}\t{text}" if scores else text)
 
 
-def _translate_file(export_dir: str, input_path: str, output_path: str, beam: int, alpha: float | None,
-                    max_len: int | None, batch_size: int, scores: bool, on_long: str, utf8_errors: str, resume: bool,
+def _translate_file(export_dir: str, input_path: str, output_path: str, options: FileOptions, resume: bool,
                     quiet: bool, ray_address: str | None, actors: int, device: str, threads: int | None) -> None:
     """translate --output: here or on Ray; the summary line always, Ctrl-C as one line and exit 130."""
     import sys
+    from dataclasses import asdict
 
-    from s2s_deploy.runtime.files import FileOptions, FileSummary, TranslationInterrupted, translate_file
+    from s2s_deploy.runtime.files import FileSummary, TranslationInterrupted, translate_file
     from s2s_deploy.runtime.translator import Translator
 
     progress = False if quiet else None
@@ -108,17 +119,14 @@ def _translate_file(export_dir: str, input_path: str, output_path: str, beam: in
         if ray_address is not None:
             from s2s_deploy.distributed import translate_dataset
 
-            summary = translate_dataset(export_dir, input_path, output_path, actors=actors, batch_size=batch_size,
-                                        beam=beam, address=ray_address or None, max_len=max_len, alpha=alpha,
-                                        on_long=on_long, errors=utf8_errors, scores=scores, resume=resume,
-                                        progress=progress, device=device, threads=threads or 1)
+            summary = translate_dataset(export_dir, input_path, output_path, actors=actors, address=ray_address or None,
+                                        resume=resume, progress=progress, device=device, threads=threads or 1,
+                                        **asdict(options))
         else:
             translator = Translator(export_dir, device=device, threads=threads)
-            translator.search_config(beam, 1, max_len, alpha)
+            translator.search_config(options.beam, 1, options.max_len, options.alpha)
             if not quiet:
                 click.echo(translator.backend.choice.notice(), err=True)
-            options = FileOptions(beam=beam, batch_size=batch_size, max_len=max_len, alpha=alpha, on_long=on_long,
-                                  errors=utf8_errors, scores=scores)
             summary = translate_file(translator, input_path, output_path, options, resume=resume, progress=progress)
     except TranslationInterrupted as exc:
         click.echo(str(exc), err=True)
