@@ -145,7 +145,7 @@ def _run(ray: Any, job: FileJob, chunks: list[dict[str, int]], export_dir: str, 
         # One block per chunk (built here, no read tasks to compete with the actors for CPUs), so that
         # each chunk is a task of its own for whichever actor is free.
         dataset = ray.data.from_items(chunks, override_num_blocks=len(chunks)).map_batches(
-            ChunkTranslator, batch_size=1, compute=ActorPoolStrategy(size=actors), num_cpus=1,
+            ChunkTranslator, batch_size=1, compute=ActorPoolStrategy(size=min(actors, len(chunks))), num_cpus=1,
             fn_constructor_kwargs={"export_dir": export_dir, "input_path": input_path, "options": options,
                                    "device": device, "threads": threads})
         pending: dict[int, dict[str, Any]] = {}
