@@ -25,7 +25,7 @@ def test_int8_export_is_smaller_and_agrees(exports, tmp_path: Path, arch: str, m
     total_before, total_after = sum(report.bytes_before.values()), sum(report.bytes_after.values())
     assert total_after < max_ratio * total_before
     parity = check_parity(quantised, torch_backend_for(quantised), OrtBackend(quantised, device="cpu"),
-                          list(quantised.samples), beam_size=2, max_len=30)
+                          list(quantised.samples)[:8], beam_size=2, max_len=30)
     assert parity.min_token_agreement == MIN_TOKEN_AGREEMENT["int8"]
     assert parity.step_max_abs_diff > 0  # int8 really changed the numbers
     assert parity.passed == all(s.agreement >= parity.min_token_agreement for s in parity.searches)
