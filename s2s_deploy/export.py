@@ -12,7 +12,6 @@ import inspect
 import json
 import logging
 import shutil
-import tempfile
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from s2s_deploy.graphs import EncoderGraph, GraphIO, StepGraph, io_names
 from s2s_deploy.runtime.manifest import FORMAT, sha256_of, write_manifest
 from s2s_deploy.runtime.ort_backend import quiet_stderr
 from s2s_deploy.runtime.vocab import Vocabulary
+from s2s_deploy.staging import staged_directory
 
 DEFAULT_OPSET = 18
 ENCODER_FILE = "encoder.onnx"
@@ -96,9 +96,7 @@ def export_model(
     encoder = EncoderGraph(model, memory, state).eval()
     step = StepGraph(model, memory, state, with_attention).eval()
 
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.tmp-"))
-    try:
+    with staged_directory(out_dir, force) as work:
         enc_args = _encoder_inputs(len(src_vocab), _EXAMPLE)
         dec_args = _decoder_inputs(encoder, specs, len(tgt_vocab), _EXAMPLE)
         enc_axes = _dynamic_axes(encoder, enc_args, _encoder_inputs(len(src_vocab), _PROBE))
@@ -132,10 +130,6 @@ def export_model(
                 raw["graphs"][role]["ort_file"] = ort_path.name
                 raw["graphs"][role]["ort_sha256"] = sha256_of(ort_path)
         write_manifest(work, raw)
-        _move_into_place(work, out_dir)
-    finally:
-        if work.exists():
-            shutil.rmtree(work)
     sizes = {name: (out_dir / name).stat().st_size for name in (ENCODER_FILE, DECODER_FILE)}
     return ExportReport(out_dir, exporter, diffs, sizes)
 
@@ -424,16 +418,3 @@ def _write_metadata(path: Path, role: str, raw: dict[str, Any]) -> None:
         model.metadata_props.add(key=key, value=value)
     model.producer_name = "s2s-deploy"
     onnx.save(model, str(path))
-
-
-def _move_into_place(work: Path, out_dir: Path) -> None:
-    if out_dir.exists():
-        old = out_dir.with_name(f".{out_dir.name}.old")
-        if old.exists():
-            shutil.rmtree(old)
-        out_dir.rename(old)
-        work.rename(out_dir)
-        shutil.rmtree(old)
-    else:
-        work.rename(out_dir)
-

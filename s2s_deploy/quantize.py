@@ -9,7 +9,6 @@ from __future__ import annotations
 import copy
 import logging
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import onnx
 
 from s2s_deploy.errors import S2SError
 from s2s_deploy.runtime.manifest import Manifest, sha256_of, write_manifest
+from s2s_deploy.staging import staged_directory
 
 KINDS = ("int8", "fp16")
 # Token agreement with the fp32 original that parity requires, per kind: int8 weights move
@@ -40,19 +40,17 @@ def quantize_export(manifest: Manifest, kind: str, out_dir: Path, force: bool = 
         raise S2SError(f"unknown quantisation {kind!r}; known: {', '.join(KINDS)}")
     if manifest.raw.get("quantization"):
         raise S2SError(f"{manifest.directory} is already quantised ({manifest.raw['quantization']['kind']})")
-    if out_dir.exists() and not force:
-        raise S2SError(f"{out_dir} already exists; pass --force to replace it")
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.tmp-"))
     raw = copy.deepcopy(manifest.raw)
     before, after = {}, {}
-    try:
+    with staged_directory(out_dir, force) as work:
         for role, graph in (("encoder", manifest.encoder), ("decoder", manifest.decoder)):
             source = manifest.graph_path(graph)
             target = work / graph.file
             (_int8 if kind == "int8" else _fp16)(source, target)
             before[graph.file], after[graph.file] = source.stat().st_size, target.stat().st_size
             raw["graphs"][role]["sha256"] = sha256_of(target)
+            raw["graphs"][role].pop("ort_file", None)  # .ort copies are of the fp32 graphs
+            raw["graphs"][role].pop("ort_sha256", None)
         checkpoint = manifest.directory / raw["checkpoint"]["file"]
         if checkpoint.is_file():
             shutil.copyfile(checkpoint, work / checkpoint.name)
@@ -61,12 +59,6 @@ def quantize_export(manifest: Manifest, kind: str, out_dir: Path, force: bool = 
         raw["validation"] = {"atol": None, "min_token_agreement": MIN_TOKEN_AGREEMENT[kind],
                              "fp32_max_abs_diff": raw["validation"]["max_abs_diff"]}
         write_manifest(work, raw)
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        work.rename(out_dir)
-    finally:
-        if work.exists():
-            shutil.rmtree(work)
     return QuantizeReport(out_dir, kind, before, after)
 
 
@@ -76,9 +68,14 @@ def _int8(source: Path, target: Path) -> None:
     model = onnx.load(str(source))
     _drop_initializer_value_info(model)
     _untie_gemm_weights(model)
-    logging.getLogger().setLevel(logging.ERROR)  # the quantizer warns through the root logger
-    quantize_dynamic(model, str(target), op_types_to_quantize=["MatMul", "Gemm"],
-                     weight_type=QuantType.QInt8, per_channel=False)
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)  # the quantiser's advice to pre-process goes through the root logger
+    try:
+        quantize_dynamic(model, str(target), op_types_to_quantize=["MatMul", "Gemm"],
+                         weight_type=QuantType.QInt8, per_channel=False)
+    finally:
+        root.setLevel(level)
 
 
 def _untie_gemm_weights(model: onnx.ModelProto) -> None:
