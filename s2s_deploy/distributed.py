@@ -45,10 +45,10 @@ class ChunkTranslator:
     """Ray Data actor: loads the export once, then translates whole chunks read from the input file."""
 
     def __init__(self, export_dir: str, input_path: str, options: FileOptions, device: str,
-                 threads: int | None) -> None:
+                 threads: int | None, engine: str = "loop") -> None:
         from s2s_deploy.runtime.translator import Translator
 
-        self.translator = Translator(export_dir, device=device, threads=threads)
+        self.translator = Translator(export_dir, device=device, threads=threads, engine=engine)
         self.input_path = input_path
         self.options = options
 
@@ -94,7 +94,7 @@ def translate_dataset(export_dir: str | Path, input_path: str | Path, output_pat
                       alpha: float | None = None, on_long: str = "truncate", errors: str = "strict",
                       scores: bool = False, chunk_lines: int = CHUNK_LINES, resume: bool = False,
                       progress: bool | None = None, device: str = "auto", threads: int | None = 1,
-                      runtime_env: dict[str, Any] | None = None) -> FileSummary:
+                      engine: str = "loop", runtime_env: dict[str, Any] | None = None) -> FileSummary:
     """Translate ``input_path`` into ``output_path`` with ``actors`` Ray actors; same bytes as one machine.
 
     Uses the Ray already initialised in this process, else connects to ``address`` (``"auto"``,
@@ -125,7 +125,7 @@ def translate_dataset(export_dir: str | Path, input_path: str | Path, output_pat
             chunks = list(chunk_ranges(input_path, job.input_bytes, job.lines + 1, chunk_lines))
             job.start_progress(progress, job.lines + sum(chunk["lines"] for chunk in chunks))
             if chunks:
-                _run(ray, job, chunks, export_dir, input_path, options, actors, device, threads)
+                _run(ray, job, chunks, export_dir, input_path, options, actors, device, threads, engine)
             return job.finish(started)
     finally:
         if owned:
@@ -133,7 +133,7 @@ def translate_dataset(export_dir: str | Path, input_path: str | Path, output_pat
 
 
 def _run(ray: Any, job: FileJob, chunks: list[dict[str, int]], export_dir: str, input_path: str,
-         options: FileOptions, actors: int, device: str, threads: int | None) -> None:
+         options: FileOptions, actors: int, device: str, threads: int | None, engine: str) -> None:
     """Chunks come back in any order; each is committed once all before it are."""
     from ray.data import ActorPoolStrategy, DataContext
 
@@ -147,7 +147,7 @@ def _run(ray: Any, job: FileJob, chunks: list[dict[str, int]], export_dir: str, 
         dataset = ray.data.from_items(chunks, override_num_blocks=len(chunks)).map_batches(
             ChunkTranslator, batch_size=1, compute=ActorPoolStrategy(size=min(actors, len(chunks))), num_cpus=1,
             fn_constructor_kwargs={"export_dir": export_dir, "input_path": input_path, "options": options,
-                                   "device": device, "threads": threads})
+                                   "device": device, "threads": threads, "engine": engine})
         pending: dict[int, dict[str, Any]] = {}
         expected = 0
         for row in dataset.iter_rows():

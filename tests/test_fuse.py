@@ -132,3 +132,21 @@ def test_no_architecture_names_in_the_fusing_code() -> None:
     source = Path(build_generate.__code__.co_filename).read_text().lower()
     for arch, _ in ARCH_CASES:
         assert arch not in source
+
+
+def test_translate_engine_graph_matches_loop(exports, tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from s2s_deploy.cli import main
+
+    _, original = exports.get("transformer")
+    folder = tmp_path / "fused"
+    shutil.copytree(original.directory, folder)
+    runner = CliRunner()
+    missing = runner.invoke(main, ["translate", str(folder), "x", "--engine", "graph"])
+    assert missing.exit_code == 1 and "s2s-deploy fuse" in missing.stderr
+    assert runner.invoke(main, ["fuse", str(folder)]).exit_code == 0
+    texts = list(original.samples[:4])
+    outputs = [runner.invoke(main, ["translate", str(folder), *texts, "--beam", "3", "--engine", engine]).stdout
+               for engine in ("loop", "graph")]
+    assert outputs[0] == outputs[1] and len(outputs[0].splitlines()) == 4

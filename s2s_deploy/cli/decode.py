@@ -60,13 +60,16 @@ def read_lines(path: str) -> list[str]:
 @click.option("--chunk-lines", type=click.IntRange(1), default=None,
               help="With --output: lines read, sorted, translated and saved at a time; on Ray, the unit each actor "
                    "takes [default: 10000].")
+@click.option("--engine", type=click.Choice(["loop", "graph"]), default="loop", show_default=True,
+              help="loop: the search in Python over the step decoder; graph: one call per batch to the fused "
+                   "generate.onnx (run `s2s-deploy fuse DIR` first).")
 @device_option
 @threads_option
 def translate_command(export_dir: str, texts: tuple[str, ...], input_path: str | None, beam: int, n_best: int,
                       alpha: float | None, max_len: int | None, batch_size: int, scores: bool,
                       output_path: str | None, on_long: str | None, utf8_errors: str | None, resume: bool,
-                      quiet: bool, ray_address: str | None, actors: int, chunk_lines: int | None, device: str,
-                      threads: int | None) -> None:
+                      quiet: bool, ray_address: str | None, actors: int, chunk_lines: int | None, engine: str,
+                      device: str, threads: int | None) -> None:
     """Translate TEXTS (or --input) with an exported model; needs no PyTorch.
 
     With --output, --input is streamed in chunks of 10,000 lines: memory stays flat, output
@@ -86,8 +89,8 @@ def translate_command(export_dir: str, texts: tuple[str, ...], input_path: str |
         options = FileOptions(beam=beam, batch_size=batch_size, max_len=max_len, alpha=alpha,
                               on_long=on_long or "truncate", errors=utf8_errors or "strict", scores=scores,
                               chunk_lines=chunk_lines or CHUNK_LINES)
-        _translate_file(export_dir, input_path, output_path, options, resume, quiet, ray_address, actors, device,
-                        threads)
+        _translate_file(export_dir, input_path, output_path, options, resume, quiet, ray_address, actors, engine,
+                        device, threads)
         return
     given = [name for name, value in file_only.items() if value is not None]
     if given:
@@ -96,16 +99,17 @@ def translate_command(export_dir: str, texts: tuple[str, ...], input_path: str |
     if not sentences:
         raise S2SError("nothing to translate: give TEXTS or --input")
     check_inputs(sentences)
-    translator = Translator(export_dir, device=device, threads=threads)
+    translator = Translator(export_dir, device=device, threads=threads, engine=engine)
     translator.search_config(beam, n_best, max_len, alpha)  # reject bad options before the notice
-    click.echo(translator.backend.choice.notice(), err=True)
+    click.echo(translator.notice, err=True)
     for result in translator(sentences, beam, n_best, max_len, alpha, batch_size):
         for text, score in result.hypotheses:
             click.echo(f"{score:.4f}\t{text}" if scores else text)
 
 
 def _translate_file(export_dir: str, input_path: str, output_path: str, options: FileOptions, resume: bool,
-                    quiet: bool, ray_address: str | None, actors: int, device: str, threads: int | None) -> None:
+                    quiet: bool, ray_address: str | None, actors: int, engine: str, device: str,
+                    threads: int | None) -> None:
     """translate --output: here or on Ray; the summary line always, Ctrl-C as one line and exit 130."""
     import sys
     from dataclasses import asdict
@@ -121,12 +125,12 @@ def _translate_file(export_dir: str, input_path: str, output_path: str, options:
 
             summary = translate_dataset(export_dir, input_path, output_path, actors=actors, address=ray_address or None,
                                         resume=resume, progress=progress, device=device, threads=threads or 1,
-                                        **asdict(options))
+                                        engine=engine, **asdict(options))
         else:
-            translator = Translator(export_dir, device=device, threads=threads)
+            translator = Translator(export_dir, device=device, threads=threads, engine=engine)
             translator.search_config(options.beam, 1, options.max_len, options.alpha)
             if not quiet:
-                click.echo(translator.backend.choice.notice(), err=True)
+                click.echo(translator.notice, err=True)
             summary = translate_file(translator, input_path, output_path, options, resume=resume, progress=progress)
     except TranslationInterrupted as exc:
         click.echo(str(exc), err=True)

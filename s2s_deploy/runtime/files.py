@@ -30,7 +30,6 @@ import numpy as np
 
 from s2s_deploy.errors import S2SError
 from s2s_deploy.runtime.manifest import MANIFEST_NAME, Manifest, sha256_of
-from s2s_deploy.runtime.search import search
 from s2s_deploy.runtime.translator import Translator
 
 CHUNK_LINES = 10_000
@@ -136,7 +135,7 @@ def translate_chunk(translator: Translator, data: bytes, first_line: int, option
     for start in range(0, len(todo), options.batch_size):
         batch = todo[start : start + options.batch_size]
         src, src_len = _pad([ids for _, ids in batch], vocab.pad_id)
-        for (offset, _), hyps in zip(batch, search(translator.backend, src, src_len, config), strict=True):
+        for (offset, _), hyps in zip(batch, translator.engine.search(src, src_len, config), strict=True):
             best = hyps[0]
             # A target vocabulary may hold a newline; it must not split an output line.
             text = manifest.tgt_vocab.decode(best.tokens).replace("\r", " ").replace("\n", " ")
