@@ -60,15 +60,5 @@ def list_command(plugin_files: tuple[str, ...]) -> None:
                    f"from {entry.source}")
 
 
-def _register_subcommands() -> None:
-    from importlib import import_module
-
-    for module in ("export", "decode", "train", "bench", "attention", "quantize", "fuse"):
-        try:
-            import_module(f"s2s_deploy.cli.{module}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"s2s_deploy.cli.{module}":
-                raise
-
-
-_register_subcommands()
+# Each module adds its commands to ``main``; they import heavy libraries only when a command runs.
+from s2s_deploy.cli import attention, bench, decode, export, fuse, quantize, train  # noqa: E402, F401
