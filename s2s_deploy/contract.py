@@ -16,7 +16,7 @@ from typing import Any, ClassVar, Literal, NamedTuple
 
 from torch import Tensor, nn
 
-from s2s_deploy.errors import ContractError
+from s2s_deploy.errors import ContractError, UnknownNameError
 
 EXPORTERS = ("dynamo", "torchscript")
 BATCH = "batch"
@@ -126,8 +126,6 @@ class ArchitecturePlugin(ABC):
         return self.config_type(**data)
 
     def preset(self, name: str | None = None) -> Any:
-        from s2s_deploy.errors import UnknownNameError
-
         name = name or self.default_preset
         if name not in self.presets:
             raise UnknownNameError(f"preset of {self.name}", name, list(self.presets))
