@@ -9,6 +9,8 @@ from __future__ import annotations
 import copy
 import logging
 import shutil
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,7 +26,7 @@ KINDS = ("int8", "fp16")
 MIN_TOKEN_AGREEMENT = {"int8": 0.95, "fp16": 0.98}
 # Kept in fp32 under fp16: reductions whose range or precision fp16 cannot hold.
 FP16_BLOCKED_OPS = ["Softmax", "LogSoftmax", "LayerNormalization", "ReduceMean", "Pow", "Sqrt", "Exp", "Log",
-                    "Range", "CumSum", "Gather", "LSTM", "GRU"]
+                    "Range", "CumSum", "LSTM", "GRU"]
 
 
 @dataclass(frozen=True)
@@ -59,7 +61,28 @@ def quantize_export(manifest: Manifest, kind: str, out_dir: Path, force: bool = 
         raw["validation"] = {"atol": None, "min_token_agreement": MIN_TOKEN_AGREEMENT[kind],
                              "fp32_max_abs_diff": raw["validation"]["max_abs_diff"]}
         write_manifest(work, raw)
+        _smoke_test(work, kind)
     return QuantizeReport(out_dir, kind, before, after)
+
+
+def _smoke_test(folder: Path, kind: str) -> None:
+    """Decode a few steps in a child process: ONNX Runtime can crash outright on a converted graph
+    (fp16 recurrent models segfault on CPU here), and that must not take the caller down."""
+    code = (
+        "import numpy as np\n"
+        "from s2s_deploy.runtime.manifest import load_manifest\n"
+        "from s2s_deploy.runtime.ort_backend import OrtBackend\n"
+        "from s2s_deploy.runtime.search import SearchConfig, search\n"
+        "from s2s_deploy.runtime.translator import encode_batch\n"
+        f"m = load_manifest({str(folder)!r})\n"
+        "search(OrtBackend(m, device='cpu'), *encode_batch([m.samples[0] if m.samples else 'a'], m.src_vocab),"
+        " SearchConfig(2, 1, 3))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    if result.returncode != 0:
+        reason = f"signal {-result.returncode}" if result.returncode < 0 else result.stderr.strip().splitlines()[-1]
+        raise S2SError(f"the {kind} graphs of this model do not run in ONNX Runtime on CPU ({reason}); "
+                       "nothing was written")
 
 
 def _int8(source: Path, target: Path) -> None:
@@ -107,4 +130,39 @@ def _fp16(source: Path, target: Path) -> None:
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
     model = convert_float_to_float16(onnx.load(str(source)), keep_io_types=True, op_block_list=FP16_BLOCKED_OPS)
+    _unique_node_names(model.graph)
+    _topological_sort(model.graph)
+    try:
+        onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as exc:
+        raise S2SError(f"fp16 conversion of {source.name} gave an invalid graph: {str(exc).splitlines()[0]}") from exc
     onnx.save(model, str(target))
+
+
+def _topological_sort(graph: onnx.GraphProto) -> None:
+    """The fp16 converter appends the casts it inserts at the end of the graph; ONNX wants every
+    node after the producers of its inputs."""
+    available = {i.name for i in graph.input} | {i.name for i in graph.initializer} | {""}
+    pending, ordered = list(graph.node), []
+    while pending:
+        ready = [n for n in pending if all(name in available for name in n.input)]
+        if not ready:
+            raise S2SError("fp16 conversion left a node whose input nothing produces")
+        for node in ready:
+            available.update(node.output)
+        ordered.extend(ready)
+        taken = {id(n) for n in ready}
+        pending = [n for n in pending if id(n) not in taken]
+    del graph.node[:]
+    graph.node.extend(ordered)
+
+
+def _unique_node_names(graph: onnx.GraphProto) -> None:
+    """The fp16 converter names the casts it inserts after their node, so a node whose output
+    feeds two blocked ops yields two casts with one name, which ONNX forbids."""
+    seen: dict[str, int] = {}
+    for node in graph.node:
+        count = seen.get(node.name, 0)
+        seen[node.name] = count + 1
+        if count:
+            node.name = f"{node.name}_{count}"

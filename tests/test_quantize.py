@@ -38,3 +38,22 @@ def test_quantising_twice_is_refused(exports, tmp_path: Path) -> None:
         quantize_export(load_manifest(report.directory), "int8", tmp_path / "twice")
     with pytest.raises(S2SError, match="already exists"):
         quantize_export(manifest, "int8", tmp_path / "once")
+
+
+def test_fp16_transformer_runs_and_agrees(exports, tmp_path: Path) -> None:
+    _, manifest = exports.get("transformer")
+    report = quantize_export(manifest, "fp16", tmp_path / "fp16")
+    assert sum(report.bytes_after.values()) < 0.6 * sum(report.bytes_before.values())
+    quantised = load_manifest(report.directory)
+    parity = check_parity(quantised, torch_backend_for(quantised), OrtBackend(quantised, device="cpu"),
+                          list(quantised.samples)[:8], beam_size=2, max_len=30)
+    assert parity.min_token_agreement == MIN_TOKEN_AGREEMENT["fp16"]
+    assert 0 < parity.step_max_abs_diff < 0.5
+
+
+def test_fp16_that_crashes_onnxruntime_is_refused_cleanly(exports, tmp_path: Path) -> None:
+    """ONNX Runtime segfaults on CPU for fp16 recurrent graphs; the check runs in a child process."""
+    _, manifest = exports.get("gru")
+    with pytest.raises(S2SError, match="do not run in ONNX Runtime on CPU"):
+        quantize_export(manifest, "fp16", tmp_path / "gru-fp16")
+    assert not (tmp_path / "gru-fp16").exists()
