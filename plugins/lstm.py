@@ -3,6 +3,10 @@
 The encoder's final (h, c) of every layer initialises the decoder (s_0 = h_m), and the
 encoder's final top-layer hidden state h_E^4 is concatenated to every target embedding.
 The encoder runs on a packed sequence so padding never changes a sentence's final state.
+
+``reverse_source`` (default on) feeds each source sentence to the encoder back to front, as
+Sutskever et al. (2014) did for their deep LSTM: the first source words, which the first
+target words depend on most, are then the last the encoder reads.
 """
 
 from __future__ import annotations
@@ -23,6 +27,13 @@ class LSTMConfig:
     num_hiddens: int = 128
     num_layers: int = 4
     dropout: float = 0.1
+    reverse_source: bool = True
+
+
+def reverse_within_length(src: Tensor, src_len: Tensor) -> Tensor:
+    """Each row's first ``src_len`` tokens in reverse order; padding stays where it is."""
+    index = src_len[:, None] - 1 - torch.arange(src.shape[1], device=src.device)[None, :]
+    return torch.where(index >= 0, src.gather(1, index.clamp(min=0)), src)
 
 
 def open_forget_gates(lstm: nn.LSTM) -> None:
@@ -38,6 +49,7 @@ def open_forget_gates(lstm: nn.LSTM) -> None:
 class LSTMSeq2Seq(Seq2SeqModel):
     def __init__(self, cfg: LSTMConfig, src_vocab_size: int, tgt_vocab_size: int) -> None:
         super().__init__()
+        self.cfg = cfg
         dropout = layer_dropout(cfg.num_layers, cfg.dropout)
         self.src_embedding = nn.Embedding(src_vocab_size, cfg.embed_size)
         self.encoder = nn.LSTM(cfg.embed_size, cfg.num_hiddens, cfg.num_layers, dropout=dropout, batch_first=True)
@@ -58,6 +70,8 @@ class LSTMSeq2Seq(Seq2SeqModel):
         return self.output(out), h, c
 
     def encode(self, src: Tensor, src_len: Tensor) -> dict[str, Tensor]:
+        if self.cfg.reverse_source:
+            src = reverse_within_length(src, src_len)
         _, (h, c) = run_packed(self.encoder, self.src_embedding(src), src_len)
         return {"context": h[-1], "h": h, "c": c}
 
