@@ -401,7 +401,8 @@ def _manifest(
 
 
 def _write_metadata(path: Path, role: str, raw: dict[str, Any]) -> None:
-    """Key facts inside the graph too, so a lone .onnx file still says what it is."""
+    """Key facts inside the graph too, so a lone .onnx file still says what it is; the
+    exporter's per-node debug records go, as they only repeat the source tree."""
     model = onnx.load(str(path))
     facts = {
         "s2s_deploy.format": raw["format"],
@@ -416,5 +417,8 @@ def _write_metadata(path: Path, role: str, raw: dict[str, Any]) -> None:
     del model.metadata_props[:]
     for key, value in facts.items():
         model.metadata_props.add(key=key, value=value)
+    for node in model.graph.node:  # exporter debug info: stack traces with local paths, ~5% of a small file
+        del node.metadata_props[:]
+        node.doc_string = ""
     model.producer_name = "s2s-deploy"
     onnx.save(model, str(path))

@@ -117,3 +117,13 @@ def test_forced_step_diff_is_zero_against_itself(exports, arch: str, max_len: in
     assert forced_step_diff(backend, backend, src, src_len, [[5, 6, 7]] * 3) == 0.0
     reference = torch_backend_for(manifest)
     assert forced_step_diff(reference, backend, src, src_len, [[5, 6, 7]] * 3) > 0.0
+
+
+@pytest.mark.parametrize(("arch", "max_len"), ARCHS)
+def test_graph_files_hold_little_beyond_their_weights(exports, arch: str, max_len: int) -> None:
+    """fp32 graph files within 5% of their parameter bytes: no duplicated weights, no debug baggage."""
+    from s2s_deploy.runtime.inspect import summarise
+
+    _, manifest = exports.get(arch)
+    for graph in summarise(manifest):
+        assert graph.size_ratio <= 1.05, (graph.role, graph.size_ratio)
