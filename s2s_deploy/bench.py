@@ -229,5 +229,11 @@ def markdown_table(result: BenchResult) -> str:
     return "\n".join(lines)
 
 
+def chart_rows(rows: Sequence[BenchRow]) -> list[dict[str, Any]]:
+    """Rows for plot.plot_benchmark: one bar group per model and search setting."""
+    return [{"system": r.system, "setting": f"{r.model} b{r.beam}x{r.batch}", "tokens_per_s": r.tokens_per_s}
+            for r in rows]
+
+
 def scratch_dir() -> Path:
     return Path(tempfile.mkdtemp(prefix="s2s-bench-"))

@@ -37,7 +37,8 @@ def test_cli_rejects_unknown_systems_and_writes_json(exports, tmp_path: Path) ->
     out = tmp_path / "bench.json"
     ok = runner.invoke(main, ["bench", str(manifest.directory), "--systems", "onnxruntime-cpu", "--beams", "1",
                               "--batches", "2", "--sentences", "2", "--reps", "1", "--warmup", "0",
-                              "--json", str(out)])
+                              "--json", str(out), "--plot", str(tmp_path / "bench.png")])
     assert ok.exit_code == 0, ok.output
     data = json.loads(out.read_text())
     assert data["machine"]["logical_cpus"] >= 1 and len(data["rows"]) == 1
+    assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -49,7 +49,15 @@ def bench_command(export_dirs: tuple[str, ...], synthetic: str | None, vocab_siz
                   beams: str, batches: str, sentences: int, reps: int, warmup: int, threads: int, systems: str,
                   json_path: str | None, plot_path: str | None, plugin_files: tuple[str, ...]) -> None:
     """Tokens/s, latency, engine overhead and peak memory: PyTorch eager vs ONNX Runtime."""
-    from s2s_deploy.bench import SYSTEMS, BenchSettings, markdown_table, run_benchmark, scratch_dir, synthetic_export
+    from s2s_deploy.bench import (
+        SYSTEMS,
+        BenchSettings,
+        chart_rows,
+        markdown_table,
+        run_benchmark,
+        scratch_dir,
+        synthetic_export,
+    )
     from s2s_deploy.errors import S2SError
     from s2s_deploy.runtime.manifest import load_manifest
 
@@ -80,4 +88,4 @@ def bench_command(export_dirs: tuple[str, ...], synthetic: str | None, vocab_siz
     if plot_path:
         from s2s_deploy.plot import plot_benchmark
 
-        plot_benchmark([asdict(r) for r in result.rows], Path(plot_path))
+        plot_benchmark(chart_rows(result.rows), Path(plot_path))
