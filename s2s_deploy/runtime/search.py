@@ -129,6 +129,7 @@ def beam_search(
     tokens = np.full(rows, backend.decoder_start_id, dtype=np.int64)
     reorder = np.arange(rows, dtype=np.int64)
     finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
+    finished_count = np.zeros(batch, dtype=np.int64)
     active = np.ones(batch, dtype=bool)
     width = min(2 * k, backend.vocab_size)
     for t in range(config.max_len):
@@ -151,14 +152,14 @@ def beam_search(
             lps = (*history_lp[row].tolist(), float(log_probs[row, eos]))
             score = float(normalised(top_scores[i, j], length, config.alpha))
             finished[i].append(Hypothesis(tuple(history[row].tolist()), lps, score, True))
+            finished_count[i] += 1
         keep = np.argsort(is_eos, axis=1, kind="stable")[:, :k]  # first K non-EOS candidates, in rank order
         scores = np.take_along_axis(top_scores, keep, axis=1)
         reorder = (row_base + np.take_along_axis(origin, keep, axis=1)).reshape(rows)
         tokens = np.take_along_axis(token_of, keep, axis=1).reshape(rows).astype(np.int64)
         history = np.concatenate([history[reorder], tokens[:, None]], axis=1)
         history_lp = np.concatenate([history_lp[reorder], log_probs[reorder, tokens][:, None]], axis=1)
-        enough = np.array([len(f) >= config.n_best for f in finished])
-        active &= ~(is_eos[:, 0] & enough)
+        active &= ~(is_eos[:, 0] & (finished_count >= config.n_best))
         if not active.any():
             break
     for i in np.nonzero(active)[0]:
