@@ -52,6 +52,14 @@ class StateSpec:
     description: str = ""
 
 
+    def zeros_shape(self, batch: int, past_len: int | None = None) -> tuple[int, ...]:
+        """Shape of an ``init="zeros"`` value for ``batch`` rows; ``past_len`` sets the growing axis."""
+        shape = [batch if d == BATCH else int(d) for d in self.shape]
+        if past_len is not None and self.grow_axis is not None:
+            shape[self.grow_axis] = past_len
+        return tuple(shape)
+
+
 @dataclass(frozen=True)
 class SpecialTokens:
     """Names of the special tokens; their ids come from the vocabulary."""

@@ -26,6 +26,7 @@ from s2s_deploy.contract import ArchitecturePlugin, Seq2SeqModel, StateSpec
 from s2s_deploy.errors import S2SError
 from s2s_deploy.graphs import EncoderGraph, GraphIO, StepGraph, io_names
 from s2s_deploy.runtime.manifest import FORMAT, sha256_of, write_manifest
+from s2s_deploy.runtime.names import init_name, past_name, present_name
 from s2s_deploy.runtime.ort_backend import quiet_stderr
 from s2s_deploy.runtime.vocab import Vocabulary
 from s2s_deploy.staging import staged_directory
@@ -143,10 +144,7 @@ def _encoder_inputs(vocab_size: int, sizes: dict[str, int]) -> tuple[torch.Tenso
 
 
 def _zeros(spec: StateSpec, batch: int, past_len: int) -> torch.Tensor:
-    shape = [batch if d == "batch" else d for d in spec.shape]
-    if spec.grow_axis is not None:
-        shape[spec.grow_axis] = past_len
-    return torch.zeros(shape, dtype=getattr(torch, spec.dtype))
+    return torch.zeros(spec.zeros_shape(batch, past_len), dtype=getattr(torch, spec.dtype))
 
 
 def _decoder_inputs(
@@ -164,7 +162,7 @@ def _decoder_inputs(
     past = []
     for spec in specs.state:
         if spec.init == "encoder":
-            past.append(encoded[f"init_{spec.name}"])
+            past.append(encoded[init_name(spec.name)])
         else:
             past.append(torch.randn(_zeros(spec, batch, past_len).shape, generator=generator))
     return (tokens, torch.tensor(past_len, dtype=torch.int64), reorder, *memory, *past)
@@ -294,7 +292,7 @@ def _compare_with_onnxruntime(
     _record(diffs, specs.io.encoder_outputs, torch_enc, ort_enc, "encoder")
     encoded = dict(zip(specs.io.encoder_outputs, torch_enc, strict=True))
     memory = [encoded[m.name] for m in specs.memory]
-    state = [encoded[f"init_{s.name}"] if s.init == "encoder" else _zeros(s, 2, 0) for s in specs.state]
+    state = [encoded[init_name(s.name)] if s.init == "encoder" else _zeros(s, 2, 0) for s in specs.state]
     generator = torch.Generator().manual_seed(0)
     for position in range(4):
         tokens = torch.randint(4, tgt_vocab_size, (2,), generator=generator)
@@ -346,8 +344,8 @@ def _roles(specs: _Specs) -> dict[str, str]:
              "attention": "cross_attention"}
     roles.update({m.name: "memory" for m in specs.memory})
     for s in specs.state:
-        roles.update({f"init_{s.name}": "state_init", f"past_{s.name}": "state_in",
-                      f"present_{s.name}": "state_out"})
+        roles.update({init_name(s.name): "state_init", past_name(s.name): "state_in",
+                      present_name(s.name): "state_out"})
     return roles
 
 

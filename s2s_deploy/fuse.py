@@ -37,7 +37,7 @@ _DEFAULT_DOMAINS = ("", "ai.onnx")
 
 
 @dataclass(frozen=True)
-class GraphIO:
+class GenerateIO:
     """One input or output of generate.onnx as the manifest lists it."""
 
     name: str
@@ -49,24 +49,24 @@ class GraphIO:
         return {"name": self.name, "role": self.role, "dtype": self.dtype, "shape": list(self.shape)}
 
 
-def generate_io(beam: bool) -> tuple[tuple[GraphIO, ...], tuple[GraphIO, ...]]:
+def generate_io(beam: bool) -> tuple[tuple[GenerateIO, ...], tuple[GenerateIO, ...]]:
     """Inputs and outputs of generate.onnx, all inputs required (see docs/generate.md)."""
     n: int | str = "beam_size" if beam else 1
     inputs = [
-        GraphIO("src", "source_tokens", "int64", ("batch", "src_len")),
-        GraphIO("src_len", "source_lengths", "int64", ("batch",)),
-        GraphIO("max_len", "max_length", "int64", ()),
-        GraphIO("min_len", "min_length", "int64", ()),
-        GraphIO("alpha", "length_penalty_alpha", "float32", ()),
+        GenerateIO("src", "source_tokens", "int64", ("batch", "src_len")),
+        GenerateIO("src_len", "source_lengths", "int64", ("batch",)),
+        GenerateIO("max_len", "max_length", "int64", ()),
+        GenerateIO("min_len", "min_length", "int64", ()),
+        GenerateIO("alpha", "length_penalty_alpha", "float32", ()),
     ]
     if beam:
-        inputs.append(GraphIO("beam_size", "beam_size", "int64", ()))
-        inputs.append(GraphIO("n_best", "n_best", "int64", ()))
+        inputs.append(GenerateIO("beam_size", "beam_size", "int64", ()))
+        inputs.append(GenerateIO("n_best", "n_best", "int64", ()))
     outputs = (
-        GraphIO("tokens", "hypothesis_tokens", "int64", ("batch", n, "out_len")),
-        GraphIO("scores", "hypothesis_scores", "float32", ("batch", n)),
-        GraphIO("lengths", "hypothesis_lengths", "int64", ("batch", n)),
-        GraphIO("token_log_probs", "token_log_probs", "float32", ("batch", n, "out_len")),
+        GenerateIO("tokens", "hypothesis_tokens", "int64", ("batch", n, "out_len")),
+        GenerateIO("scores", "hypothesis_scores", "float32", ("batch", n)),
+        GenerateIO("lengths", "hypothesis_lengths", "int64", ("batch", n)),
+        GenerateIO("token_log_probs", "token_log_probs", "float32", ("batch", n, "out_len")),
     )
     return tuple(inputs), outputs
 

@@ -12,6 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from s2s_deploy.contract import MemorySpec, Seq2SeqModel, StateSpec
+from s2s_deploy.runtime.names import init_name, past_name, present_name
 
 
 @dataclass(frozen=True)
@@ -27,9 +28,9 @@ def io_names(memory: tuple[MemorySpec, ...], state: tuple[StateSpec, ...], with_
     memory_names = tuple(m.name for m in memory)
     return GraphIO(
         encoder_inputs=("src", "src_len"),
-        encoder_outputs=memory_names + tuple(f"init_{s.name}" for s in state if s.init == "encoder"),
-        decoder_inputs=("tokens", "step", "reorder", *memory_names, *(f"past_{s.name}" for s in state)),
-        decoder_outputs=("log_probs", *(f"present_{s.name}" for s in state))
+        encoder_outputs=memory_names + tuple(init_name(s.name) for s in state if s.init == "encoder"),
+        decoder_inputs=("tokens", "step", "reorder", *memory_names, *(past_name(s.name) for s in state)),
+        decoder_outputs=("log_probs", *(present_name(s.name) for s in state))
         + (("attention",) if with_attention else ()),
     )
 

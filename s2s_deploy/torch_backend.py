@@ -9,8 +9,9 @@ import numpy as np
 import torch
 
 from s2s_deploy.contract import ArchitecturePlugin, Seq2SeqModel
-from s2s_deploy.graphs import EncoderGraph, StepGraph
+from s2s_deploy.graphs import EncoderGraph, StepGraph, io_names
 from s2s_deploy.runtime.backend import Backend, DecodeRun
+from s2s_deploy.runtime.names import init_name
 from s2s_deploy.runtime.vocab import Vocabulary
 
 
@@ -27,6 +28,7 @@ class TorchBackend(Backend):
         self.state_specs = plugin.state_specs(config)
         self.encoder = EncoderGraph(self.model, self.memory_specs, self.state_specs).eval()
         self.with_attention = plugin.has_attention
+        self.encoder_outputs = io_names(self.memory_specs, self.state_specs, False).encoder_outputs
         self.step_graph = StepGraph(self.model, self.memory_specs, self.state_specs, self.with_attention).eval()
         self.decoder_start_id = tgt_vocab.tokens.index(plugin.special_tokens.decoder_start)
         self.eos_id = tgt_vocab.eos_id
@@ -40,17 +42,15 @@ class TorchBackend(Backend):
         started = time.perf_counter()
         outputs = self.encoder(torch.from_numpy(src).to(self.device), torch.from_numpy(src_len).to(self.device))
         self.runtime_seconds += time.perf_counter() - started
-        encoded = dict(zip(self.encoder.memory_names + [f"init_{n}" for n in self.encoder.init_names], outputs,
-                           strict=True))
+        encoded = dict(zip(self.encoder_outputs, outputs, strict=True))
         rows = src.shape[0] * expand
         memory = [encoded[m.name].repeat_interleave(expand, dim=m.batch_axis) for m in self.memory_specs]
         state = []
         for s in self.state_specs:
             if s.init == "encoder":
-                state.append(encoded[f"init_{s.name}"].repeat_interleave(expand, dim=s.batch_axis))
+                state.append(encoded[init_name(s.name)].repeat_interleave(expand, dim=s.batch_axis))
             else:
-                shape = [rows if d == "batch" else d for d in s.shape]
-                state.append(torch.zeros(shape, dtype=getattr(torch, s.dtype), device=self.device))
+                state.append(torch.zeros(s.zeros_shape(rows), dtype=getattr(torch, s.dtype), device=self.device))
         return _TorchRun(self, memory, state, keep_attention)
 
 

@@ -27,7 +27,7 @@ from torch import Tensor
 from tqdm import tqdm
 
 from s2s_deploy.checkpoint import build_model, load_checkpoint, save_checkpoint
-from s2s_deploy.contract import BATCH, ArchitecturePlugin, Seq2SeqModel
+from s2s_deploy.contract import ArchitecturePlugin, Seq2SeqModel
 from s2s_deploy.errors import CheckpointError, ContractError, S2SError
 from s2s_deploy.metrics import Scores, score
 from s2s_deploy.runtime.vocab import LEVELS, Vocabulary
@@ -150,8 +150,7 @@ def initial_state(plugin: ArchitecturePlugin, config: Any, encoded: dict[str, Te
     state = {}
     for spec in plugin.state_specs(config):
         if spec.init == "zeros":
-            shape = tuple(batch if d == BATCH else d for d in spec.shape)
-            state[spec.name] = torch.zeros(shape, dtype=getattr(torch, spec.dtype), device=device)
+            state[spec.name] = torch.zeros(spec.zeros_shape(batch), dtype=getattr(torch, spec.dtype), device=device)
         elif spec.name in encoded:
             state[spec.name] = encoded[spec.name]
         else:

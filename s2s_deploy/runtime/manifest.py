@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from s2s_deploy.errors import ManifestError
+from s2s_deploy.runtime.names import init_name, past_name, present_name
 from s2s_deploy.runtime.vocab import Vocabulary
 
 FORMAT = "s2s-deploy-manifest/1"
@@ -38,15 +39,15 @@ class StateEntry:
 
     @property
     def decoder_input(self) -> str:
-        return f"past_{self.name}"
+        return past_name(self.name)
 
     @property
     def decoder_output(self) -> str:
-        return f"present_{self.name}"
+        return present_name(self.name)
 
     @property
     def encoder_output(self) -> str | None:
-        return f"init_{self.name}" if self.init == "encoder" else None
+        return init_name(self.name) if self.init == "encoder" else None
 
     def zeros_shape(self, batch: int) -> tuple[int, ...]:
         return tuple(batch if d == BATCH else int(d) for d in self.shape)
