@@ -17,10 +17,13 @@ from typing import Any, ClassVar, Literal, NamedTuple
 from torch import Tensor, nn
 
 from s2s_deploy.errors import ContractError, UnknownNameError
+from s2s_deploy.runtime.names import TOP_K, TOP_OUTPUTS
 
 EXPORTERS = ("dynamo", "torchscript")
 BATCH = "batch"
-RESERVED_NAMES = frozenset({"src", "src_len", "tokens", "step", "reorder", "log_probs", "attention"})
+RESERVED_NAMES = frozenset(
+    {"src", "src_len", "tokens", "step", "reorder", "log_probs", "attention", TOP_K, *TOP_OUTPUTS}
+)
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 
 

@@ -26,7 +26,7 @@ from s2s_deploy.contract import ArchitecturePlugin, Seq2SeqModel, StateSpec
 from s2s_deploy.errors import S2SError
 from s2s_deploy.graphs import EncoderGraph, GraphIO, StepGraph, io_names
 from s2s_deploy.runtime.manifest import FORMAT, sha256_of, write_manifest
-from s2s_deploy.runtime.names import init_name, past_name, present_name
+from s2s_deploy.runtime.names import TOP_K, TOP_OUTPUTS, init_name, past_name, present_name
 from s2s_deploy.runtime.ort_backend import quiet_stderr
 from s2s_deploy.runtime.vocab import Vocabulary
 from s2s_deploy.staging import staged_directory
@@ -106,6 +106,7 @@ def export_model(
                 enc_axes, exporter, opset)
         _export(step, dec_args, work / DECODER_FILE, specs.io.decoder_inputs, specs.io.decoder_outputs,
                 dec_axes, exporter, opset)
+        _add_top_k(work / DECODER_FILE)
         graph_paths = (work / ENCODER_FILE, work / DECODER_FILE)
         for path in graph_paths:
             _check_graph(path)
@@ -248,6 +249,25 @@ def _group_varargs(module: torch.nn.Module, per_arg: list[Any]) -> tuple[Any, ..
     return (*per_arg[:fixed], tuple(per_arg[fixed:]))
 
 
+def _add_top_k(path: Path) -> None:
+    """Append a TopK over ``log_probs``: a search then fetches K candidates per row instead of
+    the whole vocabulary, which at 32k tokens is most of a small step's copying and numpy work.
+    ``top_k`` is an input with a default (an initializer of the same name), so callers that
+    only want ``log_probs`` need not feed it."""
+    model = onnx.load(str(path))
+    graph = model.graph
+    log_probs = next(o for o in graph.output if o.name == "log_probs")
+    rows = log_probs.type.tensor_type.shape.dim[0]
+    rows_dim = rows.dim_param or rows.dim_value
+    graph.initializer.append(onnx.numpy_helper.from_array(np.array([1], dtype=np.int64), TOP_K))
+    graph.input.append(onnx.helper.make_tensor_value_info(TOP_K, onnx.TensorProto.INT64, [1]))
+    graph.node.append(onnx.helper.make_node("TopK", ["log_probs", TOP_K], list(TOP_OUTPUTS), axis=-1,
+                                            largest=1, sorted=1, name="search/TopK"))
+    for name, dtype in zip(TOP_OUTPUTS, (onnx.TensorProto.FLOAT, onnx.TensorProto.INT64), strict=True):
+        graph.output.append(onnx.helper.make_tensor_value_info(name, dtype, [rows_dim, TOP_K]))
+    onnx.save(model, str(path))
+
+
 def _check_graph(path: Path) -> None:
     try:
         onnx.checker.check_model(str(path), full_check=True)
@@ -302,8 +322,10 @@ def _compare_with_onnxruntime(
             torch_out = step(*args)
         feeds = {name: arg.numpy() for name, arg in zip(specs.io.decoder_inputs, args, strict=True)
                  if name in dec_inputs}
-        ort_out = dec_sess.run(list(specs.io.decoder_outputs), feeds)
-        _record(diffs, specs.io.decoder_outputs, torch_out, ort_out, "decoder")
+        feeds[TOP_K] = np.array([3], dtype=np.int64)
+        ort_out = dec_sess.run([*specs.io.decoder_outputs, TOP_OUTPUTS[0]], feeds)
+        top = torch.topk(torch_out[0], 3, dim=-1).values
+        _record(diffs, (*specs.io.decoder_outputs, TOP_OUTPUTS[0]), (*torch_out, top), ort_out, "decoder")
         state = list(torch_out[1 : 1 + len(specs.state)])
     worst = {name: diff for name, diff in diffs.items() if diff > atol}
     if worst:
@@ -341,7 +363,8 @@ def _io_entries(names: tuple[str, ...], roles: dict[str, str], graph: onnx.Graph
 def _roles(specs: _Specs) -> dict[str, str]:
     roles = {"src": "source_tokens", "src_len": "source_lengths", "tokens": "previous_tokens",
              "step": "step_index", "reorder": "beam_reorder", "log_probs": "log_probs",
-             "attention": "cross_attention"}
+             "attention": "cross_attention", TOP_K: "top_k", TOP_OUTPUTS[0]: "top_log_probs",
+             TOP_OUTPUTS[1]: "top_ids"}
     roles.update({m.name: "memory" for m in specs.memory})
     for s in specs.state:
         roles.update({init_name(s.name): "state_init", past_name(s.name): "state_in",
@@ -358,7 +381,7 @@ def _manifest(
     graphs = {}
     for role, file, inputs, outputs in (
         ("encoder", ENCODER_FILE, specs.io.encoder_inputs, specs.io.encoder_outputs),
-        ("decoder", DECODER_FILE, specs.io.decoder_inputs, specs.io.decoder_outputs),
+        ("decoder", DECODER_FILE, (*specs.io.decoder_inputs, TOP_K), (*specs.io.decoder_outputs, *TOP_OUTPUTS)),
     ):
         graph = onnx.load(str(work / file), load_external_data=False).graph
         graphs[role] = {

@@ -7,10 +7,10 @@ state, tokens, scores and finished flags. Only default-domain ops are used, so a
 conforming runtime (ONNX Runtime, ``onnx.reference``) runs it.
 
 Everything comes from the manifest (memory and state specs, special tokens, vocabulary
-size): no architecture is named here. The search reproduces ``runtime/search.py`` exactly:
-scores are accumulated in float64 in the same order, ``TopK`` and ``ArgMax`` break ties
-toward the lower index as ``_top_sorted`` and ``numpy.argmax`` do. Documented in
-docs/generate.md.
+size): no architecture is named here. The search reproduces ``runtime/search.py``: scores
+are summed in float64, each row's best 2K are ranked beam-major, and ``TopK`` breaks ties
+toward the lower index as the engine's stable sorts do, so the tokens are identical (scores
+agree to float64 rounding). Documented in docs/generate.md.
 """
 
 from __future__ import annotations
@@ -340,15 +340,14 @@ class _Fuser:
                 for i, (s, value) in enumerate(zip(self.m.state, state, strict=True))]
 
     def greedy(self, batch: str, memory: dict[str, str], state: list[str]) -> list[str]:
+        """Per iteration only what stopping needs (the pick, done flags); lengths and the
+        float64 score sums come from the scanned tokens after the Loop."""
         g, c = self.outer, self.const
         rows = g("Squeeze", batch, c([0]))
         reorder = g("Range", c(0), rows, c(1))
-        start = g("Expand", c(self.m.decoder_start_id), batch)
         carried = [
-            _Carried("tokens", "int64", 1, start),
+            _Carried("tokens", "int64", 1, g("Expand", c(self.m.decoder_start_id), batch)),
             _Carried("done", "bool", 1, g("Expand", c(False, "bool"), batch)),
-            _Carried("length", "int64", 1, g("Expand", c(0), batch)),
-            _Carried("total", "float64", 1, g("Expand", c(0.0, "float64"), batch)),
             *self.state_carried(state),
         ]
         body = _Scope(self.counter)
@@ -357,28 +356,24 @@ class _Fuser:
         log_probs, next_state = self.step(body, names["tokens"], iteration, reorder, memory,
                                           [names[f"state{i}"] for i in range(len(state))])
         log_probs = self.no_early_eos(body, iteration, log_probs)
-        tokens = body("ArgMax", log_probs, axis=1, keepdims=0)  # first index among equals, like numpy
-        picked = body("Squeeze", body("GatherElements", log_probs, body("Unsqueeze", tokens, c([1])), axis=1),
-                      c([1]))
-        done = names["done"]
-        added = body("Add", names["total"], body("Cast", picked, to=_elem("float64")))
-        total = body("Where", done, names["total"], added)
-        is_eos = body("Equal", tokens, c(self.eos))
-        newly = body("And", body("Not", done), is_eos)
-        length = body("Where", newly, body("Add", iteration, c(1)), names["length"])
-        done = body("Or", done, is_eos)
-        cond = body("Greater", body("ReduceSum", body("Cast", body("Not", done), to=TensorProto.INT64), keepdims=0),
-                    c(0))
-        step_tokens, step_lp = body("Identity", tokens), body("Identity", picked)
-        outs = [tokens, done, length, total, *next_state]
-        final = self.loop(body, carried, names, outs, [(step_tokens, "int64"), (step_lp, "float32")],
-                          iteration, cond_in, cond)
-        _, done, length, total = final[:4]
+        best, best_id = body("TopK", log_probs, c([1]), axis=1, outs=2)  # ties to the lower id, like argmax
+        flat = c([-1])
+        tokens = body("Reshape", best_id, flat)
+        done = body("Or", names["done"], body("Equal", tokens, c(self.eos)))
+        all_done = body("ReduceMin", body("Cast", done, to=TensorProto.INT32), keepdims=0)
+        cond = body("Equal", all_done, c(0, "int32"))
+        step_tokens, step_lp = body("Identity", tokens), body("Reshape", best, flat)
+        final = self.loop(body, carried, names, [tokens, done, *next_state],
+                          [(step_tokens, "int64"), (step_lp, "float32")], iteration, cond_in, cond)
+        done = final[1]
         history, history_lp = g("Transpose", final[-2], perm=[1, 0]), g("Transpose", final[-1], perm=[1, 0])
         steps = g("Shape", history, start=1)
-        length = g("Where", done, length, g("Expand", steps, batch))
-        score = g("Div", total, self.length_penalty(g, length))
+        is_eos = g("Cast", g("Equal", history, c(self.eos)), to=TensorProto.INT32)
+        first_eos = g("ArgMax", is_eos, axis=1, keepdims=0)
+        length = g("Where", done, g("Add", first_eos, c(1)), g("Expand", steps, batch))
         tokens, lps = self.mask_after(g, history, history_lp, length, steps)
+        total = g("ReduceSum", g("Cast", lps, to=_elem("float64")), c([1]), keepdims=0)
+        score = g("Div", total, self.length_penalty(g, length))
         one = c([1])
         return [g("Unsqueeze", tokens, one), g("Unsqueeze", g("Cast", score, to=TensorProto.FLOAT), one),
                 g("Unsqueeze", length, one), g("Unsqueeze", lps, one)]
@@ -426,13 +421,17 @@ class _Fuser:
         log_probs, next_state = self.step(b, n["tokens"], iteration, n["reorder"], memory,
                                           [n[f"state{i}"] for i in range(len(state))])
         log_probs = self.no_early_eos(b, iteration, log_probs)
-        vocab = c([self.vocab])
-        # every beam extends by every token: (B, K*V), ranked best first, ties to the lower index
-        grid = b("Reshape", b("Cast", log_probs, to=double), b("Concat", batch_k, vocab, axis=0))
-        extended = b("Add", b("Unsqueeze", n["scores"], c([2])), grid)
-        candidates = b("Reshape", extended, b("Concat", batch, c([-1]), axis=0))
+        # The best 2K of K*V candidates lie among each row's own best 2K: rank those only,
+        # beam-major then by rank, so TopK's lower-index ties go to the lower beam, then id.
+        width = b("Min", k2, c([self.vocab]))
+        row_lp, row_ids = b("TopK", log_probs, width, axis=1, outs=2)
+        per_sentence = b("Concat", batch, c([-1]), axis=0)
+        grid = b("Reshape", b("Cast", row_lp, to=double), b("Concat", batch_k, width, axis=0))
+        candidates = b("Reshape", b("Add", b("Unsqueeze", n["scores"], c([2])), grid), per_sentence)
         top_scores, top = b("TopK", candidates, k2, axis=1, outs=2)
-        origin, token = b("Div", top, c(self.vocab)), b("Mod", top, c(self.vocab))
+        origin = b("Div", top, width)
+        token = b("GatherElements", b("Reshape", row_ids, per_sentence), top, axis=1)
+        token_lp = b("GatherElements", b("Reshape", row_lp, per_sentence), top, axis=1)
         is_eos = b("And", b("Equal", token, c(self.eos)), _finite(b, top_scores))
 
         def head(value: str) -> str:
@@ -444,11 +443,10 @@ class _Fuser:
         length = b("Add", iteration, c(1))
         t_shape = b("Shape", n["history"], start=1)
         per_beam = b("Concat", batch_k, t_shape, axis=0)
-        eos_lp = b("Gather", b("Gather", log_probs, c([self.eos]), axis=1), source_rows)
         new_tokens = b("Concat", b("Reshape", b("Gather", n["history"], source_rows), per_beam),
                        b("Expand", c(self.eos), batch_k1), axis=2)
         new_lp = b("Concat", b("Reshape", b("Gather", n["history_lp"], source_rows), per_beam),
-                   b("Reshape", eos_lp, batch_k1), axis=2)
+                   b("Unsqueeze", head(token_lp), c([2])), axis=2)
         new_scores = b("Where", finishing, b("Div", head(top_scores), self.length_penalty(b, length)),
                        c(-np.inf, "float64"))
         new_len = b("Where", finishing, length, c(0))
@@ -463,14 +461,13 @@ class _Fuser:
         rank = b("Range", c(0), b("Squeeze", k2, c([0])), c(1))
         key = b("Add", b("Mul", b("Cast", is_eos, to=TensorProto.INT64), k2), rank)
         keep = b("TopK", key, k, axis=1, largest=0, outs=2)[1]
-        chosen = b("GatherElements", top, keep, axis=1)
         scores = b("GatherElements", top_scores, keep, axis=1)
-        reorder = b("Reshape", b("Add", base, b("Div", chosen, c(self.vocab))), c([-1]))
-        tokens = b("Reshape", b("Mod", chosen, c(self.vocab)), c([-1]))
-        column = b("Unsqueeze", tokens, c([1]))
+        reorder = b("Reshape", b("Add", base, b("GatherElements", origin, keep, axis=1)), c([-1]))
+        column = b("Unsqueeze", b("Reshape", b("GatherElements", token, keep, axis=1), c([-1])), c([1]))
+        tokens = b("Reshape", column, c([-1]))
         history = b("Concat", b("Gather", n["history"], reorder), column, axis=1)
-        token_lp = b("GatherElements", b("Gather", log_probs, reorder), column, axis=1)
-        history_lp = b("Concat", b("Gather", n["history_lp"], reorder), token_lp, axis=1)
+        kept_lp = b("Reshape", b("GatherElements", token_lp, keep, axis=1), c([-1, 1]))
+        history_lp = b("Concat", b("Gather", n["history_lp"], reorder), kept_lp, axis=1)
         # done once the best candidate is EOS and n-best hypotheses have finished (as search.py)
         top_is_eos = b("Squeeze", b("Slice", is_eos, c([0]), c([1]), c([1])), c([1]))
         done = b("And", top_is_eos, b("GreaterOrEqual", count, "n_best"))

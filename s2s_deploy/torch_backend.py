@@ -64,8 +64,17 @@ class _TorchRun(DecodeRun):
         self.position = 0
         self._attention: np.ndarray | None = None
 
-    @torch.no_grad()
     def step(self, tokens: np.ndarray, reorder: np.ndarray) -> np.ndarray:
+        return self._run(tokens, reorder)[0].cpu().numpy()
+
+    def step_top(self, tokens: np.ndarray, reorder: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        values, ids = self._run(tokens, reorder, k)
+        return values.cpu().numpy(), ids.cpu().numpy()
+
+    @torch.no_grad()
+    def _run(self, tokens: np.ndarray, reorder: np.ndarray, top_k: int | None = None) -> tuple[torch.Tensor, ...]:
+        """Log-probs, or with ``top_k`` the top values and ids; the top-k is timed as runtime,
+        as it is inside the ONNX graph."""
         device = self.backend.device
         started = time.perf_counter()
         outputs = self.backend.step_graph(
@@ -74,13 +83,14 @@ class _TorchRun(DecodeRun):
             torch.from_numpy(reorder.astype(np.int64, copy=False)).to(device),
             *self.memory, *self.state,
         )
+        head = (outputs[0],) if top_k is None else tuple(torch.topk(outputs[0], top_k, dim=-1))
         self.backend.runtime_seconds += time.perf_counter() - started
         n_state = len(self.state)
         self.state = list(outputs[1 : 1 + n_state])
         if self.keep_attention and len(outputs) > 1 + n_state:
             self._attention = outputs[-1].cpu().numpy()
         self.position += 1
-        return outputs[0].cpu().numpy()
+        return head
 
     def attention(self) -> np.ndarray | None:
         return self._attention

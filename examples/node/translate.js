@@ -47,11 +47,10 @@ async function main() {
       feeds.tokens = int64([token], [1]);
       feeds.reorder = int64([0], [1]);
       if (decoderInputs.has('step')) feeds.step = int64([step], []);
-      const result = await decoder.run(feeds);
+      const fetches = ['top_ids', ...manifest.state.map((s) => `present_${s.name}`)]; // top_k defaults to 1
+      const result = await decoder.run(feeds, fetches);
       for (const s of manifest.state) feeds[`past_${s.name}`] = result[`present_${s.name}`];
-      const logProbs = result.log_probs.data;
-      token = 0;
-      for (let i = 1; i < logProbs.length; i += 1) if (logProbs[i] > logProbs[token]) token = i;
+      token = Number(result.top_ids.data[0]);
       if (token === special.eos) break;
       output.push(token);
     }

@@ -41,10 +41,10 @@ for text in sys.argv[2:]:
         feeds.update(tokens=np.array([token], dtype=np.int64), reorder=np.zeros(1, dtype=np.int64))
         if "step" in decoder_inputs:
             feeds["step"] = np.array(step, dtype=np.int64)
-        names = ["log_probs"] + [f"present_{s['name']}" for s in manifest["state"]]
-        log_probs, *state = decoder.run(names, feeds)
+        names = ["top_ids"] + [f"present_{s['name']}" for s in manifest["state"]]  # top_k defaults to 1
+        top_ids, *state = decoder.run(names, feeds)
         feeds.update({f"past_{s['name']}": value for s, value in zip(manifest["state"], state, strict=True)})
-        token = int(log_probs[0].argmax())
+        token = int(top_ids[0, 0])
         if token == special["eos"]:
             break
         output.append(token)

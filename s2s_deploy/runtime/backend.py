@@ -16,6 +16,11 @@ class DecodeRun(ABC):
     def step(self, tokens: np.ndarray, reorder: np.ndarray) -> np.ndarray:
         """Feed ``tokens`` (rows,) after gathering state rows by ``reorder``; return log-probs (rows, V)."""
 
+    @abstractmethod
+    def step_top(self, tokens: np.ndarray, reorder: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Like ``step``, but return only each row's ``k`` best log-probs and token ids (rows, k),
+        best first, ties to the lower id: all a search needs, without the vocabulary-wide copy."""
+
     def attention(self) -> np.ndarray | None:
         """Cross-attention of the last step, when the backend was asked to keep it."""
         return None

@@ -16,7 +16,7 @@ from s2s_deploy.errors import ManifestError
 from s2s_deploy.runtime.names import init_name, past_name, present_name
 from s2s_deploy.runtime.vocab import Vocabulary
 
-FORMAT = "s2s-deploy-manifest/1"
+FORMAT = "s2s-deploy-manifest/2"
 MANIFEST_NAME = "manifest.json"
 BATCH = "batch"
 

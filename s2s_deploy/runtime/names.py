@@ -14,3 +14,11 @@ def past_name(state: str) -> str:
 def present_name(state: str) -> str:
     """Decoder output: the state for the next step."""
     return f"present_{state}"
+
+
+TOP_K = "top_k"
+"""Decoder input (int64, shape (1,), default 1): how many candidates per row ``top_*`` hold."""
+
+TOP_OUTPUTS = ("top_log_probs", "top_ids")
+"""Decoder outputs: each row's ``top_k`` best log-probs and token ids, best first, ties to the
+lower id. A search fetches these instead of the whole (rows, vocabulary) ``log_probs``."""

@@ -83,34 +83,75 @@ def search(backend: Backend, src: np.ndarray, src_len: np.ndarray, config: Searc
 
 
 def greedy(backend: Backend, src: np.ndarray, src_len: np.ndarray, config: SearchConfig) -> list[Hypothesis]:
-    batch = src.shape[0]
+    batch, eos = src.shape[0], backend.eos_id
     run = backend.start(src, src_len)
-    reorder = np.arange(batch, dtype=np.int64)
+    rows = np.arange(batch)
+    reorder = rows.astype(np.int64)
     tokens = np.full(batch, backend.decoder_start_id, dtype=np.int64)
     picked = np.zeros((batch, config.max_len), dtype=np.int64)
     picked_lp = np.zeros((batch, config.max_len), dtype=np.float64)
-    length = np.full(batch, config.max_len, dtype=np.int64)
     done = np.zeros(batch, dtype=bool)
+    steps = config.max_len
     for t in range(config.max_len):
-        log_probs = run.step(tokens, reorder)
-        if t < config.min_len:
-            log_probs[:, backend.eos_id] = -np.inf
-        tokens = log_probs.argmax(axis=1).astype(np.int64)
+        if t < config.min_len:  # EOS may rank first: take the runner-up there
+            values, ids = run.step_top(tokens, reorder, 2)
+            column = (ids[:, 0] == eos).astype(np.intp)
+            tokens, picked_lp[:, t] = ids[rows, column], values[rows, column]
+        else:
+            values, ids = run.step_top(tokens, reorder, 1)
+            tokens, picked_lp[:, t] = ids[:, 0], values[:, 0]
         picked[:, t] = tokens
-        picked_lp[:, t] = log_probs[reorder, tokens]
-        newly = ~done & (tokens == backend.eos_id)
-        length[newly] = t + 1
-        done |= newly
+        done |= tokens == eos
         if done.all():
+            steps = t + 1
             break
+    is_eos = picked[:, :steps] == eos
+    length = np.where(done, is_eos.argmax(axis=1) + 1, steps)
     results = []
     for i in range(batch):
-        n = int(length[i])
-        finished = bool(done[i])
-        lps = tuple(float(x) for x in picked_lp[i, :n])
-        body = tuple(int(x) for x in picked[i, : n - 1 if finished else n])
+        n, finished = int(length[i]), bool(done[i])
+        lps = tuple(picked_lp[i, :n].tolist())
+        body = tuple(picked[i, : n - 1 if finished else n].tolist())
         results.append(Hypothesis(body, lps, float(normalised(sum(lps), n, config.alpha)), finished))
     return results
+
+
+@dataclass(frozen=True)
+class _Ending:
+    """Where a hypothesis ends: its score, the step it was last extended at, the row it holds
+    there, and (for one that finished) the log-prob of its EOS."""
+
+    score: float
+    last_step: int
+    row: int
+    eos_log_prob: float | None
+
+
+class _Trail:
+    """Per-step parent rows, tokens and log-probs: hypotheses are spelled out only at the end,
+    for the n-best, instead of copying every live history at every step."""
+
+    def __init__(self) -> None:
+        self.parents: list[np.ndarray] = []
+        self.tokens: list[np.ndarray] = []
+        self.log_probs: list[np.ndarray] = []
+
+    def add(self, parents: np.ndarray, tokens: np.ndarray, log_probs: np.ndarray) -> None:
+        self.parents.append(parents)
+        self.tokens.append(tokens)
+        self.log_probs.append(log_probs)
+
+    def hypothesis(self, ending: _Ending) -> Hypothesis:
+        tokens, lps, row = [], [], ending.row
+        for step in range(ending.last_step, -1, -1):
+            tokens.append(int(self.tokens[step][row]))
+            lps.append(float(self.log_probs[step][row]))
+            row = int(self.parents[step][row])
+        tokens.reverse()
+        lps.reverse()
+        if ending.eos_log_prob is not None:
+            lps.append(ending.eos_log_prob)
+        return Hypothesis(tuple(tokens), tuple(lps), ending.score, ending.eos_log_prob is not None)
 
 
 def beam_search(
@@ -124,61 +165,45 @@ def beam_search(
     row_base = (np.arange(batch) * k)[:, None]
     scores = np.full((batch, k), -np.inf)
     scores[:, 0] = 0.0  # all K rows start identical: only the first may extend at step 0
-    history = np.zeros((rows, 0), dtype=np.int64)
-    history_lp = np.zeros((rows, 0), dtype=np.float64)
     tokens = np.full(rows, backend.decoder_start_id, dtype=np.int64)
     reorder = np.arange(rows, dtype=np.int64)
-    finished: list[list[Hypothesis]] = [[] for _ in range(batch)]
+    trail = _Trail()
+    endings: list[list[_Ending]] = [[] for _ in range(batch)]
     finished_count = np.zeros(batch, dtype=np.int64)
     active = np.ones(batch, dtype=bool)
     width = min(2 * k, backend.vocab_size)
     for t in range(config.max_len):
-        log_probs = run.step(tokens, reorder)
-        if t < config.min_len:
-            log_probs[:, eos] = -np.inf
-        # The best 2K of K*V candidates lie among each row's own best 2K: rank only those.
-        row_tokens = np.argpartition(-log_probs, width - 1, axis=1)[:, :width]
-        row_scores = np.take_along_axis(log_probs, row_tokens, axis=1).astype(np.float64)
-        candidates = (scores.reshape(rows, 1) + row_scores).reshape(batch, k * width)
-        flat = ((np.arange(rows) % k)[:, None] * backend.vocab_size + row_tokens).reshape(batch, k * width)
-        top = _top_sorted(candidates, flat, 2 * k)
+        # The best 2K of K*V candidates lie among each row's own best 2K: the graph ranks those.
+        masked = t < config.min_len
+        per_row = min(width + masked, backend.vocab_size)
+        values, ids = run.step_top(tokens, reorder, per_row)
+        if masked:
+            values = np.where(ids == eos, np.float32(-np.inf), values)
+        candidates = (scores.reshape(rows, 1) + values).reshape(batch, k * per_row)
+        # beam-major, then each row's rank: a stable sort sends ties to the lower beam, then id
+        top = np.argsort(-candidates, axis=1, kind="stable")[:, : 2 * k]
         top_scores = np.take_along_axis(candidates, top, axis=1)
-        top_flat = np.take_along_axis(flat, top, axis=1)
-        origin, token_of = top_flat // backend.vocab_size, top_flat % backend.vocab_size
-        is_eos = (token_of == eos) & np.isfinite(top_scores)
-        length = t + 1
+        top_ids = np.take_along_axis(ids.reshape(batch, -1), top, axis=1)
+        top_lps = np.take_along_axis(values.reshape(batch, -1), top, axis=1)
+        origin = row_base + top // per_row
+        is_eos = (top_ids == eos) & np.isfinite(top_scores)
         for i, j in zip(*np.nonzero(is_eos[:, :k] & active[:, None]), strict=True):
-            row = row_base[i, 0] + origin[i, j]
-            lps = (*history_lp[row].tolist(), float(log_probs[row, eos]))
-            score = float(normalised(top_scores[i, j], length, config.alpha))
-            finished[i].append(Hypothesis(tuple(history[row].tolist()), lps, score, True))
+            score = float(normalised(top_scores[i, j], t + 1, config.alpha))
+            endings[i].append(_Ending(score, t - 1, int(origin[i, j]), float(top_lps[i, j])))
             finished_count[i] += 1
         keep = np.argsort(is_eos, axis=1, kind="stable")[:, :k]  # first K non-EOS candidates, in rank order
         scores = np.take_along_axis(top_scores, keep, axis=1)
-        reorder = (row_base + np.take_along_axis(origin, keep, axis=1)).reshape(rows)
-        tokens = np.take_along_axis(token_of, keep, axis=1).reshape(rows).astype(np.int64)
-        history = np.concatenate([history[reorder], tokens[:, None]], axis=1)
-        history_lp = np.concatenate([history_lp[reorder], log_probs[reorder, tokens][:, None]], axis=1)
+        reorder = np.take_along_axis(origin, keep, axis=1).reshape(rows)
+        tokens = np.take_along_axis(top_ids, keep, axis=1).reshape(rows)
+        trail.add(reorder, tokens, np.take_along_axis(top_lps, keep, axis=1).reshape(rows))
         active &= ~(is_eos[:, 0] & (finished_count >= config.n_best))
         if not active.any():
             break
-    for i in np.nonzero(active)[0]:
+    steps = len(trail.tokens)
+    for i in np.nonzero(active)[0]:  # still searching at max_len: live beams end as they stand
         for j in range(k):
-            row = row_base[i, 0] + j
             if np.isfinite(scores[i, j]):
-                score = float(normalised(scores[i, j], history.shape[1], config.alpha))
-                finished[i].append(
-                    Hypothesis(tuple(history[row].tolist()), tuple(history_lp[row].tolist()), score, False)
-                )
-    return [sorted(f, key=lambda h: -h.score)[: config.n_best] for f in finished]
-
-
-def _top_sorted(values: np.ndarray, tie_keys: np.ndarray, count: int) -> np.ndarray:
-    """Positions of the ``count`` largest values per row, best first; equal values are ordered
-    by ``tie_keys`` (the flat beam*V + token index), so ties go to the lower beam, then token."""
-    count = min(count, values.shape[1])
-    part = np.argpartition(-values, count - 1, axis=1)[:, :count]
-    part_values = np.take_along_axis(values, part, axis=1)
-    part_keys = np.take_along_axis(tie_keys, part, axis=1)
-    order = np.lexsort((part_keys, -part_values), axis=1)
-    return np.take_along_axis(part, order, axis=1)
+                score = float(normalised(scores[i, j], steps, config.alpha))
+                endings[i].append(_Ending(score, steps - 1, int(row_base[i, 0] + j), None))
+    return [[trail.hypothesis(e) for e in sorted(ends, key=lambda e: -e.score)[: config.n_best]]
+            for ends in endings]
