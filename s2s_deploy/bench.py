@@ -211,6 +211,30 @@ def _measure_system(export_dir: str, system: str, settings: BenchSettings) -> li
     return rows
 
 
+@dataclass(frozen=True)
+class BeamCost:
+    """What beam K on one sentence costs against greedy on K sentences at once: both decode K
+    rows per step, so a ratio near 1 says reordering the beams is nearly free."""
+
+    model: str
+    system: str
+    beam: int
+    ratio: float
+
+
+def beam_costs(rows: Sequence[BenchRow]) -> list[BeamCost]:
+    """Per-call time of beam K at batch 1 over per-call time of greedy at batch K, on the same
+    sentences; a pass's time is its tokens over its tokens/s."""
+    greedy = {(r.model, r.system, r.batch): r for r in rows if r.beam == 1}
+    costs = []
+    for r in rows:
+        g = greedy.get((r.model, r.system, r.beam))
+        if r.beam > 1 and r.batch == 1 and g is not None:
+            ratio = (r.tokens / r.tokens_per_s) / (r.beam * g.tokens / g.tokens_per_s)
+            costs.append(BeamCost(r.model, r.system, r.beam, ratio))
+    return costs
+
+
 def markdown_table(result: BenchResult) -> str:
     lines = [
         "| model | system | beam | batch | tokens/s [min–max] | p50 ms | p95 ms | engine overhead "
@@ -224,6 +248,10 @@ def markdown_table(result: BenchResult) -> str:
             f"[{r.tokens_per_s_min:.1f}–{r.tokens_per_s_max:.1f}] | {r.p50_ms:.1f} | {r.p95_ms:.1f} | "
             f"{100 * r.engine_overhead:.1f}% | {r.peak_rss_mb:.0f} | {ratio} |"
         )
+    costs = beam_costs(result.rows)
+    if costs:
+        lines += ["", "| model | system | beam K at batch 1 ÷ greedy at batch K (per call) |", "|---|---|---|"]
+        lines += [f"| {c.model} | {c.system} | {c.ratio:.2f} (beam {c.beam}) |" for c in costs]
     for key, reason in result.skipped.items():
         lines.append(f"\nskipped {key}: {reason}")
     return "\n".join(lines)

@@ -52,6 +52,7 @@ def bench_command(export_dirs: tuple[str, ...], synthetic: str | None, vocab_siz
     from s2s_deploy.bench import (
         SYSTEMS,
         BenchSettings,
+        beam_costs,
         chart_rows,
         markdown_table,
         run_benchmark,
@@ -84,6 +85,7 @@ def bench_command(export_dirs: tuple[str, ...], synthetic: str | None, vocab_siz
         Path(json_path).write_text(json.dumps({
             "machine": result.machine, "settings": asdict(settings),
             "rows": [asdict(r) for r in result.rows], "skipped": result.skipped,
+            "beam_costs": [asdict(c) for c in beam_costs(result.rows)],
         }, indent=2))
     if plot_path:
         from s2s_deploy.plot import plot_benchmark
