@@ -54,7 +54,7 @@ class MutableConfig:
         ({"exporter": "magic"}, "exporter"),
         ({"parity_atol": 0}, "parity_atol"),
         ({"memory_specs": lambda self, c: (MemorySpec("tokens"),)}, "reserved"),
-        ({"memory_specs": lambda self, c: (MemorySpec("self_k"),)}, "unique"),
+        ({"memory_specs": lambda self, c: (MemorySpec("self_k0"),)}, "unique"),
         ({"state_specs": lambda self, c: (StateSpec("h", 1, "zeros", (2, 3)),)}, "batch"),
         ({"state_specs": lambda self, c: (StateSpec("h", 1, "zeros", (2, BATCH), grow_axis=1),)}, "grow_axis"),
         ({"state_specs": lambda self, c: (StateSpec("h", 1, "later"),)}, "bad state spec"),
