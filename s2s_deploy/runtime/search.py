@@ -172,6 +172,7 @@ def beam_search(
     finished_count = np.zeros(batch, dtype=np.int64)
     active = np.ones(batch, dtype=bool)
     width = min(2 * k, backend.vocab_size)
+    sentence = np.arange(batch)[:, None]  # fancy indexing per sentence: far cheaper than take_along_axis
     for t in range(config.max_len):
         # The best 2K of K*V candidates lie among each row's own best 2K: the graph ranks those.
         masked = t < config.min_len
@@ -182,21 +183,24 @@ def beam_search(
         candidates = (scores.reshape(rows, 1) + values).reshape(batch, k * per_row)
         # beam-major, then each row's rank: a stable sort sends ties to the lower beam, then id
         top = np.argsort(-candidates, axis=1, kind="stable")[:, : 2 * k]
-        top_scores = np.take_along_axis(candidates, top, axis=1)
-        top_ids = np.take_along_axis(ids.reshape(batch, -1), top, axis=1)
-        top_lps = np.take_along_axis(values.reshape(batch, -1), top, axis=1)
+        top_scores = candidates[sentence, top]
+        top_ids = ids.reshape(batch, -1)[sentence, top]
+        top_lps = values.reshape(batch, -1)[sentence, top]
         origin = row_base + top // per_row
         is_eos = (top_ids == eos) & np.isfinite(top_scores)
-        for i, j in zip(*np.nonzero(is_eos[:, :k] & active[:, None]), strict=True):
-            score = float(normalised(top_scores[i, j], t + 1, config.alpha))
-            endings[i].append(_Ending(score, t - 1, int(origin[i, j]), float(top_lps[i, j])))
-            finished_count[i] += 1
-        keep = np.argsort(is_eos, axis=1, kind="stable")[:, :k]  # first K non-EOS candidates, in rank order
-        scores = np.take_along_axis(top_scores, keep, axis=1)
-        reorder = np.take_along_axis(origin, keep, axis=1).reshape(rows)
-        tokens = np.take_along_axis(top_ids, keep, axis=1).reshape(rows)
-        trail.add(reorder, tokens, np.take_along_axis(top_lps, keep, axis=1).reshape(rows))
-        active &= ~(is_eos[:, 0] & (finished_count >= config.n_best))
+        if is_eos.any():
+            for i, j in zip(*np.nonzero(is_eos[:, :k] & active[:, None]), strict=True):
+                score = float(normalised(top_scores[i, j], t + 1, config.alpha))
+                endings[i].append(_Ending(score, t - 1, int(origin[i, j]), float(top_lps[i, j])))
+                finished_count[i] += 1
+            keep = np.argsort(is_eos, axis=1, kind="stable")[:, :k]  # first K non-EOS candidates, in rank order
+            scores, origin, top_ids, top_lps = (a[sentence, keep] for a in (top_scores, origin, top_ids, top_lps))
+            active &= ~(is_eos[:, 0] & (finished_count >= config.n_best))
+        else:
+            scores, origin, top_ids, top_lps = (a[:, :k] for a in (top_scores, origin, top_ids, top_lps))
+        reorder = origin.reshape(rows)
+        tokens = top_ids.reshape(rows)
+        trail.add(reorder, tokens, top_lps.reshape(rows))
         if not active.any():
             break
     steps = len(trail.tokens)
