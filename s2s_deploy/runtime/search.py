@@ -172,7 +172,7 @@ def beam_search(
     finished_count = np.zeros(batch, dtype=np.int64)
     active = np.ones(batch, dtype=bool)
     width = min(2 * k, backend.vocab_size)
-    sentence = np.arange(batch)[:, None]  # fancy indexing per sentence: far cheaper than take_along_axis
+    sentence = np.arange(batch)[:, None]
     for t in range(config.max_len):
         # The best 2K of K*V candidates lie among each row's own best 2K: the graph ranks those.
         masked = t < config.min_len
@@ -180,15 +180,15 @@ def beam_search(
         values, ids = run.step_top(tokens, reorder, per_row)
         if masked:
             values = np.where(ids == eos, np.float32(-np.inf), values)
-        candidates = (scores.reshape(rows, 1) + values).reshape(batch, k * per_row)
+        candidates = scores.reshape(rows, 1) + values
         # beam-major, then each row's rank: a stable sort sends ties to the lower beam, then id
-        top = np.argsort(-candidates, axis=1, kind="stable")[:, : 2 * k]
-        top_scores = candidates[sentence, top]
-        top_ids = ids.reshape(batch, -1)[sentence, top]
-        top_lps = values.reshape(batch, -1)[sentence, top]
-        origin = row_base + top // per_row
-        is_eos = (top_ids == eos) & np.isfinite(top_scores)
+        top = np.argsort(-candidates.reshape(batch, k * per_row), axis=1, kind="stable")[:, : 2 * k]
+        flat = top + sentence * (k * per_row)  # flat positions: one cheap take per array
+        top_scores, top_ids, top_lps = candidates.take(flat), ids.take(flat), values.take(flat)
+        origin = flat // per_row  # the row each candidate extends
+        is_eos = top_ids == eos
         if is_eos.any():
+            is_eos &= np.isfinite(top_scores)
             for i, j in zip(*np.nonzero(is_eos[:, :k] & active[:, None]), strict=True):
                 score = float(normalised(top_scores[i, j], t + 1, config.alpha))
                 endings[i].append(_Ending(score, t - 1, int(origin[i, j]), float(top_lps[i, j])))
@@ -196,13 +196,13 @@ def beam_search(
             keep = np.argsort(is_eos, axis=1, kind="stable")[:, :k]  # first K non-EOS candidates, in rank order
             scores, origin, top_ids, top_lps = (a[sentence, keep] for a in (top_scores, origin, top_ids, top_lps))
             active &= ~(is_eos[:, 0] & (finished_count >= config.n_best))
+            if not active.any():
+                trail.add(origin.ravel(), top_ids.ravel(), top_lps.ravel())
+                break
         else:
-            scores, origin, top_ids, top_lps = (a[:, :k] for a in (top_scores, origin, top_ids, top_lps))
-        reorder = origin.reshape(rows)
-        tokens = top_ids.reshape(rows)
-        trail.add(reorder, tokens, top_lps.reshape(rows))
-        if not active.any():
-            break
+            scores, origin, top_ids, top_lps = top_scores[:, :k], origin[:, :k], top_ids[:, :k], top_lps[:, :k]
+        reorder, tokens = origin.ravel(), top_ids.ravel()
+        trail.add(reorder, tokens, top_lps.ravel())
     steps = len(trail.tokens)
     for i in np.nonzero(active)[0]:  # still searching at max_len: live beams end as they stand
         for j in range(k):
