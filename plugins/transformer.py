@@ -78,13 +78,10 @@ class MultiHeadAttention(nn.Module):
     def keys_values(self, x: Tensor) -> tuple[Tensor, Tensor]:
         return self.split_heads(self.w_k(x)), self.split_heads(self.w_v(x))
 
-    def attend(self, x_q: Tensor, keys: Tensor, values: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor]:
+    def attend(self, x_q: Tensor, keys: Tensor, values: Tensor, bias: Tensor) -> tuple[Tensor, Tensor]:
         """Returns the output ``(B, Tq, d)`` and the weights ``(B, H, Tq, Tk)``."""
         q = self.split_heads(self.w_q(x_q))
-        scores = q @ keys.transpose(-1, -2) / math.sqrt(self.head_dim)
-        if bias is not None:
-            scores = scores + bias
-        weights = torch.softmax(scores, dim=-1)
+        weights = torch.softmax(q @ keys.transpose(-1, -2) / math.sqrt(self.head_dim) + bias, dim=-1)
         out = self.dropout(weights) @ values
         batch, _, length, _ = out.shape
         return self.w_o(out.transpose(1, 2).reshape(batch, length, -1)), weights
@@ -100,20 +97,26 @@ class MultiHeadAttention(nn.Module):
         """``attend`` (eval mode) for one query ``x`` ``(B, 1, d)`` against the caches
         ``(B, H, T, head_dim)`` plus itself: the output ``(B, 1, d)`` and both caches grown by one.
         With one query position every head split or merge is a Reshape."""
-        heads, dim = self.num_heads, self.head_dim
-        q = self.w_q(x).reshape(-1, heads, 1, dim)
-        keys = torch.cat([past_k, self.w_k(x).reshape(-1, heads, 1, dim)], dim=2)
-        values = torch.cat([past_v, self.w_v(x).reshape(-1, heads, 1, dim)], dim=2)
-        weights = torch.softmax(q @ keys.transpose(-1, -2) / math.sqrt(dim), dim=-1)
-        return self.w_o((weights @ values).reshape(-1, 1, heads * dim)), keys, values
+        keys = torch.cat([past_k, self.one_position_heads(self.w_k(x))], dim=2)
+        values = torch.cat([past_v, self.one_position_heads(self.w_v(x))], dim=2)
+        q = self.one_position_heads(self.w_q(x))
+        weights = torch.softmax(q @ keys.transpose(-1, -2) / math.sqrt(self.head_dim), dim=-1)
+        return self.merge_one_position(weights @ values), keys, values
 
     def step_cross(self, x: Tensor, keys: Tensor, values: Tensor, bias: Tensor) -> tuple[Tensor, Tensor]:
         """``attend`` (eval mode) for one query ``x`` ``(B, 1, d)`` against ``cross_memory``:
         the output ``(B, 1, d)`` and the weights ``(B, H, 1, S)``."""
-        heads, dim = self.num_heads, self.head_dim
-        q = self.w_q(x).reshape(-1, heads, 1, dim)
-        weights = torch.softmax(q @ keys / math.sqrt(dim) + bias, dim=-1)
-        return self.w_o((weights @ values).reshape(-1, 1, heads * dim)), weights
+        q = self.one_position_heads(self.w_q(x))
+        weights = torch.softmax(q @ keys / math.sqrt(self.head_dim) + bias, dim=-1)
+        return self.merge_one_position(weights @ values), weights
+
+    def one_position_heads(self, x: Tensor) -> Tensor:
+        """``(B, 1, d)`` → ``(B, H, 1, head_dim)``: with one position, ``split_heads`` is a Reshape."""
+        return x.reshape(-1, self.num_heads, 1, self.head_dim)
+
+    def merge_one_position(self, out: Tensor) -> Tensor:
+        """``(B, H, 1, head_dim)`` → the output projection of ``(B, 1, d)``, again by a Reshape."""
+        return self.w_o(out.reshape(-1, 1, self.num_heads * self.head_dim))
 
 
 class AddNorm(nn.Module):
@@ -161,7 +164,7 @@ class DecoderBlock(nn.Module):
         self.addnorm3 = AddNorm(cfg.d_model, cfg.dropout)
 
     def forward(
-        self, x: Tensor, self_kv: tuple[Tensor, Tensor], self_bias: Tensor | None,
+        self, x: Tensor, self_kv: tuple[Tensor, Tensor], self_bias: Tensor,
         cross_kv: tuple[Tensor, Tensor], cross_bias: Tensor,
     ) -> tuple[Tensor, Tensor]:
         y = self.addnorm1(x, self.self_attention.attend(x, *self_kv, self_bias)[0])
