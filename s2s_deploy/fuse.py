@@ -240,32 +240,48 @@ class _Fuser:
         return self._consts[key]
 
     def build(self, encoder: onnx.ModelProto, beam: bool) -> list[str]:
+        """With ``beam``, an ``If`` sends ``beam_size == 1`` to the greedy Loop, whose body
+        carries a fraction of the beam bookkeeping (the beam body at K=1 ran greedy ~1.8x slower)."""
         g = self.outer
         wanted = [m.name for m in self.m.memory] + [s.encoder_output for s in self.m.state if s.encoder_output]
         encoded = self.inline(encoder, "enc/", {"src": "src", "src_len": "src_len"}, wanted, g)
         batch = g("Shape", "src", end=1)  # (1,)
-        if beam:
-            k = g("Reshape", "beam_size", self.const([1]))
-            rows = g("Mul", batch, k)
-        else:
-            k, rows = None, batch
+        if not beam:
+            return self.greedy(g, batch, *self.start_values(g, encoded, batch, None))
+        greedy_scope, beam_scope = _Scope(self.counter), _Scope(self.counter)
+        greedy_out = self.greedy(greedy_scope, batch, *self.start_values(greedy_scope, encoded, batch, None))
+        k = beam_scope("Reshape", "beam_size", self.const([1]))
+        beam_out = self.beam(beam_scope, batch, k, *self.start_values(beam_scope, encoded, batch, k))
+        _, output_io = generate_io(beam)
+
+        def branch(scope: _Scope, outputs: Sequence[str], name: str) -> onnx.GraphProto:
+            declared = [_value_info(out, io.dtype, _dims(out, len(io.shape)))
+                        for out, io in zip(outputs, output_io, strict=True)]
+            return helper.make_graph(scope.nodes, name, [], declared)
+
+        return g("If", g("Equal", "beam_size", self.const(1)), outs=len(output_io),
+                 then_branch=branch(greedy_scope, greedy_out, "greedy"),
+                 else_branch=branch(beam_scope, beam_out, "beam"))
+
+    def start_values(self, g: _Scope, encoded: dict[str, str], batch: str,
+                     k: str | None) -> tuple[dict[str, str], list[str]]:
+        """Decoder memory and initial state, each repeated ``k`` times per sentence for beam search."""
+        rows = batch if k is None else g("Mul", batch, k)
         memory = {}
         accepted = {i.name for i in self.decoder.graph.input}
         for m in (m for m in self.m.memory if m.name in accepted):
-            memory[m.name] = self.repeat(g, encoded[m.name], m.batch_axis, k) if beam else encoded[m.name]
+            memory[m.name] = encoded[m.name] if k is None else self.repeat(g, encoded[m.name], m.batch_axis, k)
         state = []
         for s in self.m.state:
             if s.encoder_output:
                 value = encoded[s.encoder_output]
-                state.append(self.repeat(g, value, s.batch_axis, k) if beam else value)
+                state.append(value if k is None else self.repeat(g, value, s.batch_axis, k))
             else:
                 dims = [rows if d == "batch" else self.const([int(d)]) for d in s.shape]
                 shape = g("Concat", *dims, axis=0) if dims else self.const(np.zeros(0, np.int64))
                 zero = numpy_helper.from_array(np.zeros(1, dtype=s.dtype))
                 state.append(g("ConstantOfShape", shape, value=zero))
-        if beam:
-            return self.beam(batch, k, rows, memory, state)
-        return self.greedy(batch, memory, state)
+        return memory, state
 
     def inline(self, model: onnx.ModelProto, prefix: str, bound: dict[str, str], wanted: Sequence[str],
                scope: _Scope) -> dict[str, str]:
@@ -282,8 +298,9 @@ class _Fuser:
 
         nodes = _needed(graph.node, set(wanted))
         used = {n for node in nodes for n in _consumed(node)}
+        hoisted = {i.name for i in self.initializers}  # a graph inlined twice shares its weights
         for init in graph.initializer:
-            if init.name in used and init.name not in bound:
+            if init.name in used and init.name not in bound and rename(init.name) not in hoisted:
                 copy = onnx.TensorProto()
                 copy.CopyFrom(init)
                 copy.name = rename(init.name)
@@ -316,22 +333,24 @@ class _Fuser:
         block = body("And", onehot, body("Less", iteration, "min_len"))
         return body("Where", block, self.const(-np.inf, "float32"), log_probs)
 
-    def loop(self, body: _Scope, carried: Sequence[_Carried], inputs: dict[str, str], outputs: Sequence[str],
-             scans: Sequence[tuple[str, str]], iteration: str, cond_in: str, cond_out: str) -> list[str]:
-        """A Loop over ``body``: ``inputs`` and ``outputs`` name each carried value inside the
-        body, then come the scan outputs (name, dtype). Returns the final values."""
+    def loop(self, g: _Scope, body: _Scope, carried: Sequence[_Carried], inputs: dict[str, str],
+             outputs: Sequence[str], scans: Sequence[tuple[str, str, int]], iteration: str, cond_in: str,
+             cond_out: str, trips: str = "max_len") -> list[str]:
+        """A Loop over ``body`` in scope ``g``: ``inputs`` and ``outputs`` name each carried value
+        inside the body, then come the scan outputs (name, dtype, rank of one iteration's value).
+        Returns the final carried values, then the stacked scans."""
         graph = helper.make_graph(
-            body.nodes, "decode_step",
+            body.nodes, "loop_body",
             [_value_info(iteration, "int64", ()), _value_info(cond_in, "bool", ()),
              *(_value_info(inputs[v.key], v.dtype, _dims(inputs[v.key], v.rank)) for v in carried)],
             [_value_info(cond_out, "bool", ()),
              *(_value_info(name, v.dtype, _dims(name, v.rank)) for name, v in zip(outputs, carried, strict=True)),
-             *(_value_info(name, dtype, _dims(name, 1)) for name, dtype in scans)],
+             *(_value_info(name, dtype, _dims(name, rank)) for name, dtype, rank in scans)],
         )
-        results = [self.outer.fresh("final") for _ in range(len(outputs) + len(scans))]
-        self.outer.nodes.append(helper.make_node(
-            "Loop", ["max_len", self.const(True, "bool"), *(v.initial for v in carried)], results,
-            name=self.outer.fresh("Loop"), body=graph))
+        results = [g.fresh("final") for _ in range(len(outputs) + len(scans))]
+        g.nodes.append(helper.make_node(
+            "Loop", [trips, self.const(True, "bool"), *(v.initial for v in carried)], results,
+            name=g.fresh("Loop"), body=graph))
         return results
 
     def state_carried(self, state: Sequence[str]) -> list[_Carried]:
@@ -339,10 +358,10 @@ class _Fuser:
         return [_Carried(f"state{i}", s.dtype, ranks[s.decoder_input], value)
                 for i, (s, value) in enumerate(zip(self.m.state, state, strict=True))]
 
-    def greedy(self, batch: str, memory: dict[str, str], state: list[str]) -> list[str]:
+    def greedy(self, g: _Scope, batch: str, memory: dict[str, str], state: list[str]) -> list[str]:
         """Per iteration only what stopping needs (the pick, done flags); lengths and the
         float64 score sums come from the scanned tokens after the Loop."""
-        g, c = self.outer, self.const
+        c = self.const
         rows = g("Squeeze", batch, c([0]))
         reorder = g("Range", c(0), rows, c(1))
         carried = [
@@ -363,8 +382,8 @@ class _Fuser:
         all_done = body("ReduceMin", body("Cast", done, to=TensorProto.INT32), keepdims=0)
         cond = body("Equal", all_done, c(0, "int32"))
         step_tokens, step_lp = body("Identity", tokens), body("Reshape", best, flat)
-        final = self.loop(body, carried, names, [tokens, done, *next_state],
-                          [(step_tokens, "int64"), (step_lp, "float32")], iteration, cond_in, cond)
+        final = self.loop(g, body, carried, names, [tokens, done, *next_state],
+                          [(step_tokens, "int64", 1), (step_lp, "float32", 1)], iteration, cond_in, cond)
         done = final[1]
         history, history_lp = g("Transpose", final[-2], perm=[1, 0]), g("Transpose", final[-1], perm=[1, 0])
         steps = g("Shape", history, start=1)
@@ -390,27 +409,26 @@ class _Fuser:
         return (g("Where", inside, tokens, self.const(self.pad)),
                 g("Where", inside, lps, self.const(0.0, "float32")))
 
-    def beam(self, batch: str, k: str, rows: str, memory: dict[str, str], state: list[str]) -> list[str]:
-        g, c = self.outer, self.const
+    def beam(self, g: _Scope, batch: str, k: str, memory: dict[str, str], state: list[str]) -> list[str]:
+        """The Loop body ranks, reorders and decides when to stop; like ``search._Trail`` it only
+        records each step (parents, tokens, finishing EOS candidates) as scan outputs. The n-best
+        are chosen and spelled out once, after the Loop."""
+        c = self.const
         double = _elem("float64")
+        minus_inf = c(-np.inf, "float64")
+        rows = g("Mul", batch, k)
         k2 = g("Mul", k, c([2]))
+        width = g("Min", k2, c([self.vocab]))  # each row's candidates
         batch_k = g("Concat", batch, k, axis=0)
-        batch_k1 = g("Concat", batch, k, c([1]), axis=0)
+        grid_shape = g("Concat", batch_k, width, axis=0)
+        per_sentence = g("Concat", batch, c([-1]), axis=0)
         base = g("Mul", g("Unsqueeze", g("Range", c(0), g("Squeeze", batch, c([0])), c(1)), c([1])), k)  # (B, 1)
+        rank = g("Range", c(0), g("Squeeze", k2, c([0])), c(1))
         first = g("Equal", g("Range", c(0), g("Squeeze", k, c([0])), c(1)), c(0))
-        scores = g("Where", first, c(0.0, "float64"), c(-np.inf, "float64"))
-        empty_history = g("Concat", rows, c([0]), axis=0)
-        empty_finished = g("Concat", batch_k, c([0]), axis=0)
         carried = [
             _Carried("tokens", "int64", 1, g("Expand", c(self.m.decoder_start_id), rows)),
             _Carried("reorder", "int64", 1, g("Range", c(0), g("Squeeze", rows, c([0])), c(1))),
-            _Carried("scores", "float64", 2, g("Expand", scores, batch_k)),
-            _Carried("history", "int64", 2, g("Expand", c(0), empty_history)),
-            _Carried("history_lp", "float32", 2, g("Expand", c(0.0, "float32"), empty_history)),
-            _Carried("fin_tokens", "int64", 3, g("Expand", c(0), empty_finished)),
-            _Carried("fin_lp", "float32", 3, g("Expand", c(0.0, "float32"), empty_finished)),
-            _Carried("fin_scores", "float64", 2, g("Expand", c(-np.inf, "float64"), batch_k)),
-            _Carried("fin_len", "int64", 2, g("Expand", c(0), batch_k)),
+            _Carried("scores", "float64", 2, g("Expand", g("Where", first, c(0.0, "float64"), minus_inf), batch_k)),
             _Carried("fin_count", "int64", 1, g("Expand", c(0), batch)),
             _Carried("active", "bool", 1, g("Expand", c(True, "bool"), batch)),
             *self.state_carried(state),
@@ -423,93 +441,113 @@ class _Fuser:
         log_probs = self.no_early_eos(b, iteration, log_probs)
         # The best 2K of K*V candidates lie among each row's own best 2K: rank those only,
         # beam-major then by rank, so TopK's lower-index ties go to the lower beam, then id.
-        width = b("Min", k2, c([self.vocab]))
         row_lp, row_ids = b("TopK", log_probs, width, axis=1, outs=2)
-        per_sentence = b("Concat", batch, c([-1]), axis=0)
-        grid = b("Reshape", b("Cast", row_lp, to=double), b("Concat", batch_k, width, axis=0))
+        grid = b("Reshape", b("Cast", row_lp, to=double), grid_shape)
         candidates = b("Reshape", b("Add", b("Unsqueeze", n["scores"], c([2])), grid), per_sentence)
         top_scores, top = b("TopK", candidates, k2, axis=1, outs=2)
         origin = b("Div", top, width)
         token = b("GatherElements", b("Reshape", row_ids, per_sentence), top, axis=1)
         token_lp = b("GatherElements", b("Reshape", row_lp, per_sentence), top, axis=1)
-        is_eos = b("And", b("Equal", token, c(self.eos)), _finite(b, top_scores))
+        is_eos = b("And", b("Equal", token, c(self.eos)), b("Greater", top_scores, minus_inf))
 
         def head(value: str) -> str:
             return b("Slice", value, c([0]), k, c([1]))
 
         # EOS candidates ranked within the top K finish (for sentences still searching)
         finishing = b("And", head(is_eos), b("Unsqueeze", n["active"], c([1])))
-        source_rows = b("Reshape", b("Add", base, head(origin)), c([-1]))
-        length = b("Add", iteration, c(1))
-        t_shape = b("Shape", n["history"], start=1)
-        per_beam = b("Concat", batch_k, t_shape, axis=0)
-        new_tokens = b("Concat", b("Reshape", b("Gather", n["history"], source_rows), per_beam),
-                       b("Expand", c(self.eos), batch_k1), axis=2)
-        new_lp = b("Concat", b("Reshape", b("Gather", n["history_lp"], source_rows), per_beam),
-                   b("Unsqueeze", head(token_lp), c([2])), axis=2)
-        new_scores = b("Where", finishing, b("Div", head(top_scores), self.length_penalty(b, length)),
-                       c(-np.inf, "float64"))
-        new_len = b("Where", finishing, length, c(0))
-        fin = self.merge(
-            b, batch, k,
-            (b("Concat", n["fin_tokens"], b("Expand", c(self.pad), batch_k1), axis=2), new_tokens),
-            (b("Concat", n["fin_lp"], b("Expand", c(0.0, "float32"), batch_k1), axis=2), new_lp),
-            (n["fin_scores"], new_scores), (n["fin_len"], new_len))
+        eos_scores = b("Where", finishing, head(top_scores), minus_inf)  # unnormalised, (B, K)
+        eos_rows = b("Add", base, head(origin))
+        eos_lps = head(token_lp)
         count = b("Add", n["fin_count"], b("ReduceSum", b("Cast", finishing, to=TensorProto.INT64), c([1]),
                                            keepdims=0))
         # the first K non-EOS candidates, in rank order, live on
-        rank = b("Range", c(0), b("Squeeze", k2, c([0])), c(1))
-        key = b("Add", b("Mul", b("Cast", is_eos, to=TensorProto.INT64), k2), rank)
-        keep = b("TopK", key, k, axis=1, largest=0, outs=2)[1]
+        keep = b("TopK", b("Add", b("Mul", b("Cast", is_eos, to=TensorProto.INT64), k2), rank), k, axis=1,
+                 largest=0, outs=2)[1]
         scores = b("GatherElements", top_scores, keep, axis=1)
         reorder = b("Reshape", b("Add", base, b("GatherElements", origin, keep, axis=1)), c([-1]))
-        column = b("Unsqueeze", b("Reshape", b("GatherElements", token, keep, axis=1), c([-1])), c([1]))
-        tokens = b("Reshape", column, c([-1]))
-        history = b("Concat", b("Gather", n["history"], reorder), column, axis=1)
-        kept_lp = b("Reshape", b("GatherElements", token_lp, keep, axis=1), c([-1, 1]))
-        history_lp = b("Concat", b("Gather", n["history_lp"], reorder), kept_lp, axis=1)
+        tokens = b("Reshape", b("GatherElements", token, keep, axis=1), c([-1]))
+        kept_lps = b("Reshape", b("GatherElements", token_lp, keep, axis=1), c([-1]))
         # done once the best candidate is EOS and n-best hypotheses have finished (as search.py)
         top_is_eos = b("Squeeze", b("Slice", is_eos, c([0]), c([1]), c([1])), c([1]))
-        done = b("And", top_is_eos, b("GreaterOrEqual", count, "n_best"))
-        active = b("And", n["active"], b("Not", done))
+        active = b("And", n["active"], b("Not", b("And", top_is_eos, b("GreaterOrEqual", count, "n_best"))))
         cond = b("Greater", b("ReduceSum", b("Cast", active, to=TensorProto.INT64), keepdims=0), c(0))
-        outs = [tokens, reorder, scores, history, history_lp, *fin, count, active, *next_state]
-        final = self.loop(b, carried, n, outs, [], iteration, cond_in, cond)
-        (_, _, scores, history, history_lp, fin_tokens, fin_lp, fin_scores, fin_len, _, active) = final[:11]
-        # sentences still searching at max_len: their live beams finish as they stand
-        steps = g("Shape", history, start=1)
-        live = g("And", g("Unsqueeze", active, c([1])), _finite(g, scores))
-        live_scores = g("Where", live, g("Div", scores, self.length_penalty(g, steps)), c(-np.inf, "float64"))
-        per_beam = g("Concat", batch_k, steps, axis=0)
-        tokens, lps, scores, length = self.merge(
-            g, batch, k, (fin_tokens, g("Reshape", history, per_beam)), (fin_lp, g("Reshape", history_lp, per_beam)),
-            (fin_scores, live_scores), (fin_len, g("Expand", steps, batch_k)))
-        valid = _finite(g, scores)
-        length = g("Where", valid, length, c(0))
-        tokens, lps = self.mask_after(g, tokens, lps, length, steps)
-        return [tokens, g("Cast", scores, to=TensorProto.FLOAT), length, lps]
+        # every scan is one flat row per step: onnx.reference stacks 2-D scans wrongly (vstack)
+        flat = c([-1])
+        scans = [(b("Identity", reorder), "int64", 1), (b("Identity", tokens), "int64", 1), (kept_lps, "float32", 1),
+                 *((b("Reshape", value, flat), dtype, 1)
+                   for value, dtype in ((eos_scores, "float64"), (eos_rows, "int64"), (eos_lps, "float32")))]
+        final = self.loop(g, b, carried, n, [tokens, reorder, scores, count, active, *next_state], scans,
+                          iteration, cond_in, cond)
+        scores, active = final[2], final[4]
+        parents, kept_tokens, kept_lps, *finishes = final[len(carried):]
+        per_step = g("Concat", g("Shape", parents, end=1), batch_k, axis=0)
+        eos_scores, eos_rows, eos_lps = (g("Reshape", value, per_step) for value in finishes)
+        return self.n_best(g, batch, k, scores, active, parents, kept_tokens, kept_lps, eos_scores, eos_rows,
+                           eos_lps)
 
-    def merge(self, g: _Scope, batch: str, k: str, tokens: tuple[str, str], lps: tuple[str, str],
-              scores: tuple[str, str], lengths: tuple[str, str]) -> list[str]:
-        """The K best of kept + new finished hypotheses per sentence. Kept ones come first and
-        TopK prefers the lower index, so equal scores stay in the order they finished, as the
-        stable sort in search.py leaves them."""
+    def n_best(self, g: _Scope, batch: str, k: str, scores: str, active: str, parents: str, kept_tokens: str,
+               kept_lps: str, eos_scores: str, eos_rows: str, eos_lps: str) -> list[str]:
+        """The K best hypotheses per sentence from the recorded steps, spelled out by walking
+        the parents back. Candidates are the EOS finishes of every step, in step and rank order,
+        then the live beams of sentences still searching at ``max_len``: TopK's lower-index ties
+        keep the order ``search.py``'s stable sort leaves them in."""
         c = self.const
-        every = g("Concat", *scores, axis=1)  # (B, 2K)
-        best, chosen = g("TopK", every, k, axis=1, outs=2)
-        width = g("Mul", k, c([2]))
-        offset = g("Mul", g("Unsqueeze", g("Range", c(0), g("Squeeze", batch, c([0])), c(1)), c([1])), width)
-        flat = g("Reshape", g("Add", chosen, offset), c([-1]))
-        out_shape = g("Concat", batch, k, g("Shape", tokens[0], start=2), axis=0)
+        minus_inf = c(-np.inf, "float64")
+        steps = g("Shape", parents, end=1)  # (1,)
+        batch_k = g("Concat", batch, k, axis=0)
+        per_sentence = g("Concat", batch, c([-1]), axis=0)
+        step_range = g("Range", c(0), g("Squeeze", steps, c([0])), c(1))
 
-        every_row = g("Mul", batch, width)
+        def by_sentence(value: str) -> str:
+            """(T, B, K) per step -> (B, T*K), step-major."""
+            return g("Reshape", g("Transpose", value, perm=[1, 0, 2]), per_sentence)
 
-        def pick(pair: tuple[str, str]) -> str:
-            joined = g("Concat", *pair, axis=1)
-            rows = g("Reshape", joined, g("Concat", every_row, g("Shape", joined, start=2), axis=0))
-            return g("Reshape", g("Gather", rows, flat), out_shape)
+        finish_len = g("Expand", g("Unsqueeze", g("Add", step_range, c(1)), c([1, 2])), g("Shape", eos_scores))
+        finish_scores = g("Div", eos_scores, self.length_penalty(g, finish_len))
+        live = g("And", g("Unsqueeze", active, c([1])), g("Greater", scores, minus_inf))
+        live_scores = g("Where", live, g("Div", scores, self.length_penalty(g, steps)), minus_inf)
+        live_rows = g("Add", g("Mul", g("Unsqueeze", g("Range", c(0), g("Squeeze", batch, c([0])), c(1)), c([1])), k),
+                      g("Range", c(0), g("Squeeze", k, c([0])), c(1)))
 
-        return [pick(tokens), pick(lps), best, g("GatherElements", g("Concat", *lengths, axis=1), chosen, axis=1)]
+        def candidates(finishes: str, lives: str) -> str:
+            return g("Concat", by_sentence(finishes), lives, axis=1)
+
+        best, chosen = g("TopK", candidates(finish_scores, live_scores), k, axis=1, outs=2)
+        picked = {name: g("GatherElements", candidates(*pair), chosen, axis=1) for name, pair in {
+            "row": (eos_rows, live_rows),
+            "length": (finish_len, g("Expand", steps, batch_k)),
+            "eos_lp": (eos_lps, g("Expand", c(0.0, "float32"), batch_k)),
+        }.items()}
+        finished = g("Less", chosen, g("Mul", steps, k))
+        length = g("Where", g("Greater", best, minus_inf), picked["length"], c(0))
+        # the step each hypothesis was last extended at: before its EOS, or the last one
+        last = g("Reshape", g("Sub", g("Sub", picked["length"], c(1)), g("Cast", finished, to=TensorProto.INT64)),
+                 c([-1]))
+        start = g("Reshape", picked["row"], c([-1]))
+        walk = _Scope(self.counter)
+        i, cond, cursor = walk.fresh("iter"), walk.fresh("cond"), walk.fresh("cursor")
+        at = walk("Sub", g("Sub", g("Squeeze", steps, c([0])), c(1)), i)
+        cursor_here = walk("Where", walk("Equal", last, at), start, cursor)
+        token = walk("Gather", walk("Gather", kept_tokens, at), cursor_here)
+        lp = walk("Gather", walk("Gather", kept_lps, at), cursor_here)
+        parent = walk("Gather", walk("Gather", parents, at), cursor_here)
+        walked = self.loop(g, walk, [_Carried("cursor", "int64", 1, g("Expand", c(0), g("Mul", batch, k)))],
+                           {"cursor": cursor}, [parent], [(token, "int64", 1), (lp, "float32", 1)], i, cond,
+                           walk("Identity", cond), trips=g("Squeeze", steps, c([0])))
+        out_shape = g("Concat", batch_k, steps, axis=0)
+
+        def forwards(value: str) -> str:
+            """(T, B*K) scanned from the last step back -> (B, K, T) in step order."""
+            reversed_steps = g("Slice", value, c([-1]), c([np.iinfo(np.int64).min]), c([0]), c([-1]))
+            return g("Reshape", g("Transpose", reversed_steps, perm=[1, 0]), out_shape)
+
+        tokens, lps = forwards(walked[1]), forwards(walked[2])
+        eos_at = g("And", g("Equal", step_range, g("Unsqueeze", g("Sub", picked["length"], c(1)), c([-1]))),
+                   g("Unsqueeze", finished, c([-1])))
+        tokens = g("Where", eos_at, c(self.eos), tokens)
+        lps = g("Where", eos_at, g("Unsqueeze", picked["eos_lp"], c([-1])), lps)
+        tokens, lps = self.mask_after(g, tokens, lps, length, steps)
+        return [tokens, g("Cast", best, to=TensorProto.FLOAT), length, lps]
 
 
 def _finite(g: _Scope, value: str) -> str:
