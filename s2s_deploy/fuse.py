@@ -240,28 +240,28 @@ class _Fuser:
         return self._consts[key]
 
     def build(self, encoder: onnx.ModelProto, beam: bool) -> list[str]:
-        """With ``beam``, an ``If`` sends ``beam_size == 1`` to the greedy Loop, whose body
-        carries a fraction of the beam bookkeeping (the beam body at K=1 ran greedy ~1.8x slower)."""
-        g = self.outer
+        """With ``beam``, a greedy and a beam Loop both sit in the top-level graph, and
+        ``beam_size`` gives the unused one zero trips: the greedy body carries a fraction of
+        the beam bookkeeping, and ONNX Runtime prepacks the weights only for a Loop body that
+        uses them directly (inside an ``If``, base decoded 30% slower). Only the cheap
+        post-processing sits in an ``If``."""
+        g, c = self.outer, self.const
         wanted = [m.name for m in self.m.memory] + [s.encoder_output for s in self.m.state if s.encoder_output]
         encoded = self.inline(encoder, "enc/", {"src": "src", "src_len": "src_len"}, wanted, g)
         batch = g("Shape", "src", end=1)  # (1,)
         if not beam:
-            return self.greedy(g, batch, *self.start_values(g, encoded, batch, None))
+            return self.greedy(g, batch, "max_len", *self.start_values(g, encoded, batch, None))
+        is_greedy = g("Equal", "beam_size", c(1))
+        no_trips = c(0)
         greedy_scope, beam_scope = _Scope(self.counter), _Scope(self.counter)
-        greedy_out = self.greedy(greedy_scope, batch, *self.start_values(greedy_scope, encoded, batch, None))
-        k = beam_scope("Reshape", "beam_size", self.const([1]))
-        beam_out = self.beam(beam_scope, batch, k, *self.start_values(beam_scope, encoded, batch, k))
+        greedy_out = self.greedy(g, batch, g("Where", is_greedy, "max_len", no_trips),
+                                 *self.start_values(g, encoded, batch, None), post=greedy_scope)
+        k = g("Reshape", "beam_size", c([1]))
+        beam_out = self.beam(g, batch, k, g("Where", is_greedy, no_trips, "max_len"),
+                             *self.start_values(g, encoded, batch, k), post=beam_scope)
         _, output_io = generate_io(beam)
-
-        def branch(scope: _Scope, outputs: Sequence[str], name: str) -> onnx.GraphProto:
-            declared = [_value_info(out, io.dtype, _dims(out, len(io.shape)))
-                        for out, io in zip(outputs, output_io, strict=True)]
-            return helper.make_graph(scope.nodes, name, [], declared)
-
-        return g("If", g("Equal", "beam_size", self.const(1)), outs=len(output_io),
-                 then_branch=branch(greedy_scope, greedy_out, "greedy"),
-                 else_branch=branch(beam_scope, beam_out, "beam"))
+        return _branch_if(g, is_greedy, [(io.name, io.dtype, len(io.shape)) for io in output_io],
+                          greedy_scope, greedy_out, beam_scope, beam_out)
 
     def start_values(self, g: _Scope, encoded: dict[str, str], batch: str,
                      k: str | None) -> tuple[dict[str, str], list[str]]:
@@ -334,39 +334,44 @@ class _Fuser:
         return body("Where", block, self.const(-np.inf, "float32"), log_probs)
 
     def loop(self, g: _Scope, body: _Scope, carried: Sequence[_Carried], inputs: dict[str, str],
-             outputs: Sequence[str], scans: Sequence[tuple[str, str, int]], iteration: str, cond_in: str,
-             cond_out: str, trips: str = "max_len") -> list[str]:
+             outputs: Sequence[str], iteration: str, cond_in: str, cond_out: str, trips: str) -> list[str]:
         """A Loop over ``body`` in scope ``g``: ``inputs`` and ``outputs`` name each carried value
-        inside the body, then come the scan outputs (name, dtype, rank of one iteration's value).
-        Returns the final carried values, then the stacked scans."""
+        inside the body. Returns the final values. Records grow as carried flat tensors, not scan
+        outputs: onnx.reference cannot stack the scans of a Loop that makes zero trips."""
         graph = helper.make_graph(
             body.nodes, "loop_body",
             [_value_info(iteration, "int64", ()), _value_info(cond_in, "bool", ()),
              *(_value_info(inputs[v.key], v.dtype, _dims(inputs[v.key], v.rank)) for v in carried)],
             [_value_info(cond_out, "bool", ()),
-             *(_value_info(name, v.dtype, _dims(name, v.rank)) for name, v in zip(outputs, carried, strict=True)),
-             *(_value_info(name, dtype, _dims(name, rank)) for name, dtype, rank in scans)],
+             *(_value_info(name, v.dtype, _dims(name, v.rank)) for name, v in zip(outputs, carried, strict=True))],
         )
-        results = [g.fresh("final") for _ in range(len(outputs) + len(scans))]
+        results = [g.fresh("final") for _ in outputs]
         g.nodes.append(helper.make_node(
             "Loop", [trips, self.const(True, "bool"), *(v.initial for v in carried)], results,
             name=g.fresh("Loop"), body=graph))
         return results
+
+    def record(self, g: _Scope, dtype: str) -> _Carried:
+        """An empty flat record that grows by one row of values per step."""
+        return _Carried(g.fresh("record"), dtype, 1, self.const(np.zeros(0, dtype), dtype))
 
     def state_carried(self, state: Sequence[str]) -> list[_Carried]:
         ranks = {i.name: len(i.type.tensor_type.shape.dim) for i in self.decoder.graph.input}
         return [_Carried(f"state{i}", s.dtype, ranks[s.decoder_input], value)
                 for i, (s, value) in enumerate(zip(self.m.state, state, strict=True))]
 
-    def greedy(self, g: _Scope, batch: str, memory: dict[str, str], state: list[str]) -> list[str]:
+    def greedy(self, g: _Scope, batch: str, trips: str, memory: dict[str, str], state: list[str],
+               post: _Scope | None = None) -> list[str]:
         """Per iteration only what stopping needs (the pick, done flags); lengths and the
-        float64 score sums come from the scanned tokens after the Loop."""
+        float64 score sums come from the recorded picks afterwards, in ``post`` (default ``g``)."""
         c = self.const
         rows = g("Squeeze", batch, c([0]))
         reorder = g("Range", c(0), rows, c(1))
+        picks, pick_lps = self.record(g, "int64"), self.record(g, "float32")
         carried = [
             _Carried("tokens", "int64", 1, g("Expand", c(self.m.decoder_start_id), batch)),
             _Carried("done", "bool", 1, g("Expand", c(False, "bool"), batch)),
+            picks, pick_lps,
             *self.state_carried(state),
         ]
         body = _Scope(self.counter)
@@ -381,11 +386,19 @@ class _Fuser:
         done = body("Or", names["done"], body("Equal", tokens, c(self.eos)))
         all_done = body("ReduceMin", body("Cast", done, to=TensorProto.INT32), keepdims=0)
         cond = body("Equal", all_done, c(0, "int32"))
-        step_tokens, step_lp = body("Identity", tokens), body("Reshape", best, flat)
-        final = self.loop(g, body, carried, names, [tokens, done, *next_state],
-                          [(step_tokens, "int64", 1), (step_lp, "float32", 1)], iteration, cond_in, cond)
-        done = final[1]
-        history, history_lp = g("Transpose", final[-2], perm=[1, 0]), g("Transpose", final[-1], perm=[1, 0])
+        grown = [body("Concat", names[picks.key], tokens, axis=0),
+                 body("Concat", names[pick_lps.key], body("Reshape", best, flat), axis=0)]
+        final = self.loop(g, body, carried, names, [tokens, done, *grown, *next_state], iteration, cond_in, cond,
+                          trips)
+        post = post or g
+        per_step = post("Concat", c([-1]), batch, axis=0)
+        return self.greedy_outputs(post, batch, final[1], *(post("Reshape", value, per_step) for value in final[2:4]))
+
+    def greedy_outputs(self, g: _Scope, batch: str, done: str, picked: str, picked_lps: str) -> list[str]:
+        """The outputs from the per-step picks ``(T, B)``: lengths end at the first EOS, and the
+        float64 score sums are taken once here, not carried through the Loop."""
+        c = self.const
+        history, history_lp = g("Transpose", picked, perm=[1, 0]), g("Transpose", picked_lps, perm=[1, 0])
         steps = g("Shape", history, start=1)
         is_eos = g("Cast", g("Equal", history, c(self.eos)), to=TensorProto.INT32)
         first_eos = g("ArgMax", is_eos, axis=1, keepdims=0)
@@ -409,28 +422,33 @@ class _Fuser:
         return (g("Where", inside, tokens, self.const(self.pad)),
                 g("Where", inside, lps, self.const(0.0, "float32")))
 
-    def beam(self, g: _Scope, batch: str, k: str, memory: dict[str, str], state: list[str]) -> list[str]:
-        """The Loop body ranks, reorders and decides when to stop; like ``search._Trail`` it only
-        records each step (parents, tokens, finishing EOS candidates) as scan outputs. The n-best
-        are chosen and spelled out once, after the Loop."""
+    def beam(self, g: _Scope, batch: str, k: str, trips: str, memory: dict[str, str], state: list[str],
+             post: _Scope) -> list[str]:
+        """Like ``search._Trail``, the Loop only records each step (parents, tokens, EOS
+        finishes); the n-best are chosen and spelled out once, in ``post``, after it."""
         c = self.const
         double = _elem("float64")
         minus_inf = c(-np.inf, "float64")
+        flat = c([-1])
         rows = g("Mul", batch, k)
         k2 = g("Mul", k, c([2]))
         width = g("Min", k2, c([self.vocab]))  # each row's candidates
         batch_k = g("Concat", batch, k, axis=0)
         grid_shape = g("Concat", batch_k, width, axis=0)
-        per_sentence = g("Concat", batch, c([-1]), axis=0)
+        per_sentence = g("Concat", batch, flat, axis=0)
         base = g("Mul", g("Unsqueeze", g("Range", c(0), g("Squeeze", batch, c([0])), c(1)), c([1])), k)  # (B, 1)
         rank = g("Range", c(0), g("Squeeze", k2, c([0])), c(1))
         first = g("Equal", g("Range", c(0), g("Squeeze", k, c([0])), c(1)), c(0))
+        records = {name: self.record(g, dtype) for name, dtype in (
+            ("parents", "int64"), ("tokens", "int64"), ("lps", "float32"),
+            ("eos_scores", "float64"), ("eos_rows", "int64"), ("eos_lps", "float32"))}
         carried = [
             _Carried("tokens", "int64", 1, g("Expand", c(self.m.decoder_start_id), rows)),
             _Carried("reorder", "int64", 1, g("Range", c(0), g("Squeeze", rows, c([0])), c(1))),
             _Carried("scores", "float64", 2, g("Expand", g("Where", first, c(0.0, "float64"), minus_inf), batch_k)),
             _Carried("fin_count", "int64", 1, g("Expand", c(0), batch)),
             _Carried("active", "bool", 1, g("Expand", c(True, "bool"), batch)),
+            *records.values(),
             *self.state_carried(state),
         ]
         b = _Scope(self.counter)
@@ -455,35 +473,33 @@ class _Fuser:
 
         # EOS candidates ranked within the top K finish (for sentences still searching)
         finishing = b("And", head(is_eos), b("Unsqueeze", n["active"], c([1])))
-        eos_scores = b("Where", finishing, head(top_scores), minus_inf)  # unnormalised, (B, K)
-        eos_rows = b("Add", base, head(origin))
-        eos_lps = head(token_lp)
         count = b("Add", n["fin_count"], b("ReduceSum", b("Cast", finishing, to=TensorProto.INT64), c([1]),
                                            keepdims=0))
         # the first K non-EOS candidates, in rank order, live on
         keep = b("TopK", b("Add", b("Mul", b("Cast", is_eos, to=TensorProto.INT64), k2), rank), k, axis=1,
                  largest=0, outs=2)[1]
         scores = b("GatherElements", top_scores, keep, axis=1)
-        reorder = b("Reshape", b("Add", base, b("GatherElements", origin, keep, axis=1)), c([-1]))
-        tokens = b("Reshape", b("GatherElements", token, keep, axis=1), c([-1]))
-        kept_lps = b("Reshape", b("GatherElements", token_lp, keep, axis=1), c([-1]))
+        reorder = b("Reshape", b("Add", base, b("GatherElements", origin, keep, axis=1)), flat)
+        tokens = b("Reshape", b("GatherElements", token, keep, axis=1), flat)
         # done once the best candidate is EOS and n-best hypotheses have finished (as search.py)
         top_is_eos = b("Squeeze", b("Slice", is_eos, c([0]), c([1]), c([1])), c([1]))
         active = b("And", n["active"], b("Not", b("And", top_is_eos, b("GreaterOrEqual", count, "n_best"))))
         cond = b("Greater", b("ReduceSum", b("Cast", active, to=TensorProto.INT64), keepdims=0), c(0))
-        # every scan is one flat row per step: onnx.reference stacks 2-D scans wrongly (vstack)
-        flat = c([-1])
-        scans = [(b("Identity", reorder), "int64", 1), (b("Identity", tokens), "int64", 1), (kept_lps, "float32", 1),
-                 *((b("Reshape", value, flat), dtype, 1)
-                   for value, dtype in ((eos_scores, "float64"), (eos_rows, "int64"), (eos_lps, "float32")))]
-        final = self.loop(g, b, carried, n, [tokens, reorder, scores, count, active, *next_state], scans,
-                          iteration, cond_in, cond)
-        scores, active = final[2], final[4]
-        parents, kept_tokens, kept_lps, *finishes = final[len(carried):]
-        per_step = g("Concat", g("Shape", parents, end=1), batch_k, axis=0)
-        eos_scores, eos_rows, eos_lps = (g("Reshape", value, per_step) for value in finishes)
-        return self.n_best(g, batch, k, scores, active, parents, kept_tokens, kept_lps, eos_scores, eos_rows,
-                           eos_lps)
+        step_records = {
+            "parents": reorder, "tokens": tokens,
+            "lps": b("Reshape", b("GatherElements", token_lp, keep, axis=1), flat),
+            "eos_scores": b("Reshape", b("Where", finishing, head(top_scores), minus_inf), flat),  # unnormalised
+            "eos_rows": b("Reshape", b("Add", base, head(origin)), flat),
+            "eos_lps": b("Reshape", head(token_lp), flat),
+        }
+        grown = [b("Concat", n[records[name].key], value, axis=0) for name, value in step_records.items()]
+        final = self.loop(g, b, carried, n, [tokens, reorder, scores, count, active, *grown, *next_state],
+                          iteration, cond_in, cond, trips)
+        per_row, per_sentence_step = post("Concat", flat, rows, axis=0), post("Concat", flat, batch_k, axis=0)
+        parents, kept_tokens, kept_lps, eos_scores, eos_rows, eos_lps = (
+            post("Reshape", value, per_row if i < 3 else per_sentence_step) for i, value in enumerate(final[5:11]))
+        return self.n_best(post, batch, k, final[2], final[4], parents, kept_tokens, kept_lps, eos_scores,
+                           eos_rows, eos_lps)
 
     def n_best(self, g: _Scope, batch: str, k: str, scores: str, active: str, parents: str, kept_tokens: str,
                kept_lps: str, eos_scores: str, eos_rows: str, eos_lps: str) -> list[str]:
@@ -525,20 +541,23 @@ class _Fuser:
                  c([-1]))
         start = g("Reshape", picked["row"], c([-1]))
         walk = _Scope(self.counter)
-        i, cond, cursor = walk.fresh("iter"), walk.fresh("cond"), walk.fresh("cursor")
+        walked_tokens, walked_lps = self.record(g, "int64"), self.record(g, "float32")
+        carried = [_Carried("cursor", "int64", 1, g("Expand", c(0), g("Mul", batch, k))), walked_tokens, walked_lps]
+        names = {v.key: walk.fresh(v.key) for v in carried}
+        i, cond = walk.fresh("iter"), walk.fresh("cond")
         at = walk("Sub", g("Sub", g("Squeeze", steps, c([0])), c(1)), i)
-        cursor_here = walk("Where", walk("Equal", last, at), start, cursor)
-        token = walk("Gather", walk("Gather", kept_tokens, at), cursor_here)
-        lp = walk("Gather", walk("Gather", kept_lps, at), cursor_here)
-        parent = walk("Gather", walk("Gather", parents, at), cursor_here)
-        walked = self.loop(g, walk, [_Carried("cursor", "int64", 1, g("Expand", c(0), g("Mul", batch, k)))],
-                           {"cursor": cursor}, [parent], [(token, "int64", 1), (lp, "float32", 1)], i, cond,
-                           walk("Identity", cond), trips=g("Squeeze", steps, c([0])))
+        cursor = walk("Where", walk("Equal", last, at), start, names["cursor"])
+        grown = [walk("Concat", names[record.key], walk("Gather", walk("Gather", source, at), cursor), axis=0)
+                 for record, source in ((walked_tokens, kept_tokens), (walked_lps, kept_lps))]
+        walked = self.loop(g, walk, carried, names, [walk("Gather", walk("Gather", parents, at), cursor), *grown],
+                           i, cond, walk("Identity", cond), trips=g("Squeeze", steps, c([0])))
         out_shape = g("Concat", batch_k, steps, axis=0)
+        per_step = g("Concat", c([-1]), g("Mul", batch, k), axis=0)
 
         def forwards(value: str) -> str:
-            """(T, B*K) scanned from the last step back -> (B, K, T) in step order."""
-            reversed_steps = g("Slice", value, c([-1]), c([np.iinfo(np.int64).min]), c([0]), c([-1]))
+            """Recorded from the last step back, flat -> (B, K, T) in step order."""
+            by_step = g("Reshape", value, per_step)
+            reversed_steps = g("Slice", by_step, c([-1]), c([np.iinfo(np.int64).min]), c([0]), c([-1]))
             return g("Reshape", g("Transpose", reversed_steps, perm=[1, 0]), out_shape)
 
         tokens, lps = forwards(walked[1]), forwards(walked[2])
@@ -550,8 +569,18 @@ class _Fuser:
         return [tokens, g("Cast", best, to=TensorProto.FLOAT), length, lps]
 
 
-def _finite(g: _Scope, value: str) -> str:
-    return g("Not", g("Or", g("IsInf", value), g("IsNaN", value)))
+def _branch_if(g: _Scope, condition: str, declared: Sequence[tuple[str, str, int]], then_scope: _Scope,
+               then_outputs: Sequence[str], else_scope: _Scope, else_outputs: Sequence[str]) -> list[str]:
+    """An ``If`` in ``g`` whose branches return ``then_outputs`` / ``else_outputs``, declared
+    by (hint, dtype, rank) with every dim symbolic."""
+
+    def branch(scope: _Scope, outputs: Sequence[str], name: str) -> onnx.GraphProto:
+        values = [_value_info(out, dtype, _dims(out, rank))
+                  for out, (_, dtype, rank) in zip(outputs, declared, strict=True)]
+        return helper.make_graph(scope.nodes, name, [], values)
+
+    return g("If", condition, outs=len(declared), then_branch=branch(then_scope, then_outputs, "then"),
+             else_branch=branch(else_scope, else_outputs, "else"))
 
 
 def _needed(nodes: Sequence[onnx.NodeProto], wanted: set[str]) -> list[onnx.NodeProto]:

@@ -79,12 +79,14 @@ def test_graph_is_portable(fused, beam: bool) -> None:
     assert {o.domain for o in model.opset_import} == {""}
     assert model.opset_import[0].version >= 17
     assert {n.domain for n in every_node(model.graph)} == {""}
-    if beam:  # beam_size 1 takes the lean greedy Loop; the beam branch searches, then walks back
-        (dispatch,) = [n for n in model.graph.node if n.op_type == "If"]
-        branches = {a.name: a.g for a in dispatch.attribute}
-        assert loops_in(branches["then_branch"]) == 1 and loops_in(branches["else_branch"]) == 2
+    decoding = [n for n in model.graph.node if n.op_type == "Loop"]  # top level: weights used directly
+    if beam:  # a greedy and a beam Loop, beam_size gives the unused one zero trips
+        assert len(decoding) == 2
+        (outputs,) = [n for n in model.graph.node if n.op_type == "If"]
+        branches = {a.name: a.g for a in outputs.attribute}
+        assert loops_in(branches["then_branch"]) == 0 and loops_in(branches["else_branch"]) == 1  # walking back
     else:
-        assert loops_in(model.graph) == 1
+        assert len(decoding) == 1 and loops_in(model.graph) == 1
     expected = {"src", "src_len", "max_len", "min_len", "alpha"} | ({"beam_size", "n_best"} if beam else set())
     assert {i.name for i in model.graph.input} == expected
     assert [o.name for o in model.graph.output] == ["tokens", "scores", "lengths", "token_log_probs"]
