@@ -184,6 +184,19 @@ class _Carried:
     initial: str
 
 
+@dataclass(frozen=True)
+class _BeamShapes:
+    """Step-invariant shape tensors of a beam search, made once in the outer graph: the Loop
+    body and the post-processing read them from there."""
+
+    k: str  # (1,) K
+    rows: str  # (1,) B*K
+    by_row: str  # (2,) [-1, B*K]
+    batch_k: str  # (2,) [B, K]
+    per_sentence: str  # (2,) [B, -1]
+    base: str  # (B, 1) first row of each sentence
+
+
 def _dims(name: str, rank: int) -> list[str]:
     """Loop-carried values change shape between iterations: symbolic dims, never shared."""
     return [f"{name}_d{axis}" for axis in range(rank)]
@@ -238,6 +251,10 @@ class _Fuser:
             self.initializers.append(numpy_helper.from_array(array, name))
             self._consts[key] = name
         return self._consts[key]
+
+    def arange(self, g: _Scope, count: str) -> str:
+        """``0 .. count-1`` for a ``(1,)`` count, as the shapes here are kept."""
+        return g("Range", self.const(0), g("Squeeze", count, self.const([0])), self.const(1))
 
     def build(self, encoder: onnx.ModelProto, beam: bool) -> list[str]:
         """With ``beam``, a greedy and a beam Loop both sit in the top-level graph, and
@@ -365,8 +382,7 @@ class _Fuser:
         """Per iteration only what stopping needs (the pick, done flags); lengths and the
         float64 score sums come from the recorded picks afterwards, in ``post`` (default ``g``)."""
         c = self.const
-        rows = g("Squeeze", batch, c([0]))
-        reorder = g("Range", c(0), rows, c(1))
+        reorder = self.arange(g, batch)
         picks, pick_lps = self.record(g, "int64"), self.record(g, "float32")
         carried = [
             _Carried("tokens", "int64", 1, g("Expand", c(self.m.decoder_start_id), batch)),
@@ -417,8 +433,7 @@ class _Fuser:
 
     def mask_after(self, g: _Scope, tokens: str, lps: str, length: str, steps: str) -> tuple[str, str]:
         """Pad ids and zero log-probs past each hypothesis' length (last axis)."""
-        positions = g("Range", self.const(0), g("Squeeze", steps, self.const([0])), self.const(1))
-        inside = g("Less", positions, g("Unsqueeze", length, self.const([-1])))
+        inside = g("Less", self.arange(g, steps), g("Unsqueeze", length, self.const([-1])))
         return (g("Where", inside, tokens, self.const(self.pad)),
                 g("Where", inside, lps, self.const(0.0, "float32")))
 
@@ -433,18 +448,20 @@ class _Fuser:
         rows = g("Mul", batch, k)
         k2 = g("Mul", k, c([2]))
         width = g("Min", k2, c([self.vocab]))  # each row's candidates
-        batch_k = g("Concat", batch, k, axis=0)
+        shapes = _BeamShapes(
+            k=k, rows=rows, by_row=g("Concat", flat, rows, axis=0), batch_k=g("Concat", batch, k, axis=0),
+            per_sentence=g("Concat", batch, flat, axis=0),
+            base=g("Mul", g("Unsqueeze", self.arange(g, batch), c([1])), k))
+        batch_k, per_sentence, base = shapes.batch_k, shapes.per_sentence, shapes.base
         grid_shape = g("Concat", batch_k, width, axis=0)
-        per_sentence = g("Concat", batch, flat, axis=0)
-        base = g("Mul", g("Unsqueeze", g("Range", c(0), g("Squeeze", batch, c([0])), c(1)), c([1])), k)  # (B, 1)
-        rank = g("Range", c(0), g("Squeeze", k2, c([0])), c(1))
-        first = g("Equal", g("Range", c(0), g("Squeeze", k, c([0])), c(1)), c(0))
+        rank = self.arange(g, k2)
+        first = g("Equal", self.arange(g, k), c(0))
         records = {name: self.record(g, dtype) for name, dtype in (
             ("parents", "int64"), ("tokens", "int64"), ("lps", "float32"),
             ("eos_scores", "float64"), ("eos_rows", "int64"), ("eos_lps", "float32"))}
         carried = [
             _Carried("tokens", "int64", 1, g("Expand", c(self.m.decoder_start_id), rows)),
-            _Carried("reorder", "int64", 1, g("Range", c(0), g("Squeeze", rows, c([0])), c(1))),
+            _Carried("reorder", "int64", 1, self.arange(g, rows)),
             _Carried("scores", "float64", 2, g("Expand", g("Where", first, c(0.0, "float64"), minus_inf), batch_k)),
             _Carried("fin_count", "int64", 1, g("Expand", c(0), batch)),
             _Carried("active", "bool", 1, g("Expand", c(True, "bool"), batch)),
@@ -495,13 +512,13 @@ class _Fuser:
         grown = [b("Concat", n[records[name].key], value, axis=0) for name, value in step_records.items()]
         final = self.loop(g, b, carried, n, [tokens, reorder, scores, count, active, *grown, *next_state],
                           iteration, cond_in, cond, trips)
-        per_row, per_sentence_step = post("Concat", flat, rows, axis=0), post("Concat", flat, batch_k, axis=0)
-        parents, kept_tokens, kept_lps, eos_scores, eos_rows, eos_lps = (
-            post("Reshape", value, per_row if i < 3 else per_sentence_step) for i, value in enumerate(final[5:11]))
-        return self.n_best(post, batch, k, final[2], final[4], parents, kept_tokens, kept_lps, eos_scores,
+        by_beam = post("Concat", flat, batch_k, axis=0)
+        parents, kept_tokens, kept_lps = (post("Reshape", value, shapes.by_row) for value in final[5:8])
+        eos_scores, eos_rows, eos_lps = (post("Reshape", value, by_beam) for value in final[8:11])
+        return self.n_best(post, shapes, final[2], final[4], parents, kept_tokens, kept_lps, eos_scores,
                            eos_rows, eos_lps)
 
-    def n_best(self, g: _Scope, batch: str, k: str, scores: str, active: str, parents: str, kept_tokens: str,
+    def n_best(self, g: _Scope, shapes: _BeamShapes, scores: str, active: str, parents: str, kept_tokens: str,
                kept_lps: str, eos_scores: str, eos_rows: str, eos_lps: str) -> list[str]:
         """The K best hypotheses per sentence from the recorded steps, spelled out by walking
         the parents back. Candidates are the EOS finishes of every step, in step and rank order,
@@ -509,21 +526,19 @@ class _Fuser:
         keep the order ``search.py``'s stable sort leaves them in."""
         c = self.const
         minus_inf = c(-np.inf, "float64")
+        k, batch_k = shapes.k, shapes.batch_k
         steps = g("Shape", parents, end=1)  # (1,)
-        batch_k = g("Concat", batch, k, axis=0)
-        per_sentence = g("Concat", batch, c([-1]), axis=0)
-        step_range = g("Range", c(0), g("Squeeze", steps, c([0])), c(1))
+        step_range = self.arange(g, steps)
 
         def by_sentence(value: str) -> str:
             """(T, B, K) per step -> (B, T*K), step-major."""
-            return g("Reshape", g("Transpose", value, perm=[1, 0, 2]), per_sentence)
+            return g("Reshape", g("Transpose", value, perm=[1, 0, 2]), shapes.per_sentence)
 
         finish_len = g("Expand", g("Unsqueeze", g("Add", step_range, c(1)), c([1, 2])), g("Shape", eos_scores))
         finish_scores = g("Div", eos_scores, self.length_penalty(g, finish_len))
         live = g("And", g("Unsqueeze", active, c([1])), g("Greater", scores, minus_inf))
         live_scores = g("Where", live, g("Div", scores, self.length_penalty(g, steps)), minus_inf)
-        live_rows = g("Add", g("Mul", g("Unsqueeze", g("Range", c(0), g("Squeeze", batch, c([0])), c(1)), c([1])), k),
-                      g("Range", c(0), g("Squeeze", k, c([0])), c(1)))
+        live_rows = g("Add", shapes.base, self.arange(g, k))
 
         def candidates(finishes: str, lives: str) -> str:
             return g("Concat", by_sentence(finishes), lives, axis=1)
@@ -542,7 +557,7 @@ class _Fuser:
         start = g("Reshape", picked["row"], c([-1]))
         walk = _Scope(self.counter)
         walked_tokens, walked_lps = self.record(g, "int64"), self.record(g, "float32")
-        carried = [_Carried("cursor", "int64", 1, g("Expand", c(0), g("Mul", batch, k))), walked_tokens, walked_lps]
+        carried = [_Carried("cursor", "int64", 1, g("Expand", c(0), shapes.rows)), walked_tokens, walked_lps]
         names = {v.key: walk.fresh(v.key) for v in carried}
         i, cond = walk.fresh("iter"), walk.fresh("cond")
         at = walk("Sub", g("Sub", g("Squeeze", steps, c([0])), c(1)), i)
@@ -552,11 +567,10 @@ class _Fuser:
         walked = self.loop(g, walk, carried, names, [walk("Gather", walk("Gather", parents, at), cursor), *grown],
                            i, cond, walk("Identity", cond), trips=g("Squeeze", steps, c([0])))
         out_shape = g("Concat", batch_k, steps, axis=0)
-        per_step = g("Concat", c([-1]), g("Mul", batch, k), axis=0)
 
         def forwards(value: str) -> str:
             """Recorded from the last step back, flat -> (B, K, T) in step order."""
-            by_step = g("Reshape", value, per_step)
+            by_step = g("Reshape", value, shapes.by_row)
             reversed_steps = g("Slice", by_step, c([-1]), c([np.iinfo(np.int64).min]), c([0]), c([-1]))
             return g("Reshape", g("Transpose", reversed_steps, perm=[1, 0]), out_shape)
 

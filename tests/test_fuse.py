@@ -15,7 +15,7 @@ from test_plugins import ARCH_CASES
 
 from s2s_deploy.cli import main
 from s2s_deploy.errors import S2SError
-from s2s_deploy.fuse import GENERATE_FILE, add_to_manifest, build_generate, fuse_generate
+from s2s_deploy.fuse import GENERATE_FILE, _all_nodes, add_to_manifest, build_generate, fuse_generate
 from s2s_deploy.runtime.graph_engine import GraphEngine, generate_feeds, hypotheses
 from s2s_deploy.runtime.manifest import Manifest, load_manifest, sha256_of
 from s2s_deploy.runtime.ort_backend import OrtBackend
@@ -57,18 +57,8 @@ def assert_same(got: list[list[Hypothesis]], want: list[list[Hypothesis]]) -> No
             assert g.score == pytest.approx(w.score, abs=1e-5)
 
 
-def every_node(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
-    found = []
-    for node in graph.node:
-        found.append(node)
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                found.extend(every_node(attr.g))
-    return found
-
-
 def loops_in(graph: onnx.GraphProto) -> int:
-    return sum(node.op_type == "Loop" for node in every_node(graph))
+    return sum(node.op_type == "Loop" for node in _all_nodes(graph))
 
 
 @pytest.mark.parametrize("beam", [True, False], ids=["beam", "greedy"])
@@ -78,7 +68,7 @@ def test_graph_is_portable(fused, beam: bool) -> None:
     assert model.ir_version <= 13
     assert {o.domain for o in model.opset_import} == {""}
     assert model.opset_import[0].version >= 17
-    assert {n.domain for n in every_node(model.graph)} == {""}
+    assert {n.domain for n in _all_nodes(model.graph)} == {""}
     decoding = [n for n in model.graph.node if n.op_type == "Loop"]  # top level: weights used directly
     if beam:  # a greedy and a beam Loop, beam_size gives the unused one zero trips
         assert len(decoding) == 2

@@ -177,7 +177,7 @@ class _OrtRun(DecodeRun):
         new_reorder = reorder is not self._bound_reorder  # greedy passes one identity throughout
         if new_reorder:
             self._bound_reorder = np.ascontiguousarray(reorder, dtype=np.int64)
-        position = np.array(self.position, dtype=np.int64)
+        position = np.array(self.position, dtype=np.int64) if self.feeds_step else None
         if top_k is not None and top_k not in self._top_k:  # an input with a default binds only as an OrtValue
             self._top_k[top_k] = ort.OrtValue.ortvalue_from_numpy(np.array([top_k], dtype=np.int64))
         binding = self.binding
