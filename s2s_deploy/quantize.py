@@ -49,6 +49,7 @@ def quantize_export(manifest: Manifest, kind: str, out_dir: Path, force: bool = 
             source = manifest.graph_path(graph)
             target = work / graph.file
             (_int8 if kind == "int8" else _fp16)(source, target)
+            _restore_outputs(source, target)
             before[graph.file], after[graph.file] = source.stat().st_size, target.stat().st_size
             raw["graphs"][role]["sha256"] = sha256_of(target)
             raw["graphs"][role].pop("ort_file", None)  # .ort copies are of the fp32 graphs
@@ -99,6 +100,19 @@ def _int8(source: Path, target: Path) -> None:
                          weight_type=QuantType.QInt8, per_channel=False)
     finally:
         root.setLevel(level)
+
+
+def _restore_outputs(source: Path, target: Path) -> None:
+    """Both converters' shape inference folds ``top_k``'s default of 1 into the shapes they record
+    for the TopK outputs, and ONNX Runtime then refuses a caller's pre-allocated (rows, k) output.
+    The declared outputs are the exported interface: put the source's back, and drop the
+    recorded intermediate shapes, which a runtime infers again on load."""
+    declared = onnx.load(str(source), load_external_data=False).graph.output
+    model = onnx.load(str(target))
+    del model.graph.output[:]
+    model.graph.output.extend(declared)
+    del model.graph.value_info[:]
+    onnx.save(model, str(target))
 
 
 def _untie_gemm_weights(model: onnx.ModelProto) -> None:

@@ -4,13 +4,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import onnx
 import pytest
 
 from s2s_deploy.errors import S2SError
 from s2s_deploy.parity import check_parity, torch_backend_for
 from s2s_deploy.quantize import MIN_TOKEN_AGREEMENT, quantize_export
-from s2s_deploy.runtime.manifest import load_manifest
+from s2s_deploy.runtime.manifest import Manifest, load_manifest
 from s2s_deploy.runtime.ort_backend import OrtBackend
+
+
+def declared_outputs(manifest: Manifest) -> list[onnx.ValueInfoProto]:
+    """The decoder's outputs as declared: shapes included, since a caller pre-allocates by them."""
+    return list(onnx.load(str(manifest.graph_path(manifest.decoder)), load_external_data=False).graph.output)
 
 
 # Shrink expected from int8 MatMul/Gemm weights: most of the Transformer, little of a GRU,
@@ -24,6 +30,7 @@ def test_int8_export_is_smaller_and_agrees(exports, tmp_path: Path, arch: str, m
     assert quantised.raw["validation"]["atol"] is None
     total_before, total_after = sum(report.bytes_before.values()), sum(report.bytes_after.values())
     assert total_after < max_ratio * total_before
+    assert declared_outputs(quantised) == declared_outputs(manifest)
     parity = check_parity(quantised, torch_backend_for(quantised), OrtBackend(quantised, device="cpu"),
                           list(quantised.samples)[:8], beam_size=2, max_len=30)
     assert parity.min_token_agreement == MIN_TOKEN_AGREEMENT["int8"]
@@ -45,6 +52,7 @@ def test_fp16_transformer_runs_and_agrees(exports, tmp_path: Path) -> None:
     report = quantize_export(manifest, "fp16", tmp_path / "fp16")
     assert sum(report.bytes_after.values()) < 0.6 * sum(report.bytes_before.values())
     quantised = load_manifest(report.directory)
+    assert declared_outputs(quantised) == declared_outputs(manifest)
     parity = check_parity(quantised, torch_backend_for(quantised), OrtBackend(quantised, device="cpu"),
                           list(quantised.samples)[:8], beam_size=2, max_len=30)
     assert parity.min_token_agreement == MIN_TOKEN_AGREEMENT["fp16"]
