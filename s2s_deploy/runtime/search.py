@@ -163,8 +163,9 @@ def beam_search(
     run = backend.start(src, src_len, expand=k)
     rows = batch * k
     row_base = (np.arange(batch) * k)[:, None]
-    scores = np.full((batch, k), -np.inf)
-    scores[:, 0] = 0.0  # all K rows start identical: only the first may extend at step 0
+    # costs are negated scores, so one ascending stable sort ranks best first, ties to the lower beam, then id
+    costs = np.full((rows, 1), np.inf)
+    costs[row_base.ravel()] = 0.0  # all K rows start identical: only the first may extend at step 0
     tokens = np.full(rows, backend.decoder_start_id, dtype=np.int64)
     reorder = np.arange(rows, dtype=np.int64)
     trail = _Trail()
@@ -180,34 +181,36 @@ def beam_search(
         values, ids = run.step_top(tokens, reorder, per_row)
         if masked:
             values = np.where(ids == eos, np.float32(-np.inf), values)
-        candidates = scores.reshape(rows, 1) + values
-        # beam-major, then each row's rank: a stable sort sends ties to the lower beam, then id
-        top = np.argsort(-candidates.reshape(batch, k * per_row), axis=1, kind="stable")[:, : 2 * k]
-        flat = top + sentence * (k * per_row)  # flat positions: one cheap take per array
-        top_scores, top_ids, top_lps = candidates.take(flat), ids.take(flat), values.take(flat)
-        origin = flat // per_row  # the row each candidate extends
-        is_eos = top_ids == eos
-        if is_eos.any():
-            is_eos &= np.isfinite(top_scores)
+        candidates = (costs - values).reshape(batch, k * per_row)
+        ranked = np.argsort(candidates, axis=1, kind="stable")
+        flat = ranked[:, :k] + sentence * (k * per_row)  # flat positions: one cheap take per array
+        top_ids = ids.take(flat)
+        if (top_ids == eos).any():  # only an EOS within the top K finishes, or displaces a live beam
+            flat = ranked[:, : 2 * k] + sentence * (k * per_row)
+            top_costs, top_ids, top_lps = candidates.take(flat), ids.take(flat), values.take(flat)
+            origin = flat // per_row  # the row each candidate extends
+            is_eos = (top_ids == eos) & np.isfinite(top_costs)
             for i, j in zip(*np.nonzero(is_eos[:, :k] & active[:, None]), strict=True):
-                score = float(normalised(top_scores[i, j], t + 1, config.alpha))
+                score = float(normalised(-top_costs[i, j], t + 1, config.alpha))
                 endings[i].append(_Ending(score, t - 1, int(origin[i, j]), float(top_lps[i, j])))
                 finished_count[i] += 1
             keep = np.argsort(is_eos, axis=1, kind="stable")[:, :k]  # first K non-EOS candidates, in rank order
-            scores, origin, top_ids, top_lps = (a[sentence, keep] for a in (top_scores, origin, top_ids, top_lps))
+            top_costs, origin, top_ids, top_lps = (a[sentence, keep] for a in (top_costs, origin, top_ids, top_lps))
             active &= ~(is_eos[:, 0] & (finished_count >= config.n_best))
             if not active.any():
                 trail.add(origin.ravel(), top_ids.ravel(), top_lps.ravel())
                 break
         else:
-            scores, origin, top_ids, top_lps = top_scores[:, :k], origin[:, :k], top_ids[:, :k], top_lps[:, :k]
+            top_costs, top_lps, origin = candidates.take(flat), values.take(flat), flat // per_row
+        costs = top_costs.reshape(rows, 1)
         reorder, tokens = origin.ravel(), top_ids.ravel()
         trail.add(reorder, tokens, top_lps.ravel())
     steps = len(trail.tokens)
+    costs = costs.reshape(batch, k)
     for i in np.nonzero(active)[0]:  # still searching at max_len: live beams end as they stand
         for j in range(k):
-            if np.isfinite(scores[i, j]):
-                score = float(normalised(scores[i, j], steps, config.alpha))
+            if np.isfinite(costs[i, j]):
+                score = float(normalised(-costs[i, j], steps, config.alpha))
                 endings[i].append(_Ending(score, steps - 1, int(row_base[i, 0] + j), None))
     return [[trail.hypothesis(e) for e in sorted(ends, key=lambda e: -e.score)[: config.n_best]]
             for ends in endings]
