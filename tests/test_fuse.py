@@ -98,7 +98,8 @@ def test_beam_is_token_identical(exports, fused, arch: str, max_len: int) -> Non
     backend = OrtBackend(manifest, device="cpu")
     engine = GraphEngine(fused(arch), device="cpu")
     src, src_len = encode_batch(list(manifest.samples)[:SENTENCES], manifest.src_vocab)
-    for config in (SearchConfig(4, 4, max_len), SearchConfig(3, 2, 5, alpha=0.6), SearchConfig(1, 1, max_len)):
+    for config in (SearchConfig(4, 4, max_len), SearchConfig(3, 2, 5, alpha=0.6), SearchConfig(3, 1, 6, min_len=4),
+                   SearchConfig(1, 1, max_len)):
         assert_same(engine.search(src, src_len, config), search(backend, src, src_len, config))
 
 
