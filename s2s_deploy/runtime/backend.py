@@ -10,7 +10,9 @@ import numpy as np
 
 class DecodeRun(ABC):
     """One batch being decoded: memory tiled per hypothesis, state kept in the backend's own
-    tensors between steps, so nothing large crosses into numpy on the per-token path."""
+    tensors between steps, so nothing large crosses into numpy on the per-token path.
+
+    The arrays a step returns may be reused by the next step: copy what must outlive it."""
 
     @abstractmethod
     def step(self, tokens: np.ndarray, reorder: np.ndarray) -> np.ndarray:

@@ -252,7 +252,7 @@ class _OrtRun(DecodeRun):
             self._host[key] = [(array, ort.OrtValue.ortvalue_from_numpy(array))
                                for array in (np.empty_like(h) for h in head)]
         else:
-            head = [array.copy() for array, _ in host]
+            head = [array for array, _ in host]
         self.backend.runtime_seconds += time.perf_counter() - started
         previous, self.state = self.state, [
             produced[len(names) + i] if spare is None else spare for i, spare in enumerate(self.spare)]

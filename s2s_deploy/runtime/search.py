@@ -177,16 +177,18 @@ def beam_search(
     for t in range(config.max_len):
         # The best 2K of K*V candidates lie among each row's own best 2K: the graph ranks those.
         masked = t < config.min_len
-        per_row = min(width + masked, backend.vocab_size)
+        if t == 0 or t == config.min_len:  # one more per row while EOS is forbidden
+            per_row = min(width + masked, backend.vocab_size)
+            offsets = sentence * (k * per_row)  # flat positions: one cheap take per array
         values, ids = run.step_top(tokens, reorder, per_row)
         if masked:
             values = np.where(ids == eos, np.float32(-np.inf), values)
         candidates = (costs - values).reshape(batch, k * per_row)
-        ranked = np.argsort(candidates, axis=1, kind="stable")
-        flat = ranked[:, :k] + sentence * (k * per_row)  # flat positions: one cheap take per array
+        ranked = candidates.argsort(axis=1, kind="stable")
+        flat = ranked[:, :k] + offsets
         top_ids = ids.take(flat)
-        if (top_ids == eos).any():  # only an EOS within the top K finishes, or displaces a live beam
-            flat = ranked[:, : 2 * k] + sentence * (k * per_row)
+        if np.count_nonzero(top_ids == eos):  # only an EOS within the top K finishes, or displaces a live beam
+            flat = ranked[:, : 2 * k] + offsets
             top_costs, top_ids, top_lps = candidates.take(flat), ids.take(flat), values.take(flat)
             origin = flat // per_row  # the row each candidate extends
             is_eos = (top_ids == eos) & np.isfinite(top_costs)
