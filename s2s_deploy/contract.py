@@ -17,10 +17,10 @@ from typing import Any, ClassVar, Literal, NamedTuple
 from torch import Tensor, nn
 
 from s2s_deploy.errors import ContractError, UnknownNameError
+from s2s_deploy.runtime.manifest import BATCH, zeros_shape
 from s2s_deploy.runtime.names import TOP_K, TOP_OUTPUTS
 
 EXPORTERS = ("dynamo", "torchscript")
-BATCH = "batch"
 RESERVED_NAMES = frozenset(
     {"src", "src_len", "tokens", "step", "reorder", "log_probs", "attention", TOP_K, *TOP_OUTPUTS}
 )
@@ -54,13 +54,8 @@ class StateSpec:
     dtype: str = "float32"
     description: str = ""
 
-
     def zeros_shape(self, batch: int, past_len: int | None = None) -> tuple[int, ...]:
-        """Shape of an ``init="zeros"`` value for ``batch`` rows; ``past_len`` sets the growing axis."""
-        shape = [batch if d == BATCH else int(d) for d in self.shape]
-        if past_len is not None and self.grow_axis is not None:
-            shape[self.grow_axis] = past_len
-        return tuple(shape)
+        return zeros_shape(self.shape, batch, self.grow_axis, past_len)
 
 
 @dataclass(frozen=True)

@@ -50,7 +50,17 @@ class StateEntry:
         return init_name(self.name) if self.init == "encoder" else None
 
     def zeros_shape(self, batch: int) -> tuple[int, ...]:
-        return tuple(batch if d == BATCH else int(d) for d in self.shape)
+        return zeros_shape(self.shape, batch)
+
+
+def zeros_shape(shape: tuple[int | str, ...], batch: int, grow_axis: int | None = None,
+                past_len: int | None = None) -> tuple[int, ...]:
+    """Shape of an ``init="zeros"`` state for ``batch`` rows; ``past_len`` sets a growing axis.
+    Shared by the plugin contract and the torch-free manifest reader."""
+    dims = [batch if d == BATCH else int(d) for d in shape]
+    if past_len is not None and grow_axis is not None:
+        dims[grow_axis] = past_len
+    return tuple(dims)
 
 
 @dataclass(frozen=True)
