@@ -90,26 +90,26 @@ def attention_map(
         raise S2SError("an attention map needs at least one target step")
     src, src_len = encode_batch([text], manifest.src_vocab, manifest.max_source_length)
     length = int(src_len[0])
-    run = backend.start(src, src_len, keep_attention=True)
     reorder = np.zeros(1, dtype=np.int64)
     previous = backend.decoder_start_id
     steps = len(forced) if forced is not None else max_len
     ids: list[int] = []
     rows: list[np.ndarray] = []
     shape: tuple[int, ...] = ()
-    for t in range(steps):
-        log_probs = run.step(np.array([previous], dtype=np.int64), reorder)
-        weights = run.attention()
-        if weights is None:
-            raise S2SError(f"the {backend.name} backend returned no attention weights")
-        shape = weights.shape
-        if shape[0] != 1 or shape[-1] != src.shape[1]:
-            raise S2SError(f"attention output has shape {shape}; expected (1, ..., {src.shape[1]})")
-        rows.append(weights.reshape(-1, shape[-1])[:, :length].astype(np.float64))
-        previous = int(forced[t]) if forced is not None else int(log_probs[0].argmax())
-        ids.append(previous)
-        if forced is None and previous == backend.eos_id:
-            break
+    with backend.start(src, src_len, keep_attention=True) as run:
+        for t in range(steps):
+            log_probs = run.step(np.array([previous], dtype=np.int64), reorder)
+            weights = run.attention()
+            if weights is None:
+                raise S2SError(f"the {backend.name} backend returned no attention weights")
+            shape = weights.shape
+            if shape[0] != 1 or shape[-1] != src.shape[1]:
+                raise S2SError(f"attention output has shape {shape}; expected (1, ..., {src.shape[1]})")
+            rows.append(weights.reshape(-1, shape[-1])[:, :length].astype(np.float64))
+            previous = int(forced[t]) if forced is not None else int(log_probs[0].argmax())
+            ids.append(previous)
+            if forced is None and previous == backend.eos_id:
+                break
     panels, grid = panel_layout(shape)
     vocab_src, vocab_tgt = manifest.src_vocab.tokens, manifest.tgt_vocab.tokens
     return AttentionMap(

@@ -112,10 +112,10 @@ def forced_step_diff(
     forced[:, 0] = reference.decoder_start_id
     for row, tokens in enumerate(targets):
         forced[row, 1 : 1 + len(tokens)] = tokens
-    runs = reference.start(src, src_len), candidate.start(src, src_len)
     reorder = np.arange(batch, dtype=np.int64)
     worst = 0.0
-    for t in range(steps):
-        a, b = (run.step(forced[:, t], reorder) for run in runs)
-        worst = max(worst, float(np.max(np.abs(a.astype(np.float64) - b))))
+    with reference.start(src, src_len) as first, candidate.start(src, src_len) as second:
+        for t in range(steps):
+            a, b = first.step(forced[:, t], reorder), second.step(forced[:, t], reorder)
+            worst = max(worst, float(np.max(np.abs(a.astype(np.float64) - b))))
     return worst

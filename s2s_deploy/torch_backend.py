@@ -94,3 +94,6 @@ class _TorchRun(DecodeRun):
 
     def attention(self) -> np.ndarray | None:
         return self._attention
+
+    def close(self) -> None:
+        """Nothing is pooled: PyTorch's caching allocator already reuses the tensors' memory."""

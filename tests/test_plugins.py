@@ -120,6 +120,31 @@ def test_forced_step_diff_is_zero_against_itself(exports, arch: str, max_len: in
 
 
 @pytest.mark.parametrize(("arch", "max_len"), ARCHS)
+def test_a_run_on_reused_buffers_steps_as_a_fresh_backend(exports, arch: str, max_len: int) -> None:
+    """An ended run's buffers serve the next run of as many rows: nothing of the old batch leaks."""
+    _, manifest = exports.get(arch)
+    texts = list(manifest.samples)
+    earlier, later = encode_batch(texts[:2], manifest.src_vocab), encode_batch(texts[2:4], manifest.src_vocab)
+
+    def steps(backend: OrtBackend, batch: tuple[np.ndarray, np.ndarray]) -> list[np.ndarray]:
+        with backend.start(*batch, expand=2) as run:
+            tokens = np.full(4, backend.decoder_start_id, dtype=np.int64)
+            reorder = np.array([1, 0, 3, 2], dtype=np.int64)
+            seen = []
+            for _ in range(4):
+                values, ids = run.step_top(tokens, reorder, 3)
+                seen += [values.copy(), ids.copy()]
+                tokens = ids[:, 0].copy()
+        return seen
+
+    backend = OrtBackend(manifest, device="cpu")
+    steps(backend, earlier)
+    reused, fresh = steps(backend, later), steps(OrtBackend(manifest, device="cpu"), later)
+    for got, expected in zip(reused, fresh, strict=True):
+        np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize(("arch", "max_len"), ARCHS)
 def test_graph_files_hold_little_beyond_their_weights(exports, arch: str, max_len: int) -> None:
     """fp32 graph files within 5% of their parameter bytes: no duplicated weights, no debug baggage."""
     from s2s_deploy.runtime.inspect import summarise

@@ -12,7 +12,19 @@ class DecodeRun(ABC):
     """One batch being decoded: memory tiled per hypothesis, state kept in the backend's own
     tensors between steps, so nothing large crosses into numpy on the per-token path.
 
-    The arrays a step returns may be reused by the next step: copy what must outlive it."""
+    The arrays a step returns may be reused by the next step: copy what must outlive it.
+    Used as a context manager, a run gives its buffers back to the backend when it ends, so
+    the next batch of the same size starts without allocating or binding them again."""
+
+    def __enter__(self) -> DecodeRun:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    @abstractmethod
+    def close(self) -> None:
+        """End the run: its buffers may serve the next one, so it must not step again."""
 
     @abstractmethod
     def step(self, tokens: np.ndarray, reorder: np.ndarray) -> np.ndarray:

@@ -99,8 +99,35 @@ def _create(path: str | Path, device: str, threads: int | None,
         raise S2SError(f"onnxruntime cannot load {path}: {str(exc).splitlines()[0]}") from exc
 
 
+@dataclass(frozen=True)
+class _StepLayout:
+    """What the step loop needs from the manifest, read once per backend, not once per batch."""
+
+    accepted: frozenset[str]
+    feeds_step: bool
+    state_inputs: tuple[str, ...]
+    state_outputs: tuple[str, ...]
+    fixed_dtypes: tuple[np.dtype | None, ...]  # None: a growing cache, left where ONNX Runtime puts it
+
+    @classmethod
+    def of(cls, manifest: Manifest) -> _StepLayout:
+        return cls(
+            accepted=frozenset(manifest.decoder.inputs),
+            feeds_step="step" in manifest.decoder.inputs,
+            state_inputs=tuple(s.decoder_input for s in manifest.state),
+            state_outputs=tuple(s.decoder_output for s in manifest.state),
+            fixed_dtypes=tuple(None if s.grow_axis is not None else np.dtype(s.dtype) for s in manifest.state),
+        )
+
+    @property
+    def all_fixed(self) -> bool:
+        return None not in self.fixed_dtypes
+
+
 class OrtBackend(Backend):
     name = "onnxruntime"
+    idle_kept = 4
+    """Row counts whose step buffers are kept for reuse after their run ends."""
 
     def __init__(self, manifest: Manifest, device: str = "auto", threads: int | None = None,
                  graph_format: str = "onnx") -> None:
@@ -112,6 +139,8 @@ class OrtBackend(Backend):
         self.decoder_start_id = manifest.decoder_start_id
         self.eos_id = manifest.eos_id
         self.vocab_size = len(manifest.tgt_vocab)
+        self.layout = _StepLayout.of(manifest)
+        self._idle: dict[int, _StepBuffers] = {}
 
     def describe(self) -> dict[str, Any]:
         return {"backend": self.name, "provider": self.choice.provider, "onnxruntime": ort.__version__}
@@ -139,7 +168,16 @@ class OrtBackend(Backend):
                 state.append(ort.OrtValue.ortvalue_from_numpy(zeros, self.device, 0))
         if keep_attention and not manifest.has_attention_output:
             raise S2SError(f"{manifest.directory} was exported without --with-attention")
-        return _OrtRun(self, rows, memory, state, keep_attention)
+        buffers = self._idle.pop(rows, None) or _StepBuffers(self.decoder, rows)
+        return _OrtRun(self, buffers, memory, state, keep_attention)
+
+    def release(self, buffers: _StepBuffers) -> None:
+        """Keep an ended run's buffers for the next batch of as many rows, and only a few sizes."""
+        buffers.unbind(self.layout)
+        self._idle.pop(buffers.rows, None)
+        self._idle[buffers.rows] = buffers
+        while len(self._idle) > self.idle_kept:
+            del self._idle[next(iter(self._idle))]
 
 
 class _Binding:
@@ -168,6 +206,57 @@ class _Binding:
     def clear_outputs(self) -> None:
         self.io.clear_binding_outputs()
         self.outputs = {}
+        self.outputs_key = None
+
+    def clear_inputs(self) -> None:
+        self.io.clear_binding_inputs()
+        self.inputs = {}
+
+
+class _StepBuffers:
+    """Everything a run of ``rows`` rows binds that does not depend on the batch's content:
+    two IOBindings, the host inputs they read in place, the host arrays the small outputs
+    land in, and two device buffers per fixed-shape state. Made once, reused by later runs
+    of the same size: building them cost a run about as much as four steps of a small model."""
+
+    def __init__(self, session: ort.InferenceSession, rows: int) -> None:
+        self.rows = rows
+        self.bindings = (_Binding(session), _Binding(session))
+        self.tokens = np.zeros(rows, dtype=np.int64)
+        self.reorder = np.arange(rows, dtype=np.int64)
+        self.position = np.zeros((), dtype=np.int64)
+        self.host_inputs = {name: ort.OrtValue.ortvalue_from_numpy(array)  # shares the array's memory
+                            for name, array in (("tokens", self.tokens), ("reorder", self.reorder),
+                                                ("step", self.position))}
+        self.state_pair: tuple[list[ort.OrtValue | None], ...] | None = None
+        self.state_shapes: list[list[int]] = []
+        self.top_k: dict[int, ort.OrtValue] = {}
+        self.host_outputs: dict[tuple[tuple[str, ...], int | None], list[tuple[np.ndarray, ort.OrtValue]]] = {}
+
+    def bind_host_inputs(self, accepted: frozenset[str]) -> None:
+        for binding in self.bindings:
+            for name, value in self.host_inputs.items():
+                if name in accepted:
+                    binding.input(name, value)
+
+    def state_buffers(self, layout: _StepLayout, state: list[ort.OrtValue],
+                      device: str) -> tuple[list[ort.OrtValue | None], ...]:
+        """Two device buffers per fixed-shape state, allocated again only if the shape changed."""
+        shapes = [value.shape() for value in state]
+        if self.state_pair is None or shapes != self.state_shapes:
+            self.state_shapes = shapes
+            self.state_pair = tuple(
+                [None if dtype is None else ort.OrtValue.ortvalue_from_shape_and_type(shape, dtype, device, 0)
+                 for dtype, shape in zip(layout.fixed_dtypes, shapes, strict=True)] for _ in range(2))
+        return self.state_pair
+
+    def unbind(self, layout: _StepLayout) -> None:
+        """Let go of the ended run's memory and state, which may be large; a growing cache is
+        also held as an output. Host outputs and fixed-state buffers stay bound."""
+        for binding in self.bindings:
+            binding.clear_inputs()
+            if not layout.all_fixed:
+                binding.clear_outputs()
 
 
 class _OrtRun(DecodeRun):
@@ -179,85 +268,73 @@ class _OrtRun(DecodeRun):
     grows alternates between two device buffers, one binding writing where the other reads;
     a growing cache is bound by device and left where ONNX Runtime allocated it."""
 
-    def __init__(self, backend: OrtBackend, rows: int, memory: dict[str, ort.OrtValue], state: list[ort.OrtValue],
-                 keep_attention: bool) -> None:
-        manifest = backend.manifest
+    def __init__(self, backend: OrtBackend, buffers: _StepBuffers, memory: dict[str, ort.OrtValue],
+                 state: list[ort.OrtValue], keep_attention: bool) -> None:
         self.backend = backend
         self.session = backend.decoder
         self.device = backend.device
-        accepted = set(manifest.decoder.inputs)
-        self.tokens = np.zeros(rows, dtype=np.int64)
-        self.reorder = np.arange(rows, dtype=np.int64)
-        self.position = np.zeros((), dtype=np.int64)
-        self.feeds_step = "step" in accepted
-        self.bindings = (_Binding(self.session), _Binding(self.session))
-        for binding in self.bindings:
+        self.layout = layout = backend.layout
+        self.buffers = buffers
+        buffers.bind_host_inputs(layout.accepted)
+        for binding in buffers.bindings:
             for name, value in memory.items():
-                if name in accepted:
+                if name in layout.accepted:
                     binding.input(name, value)
-            binding.io.bind_cpu_input("tokens", self.tokens)
-            binding.io.bind_cpu_input("reorder", self.reorder)
-            if self.feeds_step:
-                binding.io.bind_cpu_input("step", self.position)
         self.state = state
-        self.state_inputs = [s.decoder_input for s in manifest.state]
-        self.state_outputs = [s.decoder_output for s in manifest.state]
-        self.fixed_dtypes = [None if s.grow_axis is not None else np.dtype(s.dtype) for s in manifest.state]
-        self.all_fixed = None not in self.fixed_dtypes
-        self.spare = self._fresh_buffers()
+        # the first step's input may be the encoder's own array: never write into it
+        self.spare, self.second = buffers.state_buffers(layout, state, self.device)
         self.keep_attention = keep_attention
         self.steps = 0
         self._attention: np.ndarray | None = None
         self._last_reorder: np.ndarray | None = None
-        self._top_k: dict[int, ort.OrtValue] = {}
-        self._host: dict[tuple[tuple[str, ...], int | None], list[tuple[np.ndarray, ort.OrtValue]]] = {}
+        self._closed = False
 
-    def _fresh_buffers(self) -> list[ort.OrtValue | None]:
-        return [None if dtype is None else
-                ort.OrtValue.ortvalue_from_shape_and_type(value.shape(), dtype, self.device, 0)
-                for dtype, value in zip(self.fixed_dtypes, self.state, strict=True)]
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self.backend.release(self.buffers)
 
     def _run(self, tokens: np.ndarray, reorder: np.ndarray, wanted: tuple[str, ...],
              top_k: int | None = None) -> list[np.ndarray]:
         """From the first bind to the copied-out results is a call into ONNX Runtime, timed as
         runtime; the engine's own work is writing the small host inputs."""
-        self.tokens[:] = tokens
+        buffers, layout = self.buffers, self.layout
+        buffers.tokens[:] = tokens
         if reorder is not self._last_reorder:  # greedy passes one identity throughout
-            self.reorder[:] = reorder
+            buffers.reorder[:] = reorder
             self._last_reorder = reorder
-        if self.feeds_step:
-            self.position[()] = self.steps
+        if layout.feeds_step:
+            buffers.position[()] = self.steps
         names = (*wanted, "attention") if self.keep_attention else wanted
         key = (names, top_k)
-        host = self._host.get(key)
-        if top_k is not None and top_k not in self._top_k:  # an input with a default binds only as an OrtValue
-            self._top_k[top_k] = ort.OrtValue.ortvalue_from_numpy(np.array([top_k], dtype=np.int64))
-        binding = self.bindings[self.steps & 1]
+        host = buffers.host_outputs.get(key)
+        if top_k is not None and top_k not in buffers.top_k:  # an input with a default binds only as an OrtValue
+            buffers.top_k[top_k] = ort.OrtValue.ortvalue_from_numpy(np.array([top_k], dtype=np.int64))
+        binding = buffers.bindings[self.steps & 1]
         started = time.perf_counter()
         if top_k is not None:
-            binding.input(TOP_K, self._top_k[top_k])
-        for name, value in zip(self.state_inputs, self.state, strict=True):
+            binding.input(TOP_K, buffers.top_k[top_k])
+        for name, value in zip(layout.state_inputs, self.state, strict=True):
             binding.input(name, value)
         if key != binding.outputs_key:
             binding.clear_outputs()  # keeps the order: asked-for outputs, then the state
             for i, name in enumerate(names):
                 binding.output(name, None if host is None else host[i][1], "cpu")
             binding.outputs_key = key if host is not None else None
-        for name, spare in zip(self.state_outputs, self.spare, strict=True):
+        for name, spare in zip(layout.state_outputs, self.spare, strict=True):
             binding.output(name, spare, self.device)
         self.session.run_with_iobinding(binding.io)
-        produced = binding.io.get_outputs() if host is None or not self.all_fixed else None
+        produced = binding.io.get_outputs() if host is None or not layout.all_fixed else None
         if host is None:
             head = [produced[i].numpy() for i in range(len(names))]
-            self._host[key] = [(array, ort.OrtValue.ortvalue_from_numpy(array))
-                               for array in (np.empty_like(h) for h in head)]
+            buffers.host_outputs[key] = [(array, ort.OrtValue.ortvalue_from_numpy(array))
+                                         for array in (np.empty_like(h) for h in head)]
         else:
             head = [array for array, _ in host]
         self.backend.runtime_seconds += time.perf_counter() - started
         previous, self.state = self.state, [
             produced[len(names) + i] if spare is None else spare for i, spare in enumerate(self.spare)]
-        # the first step's input may be the encoder's own array: never write into it
-        self.spare = self._fresh_buffers() if self.steps == 0 else [
+        self.spare = self.second if self.steps == 0 else [
             None if spare is None else old for spare, old in zip(self.spare, previous, strict=True)]
         if self.keep_attention:
             self._attention = head.pop()

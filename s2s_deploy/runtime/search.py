@@ -84,7 +84,6 @@ def search(backend: Backend, src: np.ndarray, src_len: np.ndarray, config: Searc
 
 def greedy(backend: Backend, src: np.ndarray, src_len: np.ndarray, config: SearchConfig) -> list[Hypothesis]:
     batch, eos = src.shape[0], backend.eos_id
-    run = backend.start(src, src_len)
     rows = np.arange(batch)
     reorder = rows.astype(np.int64)
     tokens = np.full(batch, backend.decoder_start_id, dtype=np.int64)
@@ -92,19 +91,20 @@ def greedy(backend: Backend, src: np.ndarray, src_len: np.ndarray, config: Searc
     picked_lp = np.zeros((batch, config.max_len), dtype=np.float64)
     done = np.zeros(batch, dtype=bool)
     steps = config.max_len
-    for t in range(config.max_len):
-        if t < config.min_len:  # EOS may rank first: take the runner-up there
-            values, ids = run.step_top(tokens, reorder, 2)
-            column = (ids[:, 0] == eos).astype(np.intp)
-            tokens, picked_lp[:, t] = ids[rows, column], values[rows, column]
-        else:
-            values, ids = run.step_top(tokens, reorder, 1)
-            tokens, picked_lp[:, t] = ids[:, 0], values[:, 0]
-        picked[:, t] = tokens
-        done |= tokens == eos
-        if done.all():
-            steps = t + 1
-            break
+    with backend.start(src, src_len) as run:
+        for t in range(config.max_len):
+            if t < config.min_len:  # EOS may rank first: take the runner-up there
+                values, ids = run.step_top(tokens, reorder, 2)
+                column = (ids[:, 0] == eos).astype(np.intp)
+                tokens, picked_lp[:, t] = ids[rows, column], values[rows, column]
+            else:
+                values, ids = run.step_top(tokens, reorder, 1)
+                tokens, picked_lp[:, t] = ids[:, 0], values[:, 0]
+            picked[:, t] = tokens
+            done |= tokens == eos
+            if done.all():
+                steps = t + 1
+                break
     is_eos = picked[:, :steps] == eos
     length = np.where(done, is_eos.argmax(axis=1) + 1, steps)
     results = []
@@ -160,7 +160,6 @@ def beam_search(
     batch, k, eos = src.shape[0], config.beam_size, backend.eos_id
     if k >= backend.vocab_size:
         raise ValueError(f"beam size {k} must be smaller than the vocabulary ({backend.vocab_size})")
-    run = backend.start(src, src_len, expand=k)
     rows = batch * k
     row_base = (np.arange(batch) * k)[:, None]
     # costs are negated scores, so one ascending stable sort ranks best first, ties to the lower beam, then id
@@ -174,39 +173,40 @@ def beam_search(
     active = np.ones(batch, dtype=bool)
     width = min(2 * k, backend.vocab_size)
     sentence = np.arange(batch)[:, None]
-    for t in range(config.max_len):
-        # The best 2K of K*V candidates lie among each row's own best 2K: the graph ranks those.
-        masked = t < config.min_len
-        if t == 0 or t == config.min_len:  # one more per row while EOS is forbidden
-            per_row = min(width + masked, backend.vocab_size)
-            offsets = sentence * (k * per_row)  # flat positions: one cheap take per array
-        values, ids = run.step_top(tokens, reorder, per_row)
-        if masked:
-            values = np.where(ids == eos, np.float32(-np.inf), values)
-        candidates = (costs - values).reshape(batch, k * per_row)
-        ranked = candidates.argsort(axis=1, kind="stable")
-        flat = ranked[:, :k] + offsets
-        top_ids = ids.take(flat)
-        if np.count_nonzero(top_ids == eos):  # only an EOS within the top K finishes, or displaces a live beam
-            flat = ranked[:, : 2 * k] + offsets
-            top_costs, top_ids, top_lps = candidates.take(flat), ids.take(flat), values.take(flat)
-            origin = flat // per_row  # the row each candidate extends
-            is_eos = (top_ids == eos) & np.isfinite(top_costs)
-            for i, j in zip(*np.nonzero(is_eos[:, :k] & active[:, None]), strict=True):
-                score = float(normalised(-top_costs[i, j], t + 1, config.alpha))
-                endings[i].append(_Ending(score, t - 1, int(origin[i, j]), float(top_lps[i, j])))
-                finished_count[i] += 1
-            keep = np.argsort(is_eos, axis=1, kind="stable")[:, :k]  # first K non-EOS candidates, in rank order
-            top_costs, origin, top_ids, top_lps = (a[sentence, keep] for a in (top_costs, origin, top_ids, top_lps))
-            active &= ~(is_eos[:, 0] & (finished_count >= config.n_best))
-            if not active.any():
-                trail.add(origin.ravel(), top_ids.ravel(), top_lps.ravel())
-                break
-        else:
-            top_costs, top_lps, origin = candidates.take(flat), values.take(flat), flat // per_row
-        costs = top_costs.reshape(rows, 1)
-        reorder, tokens = origin.ravel(), top_ids.ravel()
-        trail.add(reorder, tokens, top_lps.ravel())
+    with backend.start(src, src_len, expand=k) as run:
+        for t in range(config.max_len):
+            # The best 2K of K*V candidates lie among each row's own best 2K: the graph ranks those.
+            masked = t < config.min_len
+            if t == 0 or t == config.min_len:  # one more per row while EOS is forbidden
+                per_row = min(width + masked, backend.vocab_size)
+                offsets = sentence * (k * per_row)  # flat positions: one cheap take per array
+            values, ids = run.step_top(tokens, reorder, per_row)
+            if masked:
+                values = np.where(ids == eos, np.float32(-np.inf), values)
+            candidates = (costs - values).reshape(batch, k * per_row)
+            ranked = candidates.argsort(axis=1, kind="stable")
+            flat = ranked[:, :k] + offsets
+            top_ids = ids.take(flat)
+            if np.count_nonzero(top_ids == eos):  # only an EOS within the top K finishes, or displaces a live beam
+                flat = ranked[:, : 2 * k] + offsets
+                top_costs, top_ids, top_lps = candidates.take(flat), ids.take(flat), values.take(flat)
+                origin = flat // per_row  # the row each candidate extends
+                is_eos = (top_ids == eos) & np.isfinite(top_costs)
+                for i, j in zip(*np.nonzero(is_eos[:, :k] & active[:, None]), strict=True):
+                    score = float(normalised(-top_costs[i, j], t + 1, config.alpha))
+                    endings[i].append(_Ending(score, t - 1, int(origin[i, j]), float(top_lps[i, j])))
+                    finished_count[i] += 1
+                keep = np.argsort(is_eos, axis=1, kind="stable")[:, :k]  # first K non-EOS candidates, in rank order
+                top_costs, origin, top_ids, top_lps = (a[sentence, keep] for a in (top_costs, origin, top_ids, top_lps))
+                active &= ~(is_eos[:, 0] & (finished_count >= config.n_best))
+                if not active.any():
+                    trail.add(origin.ravel(), top_ids.ravel(), top_lps.ravel())
+                    break
+            else:
+                top_costs, top_lps, origin = candidates.take(flat), values.take(flat), flat // per_row
+            costs = top_costs.reshape(rows, 1)
+            reorder, tokens = origin.ravel(), top_ids.ravel()
+            trail.add(reorder, tokens, top_lps.ravel())
     steps = len(trail.tokens)
     costs = costs.reshape(batch, k)
     for i in np.nonzero(active)[0]:  # still searching at max_len: live beams end as they stand
