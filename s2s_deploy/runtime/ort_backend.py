@@ -6,7 +6,7 @@ import contextlib
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -288,6 +288,7 @@ class _OrtRun(DecodeRun):
         self._attention: np.ndarray | None = None
         self._last_reorder: np.ndarray | None = None
         self._closed = False
+        self._steady: tuple[tuple[str, ...], int | None, tuple[np.ndarray, ...]] | None = None
 
     def close(self) -> None:
         if not self._closed:
@@ -295,7 +296,7 @@ class _OrtRun(DecodeRun):
             self.backend.release(self.buffers)
 
     def _run(self, tokens: np.ndarray, reorder: np.ndarray, wanted: tuple[str, ...],
-             top_k: int | None = None) -> list[np.ndarray]:
+             top_k: int | None = None) -> Sequence[np.ndarray]:
         """From the first bind to the copied-out results is a call into ONNX Runtime, timed as
         runtime; the engine's own work is writing the small host inputs."""
         buffers, layout = self.buffers, self.layout
@@ -305,6 +306,16 @@ class _OrtRun(DecodeRun):
             self._last_reorder = reorder
         if layout.feeds_step:
             buffers.position[()] = self.steps
+        steady = self._steady
+        if steady is not None and steady[0] is wanted and steady[1] == top_k:
+            # both bindings already hold this step's inputs and outputs: the fixed-shape state
+            # alternates between the same two buffers, so only the run itself is left to do
+            started = time.perf_counter()
+            self.session.run_with_iobinding(buffers.bindings[self.steps & 1].io)
+            self.backend.runtime_seconds += time.perf_counter() - started
+            self.state, self.spare = self.spare, self.state
+            self.steps += 1
+            return steady[2]
         names = (*wanted, "attention") if self.keep_attention else wanted
         key = (names, top_k)
         host = buffers.host_outputs.get(key)
@@ -339,6 +350,9 @@ class _OrtRun(DecodeRun):
         if self.keep_attention:
             self._attention = head.pop()
         self.steps += 1
+        if (layout.all_fixed and not self.keep_attention and self.steps >= 3
+                and all(b.outputs_key == key for b in buffers.bindings)):
+            self._steady = (wanted, top_k, tuple(head))
         return head
 
     def step(self, tokens: np.ndarray, reorder: np.ndarray) -> np.ndarray:

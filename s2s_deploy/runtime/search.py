@@ -101,10 +101,11 @@ def greedy(backend: Backend, src: np.ndarray, src_len: np.ndarray, config: Searc
                 values, ids = run.step_top(tokens, reorder, 1)
                 tokens, picked_lp[:, t] = ids[:, 0], values[:, 0]
             picked[:, t] = tokens
-            done |= tokens == eos
-            if done.all():
-                steps = t + 1
-                break
+            if eos in tokens.tolist():  # cheaper than a numpy test in the common step, that ends nothing
+                done |= tokens == eos
+                if done.all():
+                    steps = t + 1
+                    break
     is_eos = picked[:, :steps] == eos
     length = np.where(done, is_eos.argmax(axis=1) + 1, steps)
     results = []
@@ -132,21 +133,15 @@ class _Trail:
     for the n-best, instead of copying every live history at every step."""
 
     def __init__(self) -> None:
-        self.parents: list[np.ndarray] = []
-        self.tokens: list[np.ndarray] = []
-        self.log_probs: list[np.ndarray] = []
-
-    def add(self, parents: np.ndarray, tokens: np.ndarray, log_probs: np.ndarray) -> None:
-        self.parents.append(parents)
-        self.tokens.append(tokens)
-        self.log_probs.append(log_probs)
+        self.steps: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (parents, tokens, log_probs)
 
     def hypothesis(self, ending: _Ending) -> Hypothesis:
         tokens, lps, row = [], [], ending.row
         for step in range(ending.last_step, -1, -1):
-            tokens.append(int(self.tokens[step][row]))
-            lps.append(float(self.log_probs[step][row]))
-            row = int(self.parents[step][row])
+            parents, step_tokens, step_lps = self.steps[step]
+            tokens.append(int(step_tokens[row]))
+            lps.append(float(step_lps[row]))
+            row = int(parents[row])
         tokens.reverse()
         lps.reverse()
         if ending.eos_log_prob is not None:
@@ -163,8 +158,9 @@ def beam_search(
     rows = batch * k
     row_base = (np.arange(batch) * k)[:, None]
     # costs are negated scores, so one ascending stable sort ranks best first, ties to the lower beam, then id
-    costs = np.full((rows, 1), np.inf)
+    costs = np.full(rows, np.inf)
     costs[row_base.ravel()] = 0.0  # all K rows start identical: only the first may extend at step 0
+    column = costs.reshape(rows, 1)
     tokens = np.full(rows, backend.decoder_start_id, dtype=np.int64)
     reorder = np.arange(rows, dtype=np.int64)
     trail = _Trail()
@@ -173,24 +169,35 @@ def beam_search(
     active = np.ones(batch, dtype=bool)
     width = min(2 * k, backend.vocab_size)
     sentence = np.arange(batch)[:, None]
+    chosen = np.empty(rows, dtype=np.intp)  # the chosen candidates' flat positions, K per sentence
+    chosen_by_sentence = chosen.reshape(batch, k)
+    min_len = config.min_len
     with backend.start(src, src_len, expand=k) as run:
         for t in range(config.max_len):
             # The best 2K of K*V candidates lie among each row's own best 2K: the graph ranks those.
-            masked = t < config.min_len
-            if t == 0 or t == config.min_len:  # one more per row while EOS is forbidden
+            # Each numpy call costs microseconds here, the model's weights having just evicted
+            # numpy from the caches: the common step makes a dozen, into buffers made once.
+            masked = t < min_len
+            if t == 0 or t == min_len:  # one more per row while EOS is forbidden
                 per_row = min(width + masked, backend.vocab_size)
-                offsets = sentence * (k * per_row)  # flat positions: one cheap take per array
+                grid = np.empty((rows, per_row))
+                candidates = grid.reshape(batch, k * per_row)
+                offsets = sentence * (k * per_row)
             values, ids = run.step_top(tokens, reorder, per_row)
             if masked:
                 values = np.where(ids == eos, np.float32(-np.inf), values)
-            candidates = (costs - values).reshape(batch, k * per_row)
+            np.subtract(column, values, out=grid)
             ranked = candidates.argsort(axis=1, kind="stable")
-            flat = ranked[:, :k] + offsets
-            top_ids = ids.take(flat)
-            if np.count_nonzero(top_ids == eos):  # only an EOS within the top K finishes, or displaces a live beam
-                flat = ranked[:, : 2 * k] + offsets
-                top_costs, top_ids, top_lps = candidates.take(flat), ids.take(flat), values.take(flat)
-                origin = flat // per_row  # the row each candidate extends
+            if batch == 1:  # ranks within the one sentence are already flat positions
+                flat = ranked[0, :k]
+            else:
+                flat = chosen
+                np.add(ranked[:, :k], offsets, out=chosen_by_sentence)
+            tokens = ids.take(flat)
+            if eos in tokens.tolist():  # only an EOS within the top K finishes, or displaces a live beam
+                top = ranked[:, : 2 * k] + offsets
+                top_costs, top_ids, top_lps = candidates.take(top), ids.take(top), values.take(top)
+                origin = top // per_row  # the row each candidate extends
                 is_eos = (top_ids == eos) & np.isfinite(top_costs)
                 for i, j in zip(*np.nonzero(is_eos[:, :k] & active[:, None]), strict=True):
                     score = float(normalised(-top_costs[i, j], t + 1, config.alpha))
@@ -199,15 +206,16 @@ def beam_search(
                 keep = np.argsort(is_eos, axis=1, kind="stable")[:, :k]  # first K non-EOS candidates, in rank order
                 top_costs, origin, top_ids, top_lps = (a[sentence, keep] for a in (top_costs, origin, top_ids, top_lps))
                 active &= ~(is_eos[:, 0] & (finished_count >= config.n_best))
+                costs[:] = top_costs.ravel()
+                reorder, tokens, lps = origin.ravel(), top_ids.ravel(), top_lps.ravel()
                 if not active.any():
-                    trail.add(origin.ravel(), top_ids.ravel(), top_lps.ravel())
+                    trail.steps.append((reorder, tokens, lps))
                     break
             else:
-                top_costs, top_lps, origin = candidates.take(flat), values.take(flat), flat // per_row
-            costs = top_costs.reshape(rows, 1)
-            reorder, tokens = origin.ravel(), top_ids.ravel()
-            trail.add(reorder, tokens, top_lps.ravel())
-    steps = len(trail.tokens)
+                candidates.take(flat, out=costs, mode="clip")  # "clip": no buffering, and flat is in range
+                lps, reorder = values.take(flat), flat // per_row
+            trail.steps.append((reorder, tokens, lps))
+    steps = len(trail.steps)
     costs = costs.reshape(batch, k)
     for i in np.nonzero(active)[0]:  # still searching at max_len: live beams end as they stand
         for j in range(k):
