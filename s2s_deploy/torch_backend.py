@@ -43,23 +43,30 @@ class TorchBackend(Backend):
         outputs = self.encoder(torch.from_numpy(src).to(self.device), torch.from_numpy(src_len).to(self.device))
         self.runtime_seconds += time.perf_counter() - started
         encoded = dict(zip(self.encoder_outputs, outputs, strict=True))
-        rows = src.shape[0] * expand
-        memory = [encoded[m.name].repeat_interleave(expand, dim=m.batch_axis) for m in self.memory_specs]
-        state = []
-        for s in self.state_specs:
-            if s.init == "encoder":
-                state.append(encoded[init_name(s.name)].repeat_interleave(expand, dim=s.batch_axis))
-            else:
-                state.append(torch.zeros(s.zeros_shape(rows), dtype=getattr(torch, s.dtype), device=self.device))
-        return _TorchRun(self, memory, state, keep_attention)
+        sentences = src.shape[0]
+
+        def inputs(times: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+            memory = [encoded[m.name].repeat_interleave(times, dim=m.batch_axis) for m in self.memory_specs]
+            state = [encoded[init_name(s.name)].repeat_interleave(times, dim=s.batch_axis) if s.init == "encoder"
+                     else torch.zeros(s.zeros_shape(sentences * times), dtype=getattr(torch, s.dtype),
+                                      device=self.device)
+                     for s in self.state_specs]
+            return memory, state
+
+        return _TorchRun(self, sentences * expand, *inputs(expand), inputs(1) if expand > 1 else None,
+                         keep_attention)
 
 
 class _TorchRun(DecodeRun):
-    def __init__(self, backend: TorchBackend, memory: list[torch.Tensor], state: list[torch.Tensor],
-                 keep_attention: bool) -> None:
+    """``narrow``: the untiled memory and state, for a first step fed one row per sentence."""
+
+    def __init__(self, backend: TorchBackend, rows: int, memory: list[torch.Tensor], state: list[torch.Tensor],
+                 narrow: tuple[list[torch.Tensor], list[torch.Tensor]] | None, keep_attention: bool) -> None:
         self.backend = backend
+        self.rows = rows
         self.memory = memory
         self.state = state
+        self.narrow = narrow
         self.keep_attention = keep_attention
         self.position = 0
         self._attention: np.ndarray | None = None
@@ -76,12 +83,16 @@ class _TorchRun(DecodeRun):
         """Log-probs, or with ``top_k`` the top values and ids; the top-k is timed as runtime,
         as it is inside the ONNX graph."""
         device = self.backend.device
+        memory, state = self.memory, self.state
+        if self.narrow is not None and len(tokens) != self.rows:
+            memory, state = self.narrow
+        self.narrow = None  # only a first step may be narrow
         started = time.perf_counter()
         outputs = self.backend.step_graph(
             torch.from_numpy(tokens.astype(np.int64, copy=False)).to(device),
             torch.tensor(self.position, dtype=torch.int64, device=device),
             torch.from_numpy(reorder.astype(np.int64, copy=False)).to(device),
-            *self.memory, *self.state,
+            *memory, *state,
         )
         head = (outputs[0],) if top_k is None else tuple(torch.topk(outputs[0], top_k, dim=-1))
         self.backend.runtime_seconds += time.perf_counter() - started

@@ -145,6 +145,28 @@ def test_a_run_on_reused_buffers_steps_as_a_fresh_backend(exports, arch: str, ma
 
 
 @pytest.mark.parametrize(("arch", "max_len"), ARCHS)
+def test_a_narrow_first_step_decodes_as_a_tiled_one(exports, arch: str, max_len: int) -> None:
+    """Beam search feeds its first step one row per sentence; the next step's reorder tiles the
+    beams from those rows. Both backends must decode then as if every row had been fed."""
+    _, manifest = exports.get(arch)
+    src, src_len = encode_batch(list(manifest.samples)[:2], manifest.src_vocab)
+    for backend in (OrtBackend(manifest, device="cpu"), torch_backend_for(manifest)):
+        start = backend.decoder_start_id
+        seen = []
+        for first_rows, seed in ((np.arange(2), np.array([0, 0, 0, 1, 1, 1])),
+                                 (np.arange(6), np.array([0, 0, 0, 3, 3, 3]))):
+            with backend.start(src, src_len, expand=3) as run:
+                values, ids = run.step_top(np.full(len(first_rows), start), first_rows, 3)
+                values, ids = run.step_top(ids[seed, [0, 1, 2] * 2], seed, 3)  # each sentence's 3 best
+                seen.append((values.copy(), ids.copy()))
+        (narrow_values, narrow_ids), (tiled_values, tiled_ids) = seen
+        np.testing.assert_array_equal(narrow_ids, tiled_ids)
+        # fewer rows may change a kernel's summation order: the tolerance of batching sentences
+        # together (test_mixed_length_batch_equals_one_at_a_time), plus ~8 ulps of large log-probs
+        np.testing.assert_allclose(narrow_values, tiled_values, rtol=1e-6, atol=1e-5)
+
+
+@pytest.mark.parametrize(("arch", "max_len"), ARCHS)
 def test_graph_files_hold_little_beyond_their_weights(exports, arch: str, max_len: int) -> None:
     """fp32 graph files within 5% of their parameter bytes: no duplicated weights, no debug baggage."""
     from s2s_deploy.runtime.inspect import summarise

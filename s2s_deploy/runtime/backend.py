@@ -52,7 +52,11 @@ class Backend(ABC):
 
     @abstractmethod
     def start(self, src: np.ndarray, src_len: np.ndarray, expand: int = 1, keep_attention: bool = False) -> DecodeRun:
-        """Encode a batch and repeat every sentence ``expand`` times (once per beam)."""
+        """Encode a batch and repeat every sentence ``expand`` times (once per beam).
+
+        The first step may instead be fed one row per sentence (reorder ``arange(batch)``): it
+        runs on the untiled memory, and the next step's reorder, ``expand`` rows per sentence,
+        gathers from its rows. Beam search starts so, since its K beams would start identical."""
 
     def describe(self) -> dict[str, Any]:
         return {"backend": self.name}

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from s2s_deploy.runtime.manifest import Manifest
 from s2s_deploy.runtime.names import TOP_K, TOP_OUTPUTS
 
 DEVICES = ("auto", "cpu", "cuda")
+_StepInputs = tuple[dict[str, ort.OrtValue], list[ort.OrtValue]]  # memory by name, then the first state
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
 
@@ -151,25 +153,26 @@ class OrtBackend(Backend):
         started = time.perf_counter()
         encoded = dict(zip(names, self.encoder.run(names, {"src": src, "src_len": src_len}), strict=True))
         self.runtime_seconds += time.perf_counter() - started
-        rows = src.shape[0] * expand
-
-        def tiled(array: np.ndarray, axis: int) -> ort.OrtValue:
-            if expand > 1:
-                array = np.repeat(array, expand, axis=axis)
-            return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array), self.device, 0)
-
-        memory = {m.name: tiled(encoded[m.name], m.batch_axis) for m in manifest.memory}
-        state = []
-        for s in manifest.state:
-            if s.init == "encoder":
-                state.append(tiled(encoded[s.encoder_output], s.batch_axis))
-            else:
-                zeros = np.zeros(s.zeros_shape(rows), dtype=s.dtype)
-                state.append(ort.OrtValue.ortvalue_from_numpy(zeros, self.device, 0))
         if keep_attention and not manifest.has_attention_output:
             raise S2SError(f"{manifest.directory} was exported without --with-attention")
+        sentences = src.shape[0]
+        rows = sentences * expand
+
+        def on_device(array: np.ndarray, times: int, axis: int) -> ort.OrtValue:
+            if times > 1:
+                array = np.repeat(array, times, axis=axis)
+            return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array), self.device, 0)
+
+        def inputs(times: int) -> _StepInputs:
+            memory = {m.name: on_device(encoded[m.name], times, m.batch_axis) for m in manifest.memory}
+            state = [on_device(encoded[s.encoder_output], times, s.batch_axis) if s.init == "encoder" else
+                     on_device(np.zeros(s.zeros_shape(sentences * times), dtype=s.dtype), 1, 0)
+                     for s in manifest.state]
+            return memory, state
+
         buffers = self._idle.pop(rows, None) or _StepBuffers(self.decoder, rows)
-        return _OrtRun(self, buffers, memory, state, keep_attention)
+        return _OrtRun(self, buffers, *inputs(expand), functools.partial(inputs, 1) if expand > 1 else None,
+                       keep_attention)
 
     def release(self, buffers: _StepBuffers) -> None:
         """Keep an ended run's buffers for the next batch of as many rows, and only a few sizes."""
@@ -269,7 +272,8 @@ class _OrtRun(DecodeRun):
     a growing cache is bound by device and left where ONNX Runtime allocated it."""
 
     def __init__(self, backend: OrtBackend, buffers: _StepBuffers, memory: dict[str, ort.OrtValue],
-                 state: list[ort.OrtValue], keep_attention: bool) -> None:
+                 state: list[ort.OrtValue], narrow: Callable[[], _StepInputs] | None,
+                 keep_attention: bool) -> None:
         self.backend = backend
         self.session = backend.decoder
         self.device = backend.device
@@ -283,6 +287,8 @@ class _OrtRun(DecodeRun):
         self.state = state
         # the first step's input may be the encoder's own array: never write into it
         self.spare, self.second = buffers.state_buffers(layout, state, self.device)
+        self.narrow = narrow
+        self.first_wide = 0  # 1 once a narrow first step ran: the bindings' turns start there
         self.keep_attention = keep_attention
         self.steps = 0
         self._attention: np.ndarray | None = None
@@ -300,6 +306,8 @@ class _OrtRun(DecodeRun):
         """From the first bind to the copied-out results is a call into ONNX Runtime, timed as
         runtime; the engine's own work is writing the small host inputs."""
         buffers, layout = self.buffers, self.layout
+        if self.narrow is not None and len(tokens) != buffers.rows:
+            return self._run_narrow(self.narrow, tokens, reorder, wanted, top_k)
         buffers.tokens[:] = tokens
         if reorder is not self._last_reorder:  # greedy passes one identity throughout
             buffers.reorder[:] = reorder
@@ -345,14 +353,54 @@ class _OrtRun(DecodeRun):
         self.backend.runtime_seconds += time.perf_counter() - started
         previous, self.state = self.state, [
             produced[len(names) + i] if spare is None else spare for i, spare in enumerate(self.spare)]
-        self.spare = self.second if self.steps == 0 else [
+        self.spare = self.second if self.steps == self.first_wide else [
             None if spare is None else old for spare, old in zip(self.spare, previous, strict=True)]
         if self.keep_attention:
             self._attention = head.pop()
+        self.narrow = None  # only a first step may be narrow
         self.steps += 1
-        if (layout.all_fixed and not self.keep_attention and self.steps >= 3
+        if (layout.all_fixed and not self.keep_attention and self.steps >= self.first_wide + 3
                 and all(b.outputs_key == key for b in buffers.bindings)):
             self._steady = (wanted, top_k, tuple(head))
+        return head
+
+    def _run_narrow(self, narrow: Callable[[], _StepInputs],
+                    tokens: np.ndarray, reorder: np.ndarray, wanted: tuple[str, ...],
+                    top_k: int | None) -> Sequence[np.ndarray]:
+        """A first step fed one row per sentence, on the untiled memory, through a binding of its
+        own. Its state stays where ONNX Runtime put it; the next step's reorder, K rows per
+        sentence, gathers from it inside the graph, which is how the beams are tiled."""
+        memory, state = narrow()
+        layout, buffers = self.layout, self.buffers
+        names = (*wanted, "attention") if self.keep_attention else wanted
+        binding = _Binding(self.session)
+        for name, value in memory.items():
+            if name in layout.accepted:
+                binding.input(name, value)
+        buffers.position[()] = 0
+        host = {"tokens": np.ascontiguousarray(tokens, dtype=np.int64),
+                "reorder": np.ascontiguousarray(reorder, dtype=np.int64), "step": buffers.position}
+        started = time.perf_counter()
+        for name, array in host.items():
+            if name in layout.accepted:
+                binding.io.bind_cpu_input(name, array)
+        if top_k is not None:
+            binding.io.bind_ortvalue_input(TOP_K, ort.OrtValue.ortvalue_from_numpy(np.array([top_k], dtype=np.int64)))
+        for name, value in zip(layout.state_inputs, state, strict=True):
+            binding.input(name, value)
+        for name in names:
+            binding.io.bind_output(name, "cpu")
+        for name in layout.state_outputs:
+            binding.io.bind_output(name, self.device)
+        self.session.run_with_iobinding(binding.io)
+        produced = binding.io.get_outputs()
+        head = [produced[i].numpy() for i in range(len(names))]
+        self.backend.runtime_seconds += time.perf_counter() - started
+        self.state = list(produced[len(names):])
+        if self.keep_attention:
+            self._attention = head.pop()
+        self.narrow = None
+        self.steps = self.first_wide = 1
         return head
 
     def step(self, tokens: np.ndarray, reorder: np.ndarray) -> np.ndarray:
