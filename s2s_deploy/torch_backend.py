@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -13,6 +15,8 @@ from s2s_deploy.graphs import EncoderGraph, StepGraph, io_names
 from s2s_deploy.runtime.backend import Backend, DecodeRun
 from s2s_deploy.runtime.names import init_name
 from s2s_deploy.runtime.vocab import Vocabulary
+
+_RunInputs = tuple[list[torch.Tensor], list[torch.Tensor]]  # memory, then the first state
 
 
 class TorchBackend(Backend):
@@ -45,23 +49,26 @@ class TorchBackend(Backend):
         encoded = dict(zip(self.encoder_outputs, outputs, strict=True))
         sentences = src.shape[0]
 
-        def inputs(times: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-            memory = [encoded[m.name].repeat_interleave(times, dim=m.batch_axis) for m in self.memory_specs]
-            state = [encoded[init_name(s.name)].repeat_interleave(times, dim=s.batch_axis) if s.init == "encoder"
+        def tiled(value: torch.Tensor, times: int, dim: int) -> torch.Tensor:
+            return value if times == 1 else value.repeat_interleave(times, dim=dim)
+
+        def inputs(times: int) -> _RunInputs:
+            memory = [tiled(encoded[m.name], times, m.batch_axis) for m in self.memory_specs]
+            state = [tiled(encoded[init_name(s.name)], times, s.batch_axis) if s.init == "encoder"
                      else torch.zeros(s.zeros_shape(sentences * times), dtype=getattr(torch, s.dtype),
                                       device=self.device)
                      for s in self.state_specs]
             return memory, state
 
-        return _TorchRun(self, sentences * expand, *inputs(expand), inputs(1) if expand > 1 else None,
-                         keep_attention)
+        return _TorchRun(self, sentences * expand, *inputs(expand),
+                         functools.partial(inputs, 1) if expand > 1 else None, keep_attention)
 
 
 class _TorchRun(DecodeRun):
-    """``narrow``: the untiled memory and state, for a first step fed one row per sentence."""
+    """``narrow`` makes the untiled memory and state, for a first step fed one row per sentence."""
 
     def __init__(self, backend: TorchBackend, rows: int, memory: list[torch.Tensor], state: list[torch.Tensor],
-                 narrow: tuple[list[torch.Tensor], list[torch.Tensor]] | None, keep_attention: bool) -> None:
+                 narrow: Callable[[], _RunInputs] | None, keep_attention: bool) -> None:
         self.backend = backend
         self.rows = rows
         self.memory = memory
@@ -85,7 +92,7 @@ class _TorchRun(DecodeRun):
         device = self.backend.device
         memory, state = self.memory, self.state
         if self.narrow is not None and len(tokens) != self.rows:
-            memory, state = self.narrow
+            memory, state = self.narrow()
         self.narrow = None  # only a first step may be narrow
         started = time.perf_counter()
         outputs = self.backend.step_graph(

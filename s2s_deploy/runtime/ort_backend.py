@@ -21,9 +21,9 @@ from s2s_deploy.runtime.manifest import Manifest
 from s2s_deploy.runtime.names import TOP_K, TOP_OUTPUTS
 
 DEVICES = ("auto", "cpu", "cuda")
-_StepInputs = tuple[dict[str, ort.OrtValue], list[ort.OrtValue]]  # memory by name, then the first state
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
+_StepInputs = tuple[dict[str, ort.OrtValue], list[ort.OrtValue]]  # memory by name, then the first state
 
 
 @dataclass(frozen=True)
@@ -236,6 +236,12 @@ class _StepBuffers:
         self.top_k: dict[int, ort.OrtValue] = {}
         self.host_outputs: dict[tuple[tuple[str, ...], int | None], list[tuple[np.ndarray, ort.OrtValue]]] = {}
 
+    def top_k_value(self, k: int) -> ort.OrtValue:
+        """``top_k`` has a default, so it binds only as an OrtValue: one per k, kept."""
+        if k not in self.top_k:
+            self.top_k[k] = ort.OrtValue.ortvalue_from_numpy(np.array([k], dtype=np.int64))
+        return self.top_k[k]
+
     def bind_host_inputs(self, accepted: frozenset[str]) -> None:
         for binding in self.bindings:
             for name, value in self.host_inputs.items():
@@ -327,12 +333,10 @@ class _OrtRun(DecodeRun):
         names = (*wanted, "attention") if self.keep_attention else wanted
         key = (names, top_k)
         host = buffers.host_outputs.get(key)
-        if top_k is not None and top_k not in buffers.top_k:  # an input with a default binds only as an OrtValue
-            buffers.top_k[top_k] = ort.OrtValue.ortvalue_from_numpy(np.array([top_k], dtype=np.int64))
         binding = buffers.bindings[self.steps & 1]
         started = time.perf_counter()
         if top_k is not None:
-            binding.input(TOP_K, buffers.top_k[top_k])
+            binding.input(TOP_K, buffers.top_k_value(top_k))
         for name, value in zip(layout.state_inputs, self.state, strict=True):
             binding.input(name, value)
         if key != binding.outputs_key:
@@ -385,7 +389,7 @@ class _OrtRun(DecodeRun):
             if name in layout.accepted:
                 binding.io.bind_cpu_input(name, array)
         if top_k is not None:
-            binding.io.bind_ortvalue_input(TOP_K, ort.OrtValue.ortvalue_from_numpy(np.array([top_k], dtype=np.int64)))
+            binding.input(TOP_K, buffers.top_k_value(top_k))
         for name, value in zip(layout.state_inputs, state, strict=True):
             binding.input(name, value)
         for name in names:

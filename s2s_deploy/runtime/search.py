@@ -187,7 +187,7 @@ def beam_search(
             # Each numpy call costs microseconds here, the model's weights having just evicted
             # numpy from the caches: the common step makes a dozen, into buffers made once.
             masked = t < min_len
-            if t <= 1 or t == min_len:  # one more per row while EOS is forbidden
+            if t == 0 or t == min_len or (narrow and t == 1):  # one more per row while EOS is forbidden
                 first_narrow = t == 0 and narrow
                 fed = 1 if first_narrow else k  # rows per sentence
                 per_row = min(width + masked, backend.vocab_size)
