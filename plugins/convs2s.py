@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from s2s_deploy.contract import BATCH, ArchitecturePlugin, MemorySpec, Seq2SeqModel, StateSpec, StepOutput
+from s2s_deploy.export.contract import BATCH, ArchitecturePlugin, MemorySpec, Seq2SeqModel, StateSpec, StepOutput
 
 SCALE = math.sqrt(0.5)
 

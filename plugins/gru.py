@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from s2s_deploy.contract import ArchitecturePlugin, MemorySpec, Seq2SeqModel, StateSpec, StepOutput
+from s2s_deploy.export.contract import ArchitecturePlugin, MemorySpec, Seq2SeqModel, StateSpec, StepOutput
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
-from s2s_deploy.contract import ArchitecturePlugin, MemorySpec, Seq2SeqModel, StateSpec, StepOutput
+from s2s_deploy.export.contract import ArchitecturePlugin, MemorySpec, Seq2SeqModel, StateSpec, StepOutput
 from s2s_deploy_plugins.bahdanau import AdditiveAttention
 from s2s_deploy_plugins.gru import layer_dropout, padding_bias, run_packed, xavier_init
 

@@ -31,7 +31,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
-from s2s_deploy.contract import BATCH, ArchitecturePlugin, MemorySpec, Seq2SeqModel, StateSpec, StepOutput
+from s2s_deploy.export.contract import BATCH, ArchitecturePlugin, MemorySpec, Seq2SeqModel, StateSpec, StepOutput
 
 
 @dataclass(frozen=True)

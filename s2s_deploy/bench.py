@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from s2s_deploy.errors import S2SError
+from s2s_deploy.runtime.errors import S2SError
 
 SYSTEMS = ("pytorch", "onnxruntime-cpu", "onnxruntime-generate", "pytorch-cuda", "onnxruntime-cuda")
 
@@ -90,9 +90,9 @@ def synthetic_export(spec: str, vocab_size: int, workdir: Path) -> Path:
     """Export ``ARCH:PRESET`` with seeded random weights and a word vocabulary of ``vocab_size``."""
     import torch
 
-    from s2s_deploy.checkpoint import save_checkpoint
-    from s2s_deploy.export import export_model
-    from s2s_deploy.registry import get_plugin
+    from s2s_deploy.export.checkpoint import save_checkpoint
+    from s2s_deploy.export.exporter import export_model
+    from s2s_deploy.export.registry import get_plugin
     from s2s_deploy.runtime.vocab import SPECIALS, Vocabulary
 
     arch, _, preset = spec.partition(":")
@@ -108,8 +108,8 @@ def synthetic_export(spec: str, vocab_size: int, workdir: Path) -> Path:
     out = workdir / f"{arch}-{preset}"
     export_model(plugin, model, config, vocab, vocab, out, checkpoint_path=checkpoint,
                  source=f"seeded random {spec}, vocab {vocab_size}", samples=samples, force=True)
-    from s2s_deploy.fuse import add_to_manifest, fuse_generate
     from s2s_deploy.runtime.manifest import load_manifest
+    from s2s_deploy.tools.fuse import add_to_manifest, fuse_generate
 
     add_to_manifest(load_manifest(out), fuse_generate(load_manifest(out), out / "generate.onnx"), beam=True)
     return out
@@ -154,7 +154,7 @@ def _engine(export_dir: Path, system: str, threads: int):
     if system.startswith("pytorch"):
         import torch
 
-        from s2s_deploy.parity import torch_backend_for
+        from s2s_deploy.export.parity import torch_backend_for
 
         torch.set_num_threads(threads)
         torch.set_num_interop_threads(1)

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from s2s_deploy.errors import S2SError
+from s2s_deploy.runtime.errors import S2SError
 from s2s_deploy.runtime.files import (
     CHUNK_LINES,
     ChunkResult,

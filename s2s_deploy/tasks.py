@@ -19,7 +19,7 @@ from pathlib import Path
 from babel.dates import format_date
 from num2words import num2words
 
-from s2s_deploy.errors import S2SError, UnknownNameError
+from s2s_deploy.runtime.errors import S2SError, UnknownNameError
 
 MAX_CHARS = 40
 FIRST_YEAR, LAST_YEAR = 1950, 2049

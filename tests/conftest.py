@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from s2s_deploy.export import export_model
-from s2s_deploy.registry import get_plugin
+from s2s_deploy.export.exporter import export_model
+from s2s_deploy.export.registry import get_plugin
+from s2s_deploy.export.sources import ModelSource, load_source
 from s2s_deploy.runtime.manifest import Manifest, load_manifest
-from s2s_deploy.sources import ModelSource, load_source
 
 
 class ExportCache:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from s2s_deploy.contract import validate_plugin
+from s2s_deploy.export.contract import validate_plugin
 from s2s_deploy_plugins.convs2s import PLUGIN, ConvS2S, ConvS2SConfig
 
 SRC_VOCAB, TGT_VOCAB = 11, 13

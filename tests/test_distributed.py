@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from s2s_deploy.errors import S2SError
+from s2s_deploy.runtime.errors import S2SError
 from s2s_deploy.runtime.files import FileOptions, translate_file
 from s2s_deploy.runtime.translator import Translator
 

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import onnx
 
-from s2s_deploy.export import export_model
-from s2s_deploy.parity import check_parity, torch_backend_for
-from s2s_deploy.registry import get_plugin
+from s2s_deploy.export.exporter import export_model
+from s2s_deploy.export.parity import check_parity, torch_backend_for
+from s2s_deploy.export.registry import get_plugin
+from s2s_deploy.export.sources import load_source
 from s2s_deploy.runtime.manifest import load_manifest
 from s2s_deploy.runtime.ort_backend import OrtBackend
-from s2s_deploy.sources import load_source
 
 
 def test_optimized_and_ort_format_export(tmp_path: Path) -> None:

@@ -7,11 +7,11 @@ from pathlib import Path
 import onnx
 import pytest
 
-from s2s_deploy.errors import S2SError
-from s2s_deploy.parity import check_parity, torch_backend_for
-from s2s_deploy.quantize import MIN_TOKEN_AGREEMENT, quantize_export
+from s2s_deploy.export.parity import check_parity, torch_backend_for
+from s2s_deploy.runtime.errors import S2SError
 from s2s_deploy.runtime.manifest import Manifest, load_manifest
 from s2s_deploy.runtime.ort_backend import OrtBackend
+from s2s_deploy.tools.quantize import MIN_TOKEN_AGREEMENT, quantize_export
 
 
 def declared_outputs(manifest: Manifest) -> list[onnx.ValueInfoProto]:

@@ -81,8 +81,8 @@ def test_node_example_matches_translate(exports, arch: str) -> None:
                     reason="run `npm install --ignore-scripts` in examples/node first (.ci/run does)")
 @pytest.mark.parametrize("beam", [1, 3])
 def test_node_generate_example_matches_translate(exports, tmp_path: Path, beam: int) -> None:
-    from s2s_deploy.fuse import add_to_manifest, fuse_generate
     from s2s_deploy.runtime.manifest import load_manifest
+    from s2s_deploy.tools.fuse import add_to_manifest, fuse_generate
 
     _, original = exports.get("transformer")
     folder = tmp_path / "fused"

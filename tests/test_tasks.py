@@ -6,7 +6,7 @@ import datetime
 
 import pytest
 
-from s2s_deploy.errors import S2SError, UnknownNameError
+from s2s_deploy.runtime.errors import S2SError, UnknownNameError
 from s2s_deploy.tasks import (
     BUILTIN_TASKS,
     MAX_CHARS,

@@ -9,14 +9,14 @@ import torch
 from click.testing import CliRunner
 from safetensors.torch import load_file
 
-from s2s_deploy.checkpoint import build_model, load_checkpoint, save_checkpoint
 from s2s_deploy.cli import main
-from s2s_deploy.errors import CheckpointError, S2SError
-from s2s_deploy.metrics import corpus_bleu, d2l_bleu, exact_match, score
-from s2s_deploy.registry import REGISTRY, get_plugin
+from s2s_deploy.export.checkpoint import build_model, load_checkpoint, save_checkpoint
+from s2s_deploy.export.registry import REGISTRY, get_plugin
+from s2s_deploy.runtime.errors import CheckpointError, S2SError
 from s2s_deploy.runtime.vocab import Vocabulary
 from s2s_deploy.tasks import SplitSizes, load_task
-from s2s_deploy.train import TrainConfig, encode_pairs, greedy_decode, make_batches, train, train_state_path
+from s2s_deploy.train.metrics import corpus_bleu, d2l_bleu, exact_match, score
+from s2s_deploy.train.trainer import TrainConfig, encode_pairs, greedy_decode, make_batches, train, train_state_path
 
 PLUGIN = get_plugin("transformer")
 TINY = PLUGIN.config_type(d_model=32, num_heads=2, ffn_hidden=64, encoder_layers=1, decoder_layers=1,

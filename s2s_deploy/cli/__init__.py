@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from s2s_deploy.errors import S2SError
+from s2s_deploy.runtime.errors import S2SError
 
 
 class Group(click.Group):
@@ -27,7 +27,7 @@ class Group(click.Group):
 
 
 def load_plugin_files(paths: tuple[str, ...]) -> None:
-    from s2s_deploy.registry import REGISTRY
+    from s2s_deploy.export.registry import REGISTRY
 
     for path in paths:
         REGISTRY.load_file(path)
@@ -49,7 +49,7 @@ def main() -> None:
 @plugin_option
 def list_command(plugin_files: tuple[str, ...]) -> None:
     """List registered architectures and where each comes from."""
-    from s2s_deploy.registry import REGISTRY
+    from s2s_deploy.export.registry import REGISTRY
 
     load_plugin_files(plugin_files)
     for entry in REGISTRY.entries():

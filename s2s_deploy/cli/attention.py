@@ -22,15 +22,15 @@ from s2s_deploy.cli.decode import device_option
 def attention_command(export_dir: str, text: str, out: str, reduce: str, compare: bool, max_len: int,
                       device: str, plugin_files: tuple[str, ...]) -> None:
     """Decode TEXT greedily and plot its cross-attention (the export needs --with-attention)."""
-    from s2s_deploy.attention import attention_map, compare_attention
     from s2s_deploy.runtime.manifest import load_manifest
     from s2s_deploy.runtime.ort_backend import OrtBackend
+    from s2s_deploy.tools.attention import attention_map, compare_attention
 
     load_plugin_files(plugin_files)
     manifest = load_manifest(export_dir)
     if not manifest.has_attention_output:
         _explain_missing_attention(manifest.plugin, export_dir)
-    from s2s_deploy import plot
+    from s2s_deploy.tools import plot
 
     plot.require_matplotlib()
     backend = OrtBackend(manifest, device=device)
@@ -38,7 +38,7 @@ def attention_command(export_dir: str, text: str, out: str, reduce: str, compare
     if manifest.max_target_length:
         max_len = min(max_len, manifest.max_target_length)
     if compare:
-        from s2s_deploy.parity import torch_backend_for
+        from s2s_deploy.export.parity import torch_backend_for
 
         comparison = compare_attention(torch_backend_for(manifest), backend, manifest, text, max_len=max_len)
         amap = comparison.candidate
@@ -55,8 +55,8 @@ def attention_command(export_dir: str, text: str, out: str, reduce: str, compare
 
 def _explain_missing_attention(architecture: str, export_dir: str) -> None:
     """Tell an architecture without attention from an export that merely left it out."""
-    from s2s_deploy.errors import S2SError
-    from s2s_deploy.registry import get_plugin
+    from s2s_deploy.export.registry import get_plugin
+    from s2s_deploy.runtime.errors import S2SError
 
     try:
         has_attention = get_plugin(architecture).has_attention

@@ -59,7 +59,7 @@ def bench_command(export_dirs: tuple[str, ...], synthetic: str | None, vocab_siz
         scratch_dir,
         synthetic_export,
     )
-    from s2s_deploy.errors import S2SError
+    from s2s_deploy.runtime.errors import S2SError
     from s2s_deploy.runtime.manifest import load_manifest
 
     load_plugin_files(plugin_files)
@@ -88,6 +88,6 @@ def bench_command(export_dirs: tuple[str, ...], synthetic: str | None, vocab_siz
             "beam_costs": [asdict(c) for c in beam_costs(result.rows)],
         }, indent=2))
     if plot_path:
-        from s2s_deploy.plot import plot_benchmark
+        from s2s_deploy.tools.plot import plot_benchmark
 
         plot_benchmark(chart_rows(result.rows), Path(plot_path))

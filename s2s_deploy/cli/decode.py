@@ -20,7 +20,7 @@ threads_option = click.option("--threads", type=click.IntRange(1), default=None,
 
 
 def read_lines(path: str) -> list[str]:
-    from s2s_deploy.errors import S2SError
+    from s2s_deploy.runtime.errors import S2SError
 
     try:
         text = Path(path).read_text(encoding="utf-8") if path != "-" else click.get_text_stream("stdin").read()
@@ -75,7 +75,7 @@ def translate_command(export_dir: str, texts: tuple[str, ...], input_path: str |
     With --output, --input is streamed in chunks of 10,000 lines: memory stays flat, output
     line N belongs to input line N, and Ctrl-C leaves a part file that --resume continues.
     """
-    from s2s_deploy.errors import S2SError
+    from s2s_deploy.runtime.errors import S2SError
     from s2s_deploy.runtime.files import CHUNK_LINES, FileOptions
     from s2s_deploy.runtime.translator import Translator, check_inputs
 
@@ -157,8 +157,8 @@ def parity_command(export_dir: str, input_path: str | None, beam: int, max_len: 
     """Decode with PyTorch and ONNX Runtime, greedy and beam; exit 1 unless they agree."""
     import sys
 
-    from s2s_deploy.errors import S2SError
-    from s2s_deploy.parity import check_parity, torch_backend_for
+    from s2s_deploy.export.parity import check_parity, torch_backend_for
+    from s2s_deploy.runtime.errors import S2SError
     from s2s_deploy.runtime.manifest import load_manifest
     from s2s_deploy.runtime.ort_backend import OrtBackend
 
@@ -211,16 +211,16 @@ def parity_command(export_dir: str, input_path: str | None, beam: int, max_len: 
 def evaluate_command(export_dir: str, task: str | None, split: str, beam: int, limit: int | None, backends: str,
                      device: str, plugin_files: tuple[str, ...]) -> None:
     """BLEU and exact match of an export on its task, PyTorch and ONNX Runtime side by side."""
-    from s2s_deploy.evaluate import evaluate, markdown, task_of
     from s2s_deploy.runtime.manifest import load_manifest
     from s2s_deploy.runtime.ort_backend import OrtBackend
+    from s2s_deploy.train.evaluate import evaluate, markdown, task_of
 
     load_plugin_files(plugin_files)
     manifest = load_manifest(export_dir)
     task_of(manifest, task)
     chosen = []
     if backends in ("both", "pytorch"):
-        from s2s_deploy.parity import torch_backend_for
+        from s2s_deploy.export.parity import torch_backend_for
 
         chosen.append(torch_backend_for(manifest))
     if backends in ("both", "onnxruntime"):

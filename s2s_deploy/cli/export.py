@@ -29,10 +29,10 @@ def export_command(arch: str, checkpoint: str | None, out_dir: str | None, prese
                    exporter: str | None, opset: int, with_attention: bool, optimize: bool, ort_format: bool,
                    force: bool, plugin_files: tuple[str, ...]) -> None:
     """Export an encoder graph and a step-wise decoder graph, then validate them against PyTorch."""
-    from s2s_deploy.errors import S2SError
-    from s2s_deploy.export import export_model
-    from s2s_deploy.registry import get_plugin
-    from s2s_deploy.sources import load_source
+    from s2s_deploy.export.exporter import export_model
+    from s2s_deploy.export.registry import get_plugin
+    from s2s_deploy.export.sources import load_source
+    from s2s_deploy.runtime.errors import S2SError
 
     load_plugin_files(plugin_files)
     plugin = get_plugin(arch)

@@ -12,8 +12,8 @@ from s2s_deploy.cli import main
 @click.option("--greedy-only", is_flag=True, help="Fuse greedy search only (a smaller loop body, no beam inputs).")
 def fuse_command(export_dir: str, greedy_only: bool) -> None:
     """Write generate.onnx: encoder, then greedy or beam search in an ONNX Loop, in one graph."""
-    from s2s_deploy.fuse import GENERATE_FILE, add_to_manifest, fuse_generate
     from s2s_deploy.runtime.manifest import load_manifest
+    from s2s_deploy.tools.fuse import GENERATE_FILE, add_to_manifest, fuse_generate
 
     manifest = load_manifest(export_dir)
     beam = not greedy_only

@@ -25,9 +25,9 @@ MAX_EXACT_MATCH_DROP = 2.0
 def quantize_command(export_dir: str, kind: str | None, out_dir: str | None, force: bool, limit: int | None,
                      no_evaluate: bool) -> None:
     """Write a quantised copy of an export, with sizes and task accuracy before and after."""
-    from s2s_deploy.errors import S2SError
-    from s2s_deploy.quantize import quantize_export
+    from s2s_deploy.runtime.errors import S2SError
     from s2s_deploy.runtime.manifest import load_manifest
+    from s2s_deploy.tools.quantize import quantize_export
 
     if kind is None:
         raise S2SError("choose --int8 or --fp16")
@@ -46,8 +46,8 @@ def quantize_command(export_dir: str, kind: str | None, out_dir: str | None, for
 
 
 def _compare_accuracy(original, quantised, limit: int | None, kind: str) -> None:
-    from s2s_deploy.evaluate import evaluate
     from s2s_deploy.runtime.ort_backend import OrtBackend
+    from s2s_deploy.train.evaluate import evaluate
 
     device = "cuda" if kind == "fp16" else "cpu"
     rows = {}

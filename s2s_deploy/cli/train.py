@@ -44,10 +44,10 @@ def train_command(arch: str, task: str, preset: str | None, epochs: int, seed: i
                   threads: int, device: str, resume: str | None, out: str | None, no_progress: bool,
                   plugin_files: tuple[str, ...]) -> None:
     """Train an architecture with teacher forcing; keep the checkpoint with the best valid exact match."""
-    from s2s_deploy.errors import S2SError
-    from s2s_deploy.registry import get_plugin
+    from s2s_deploy.export.registry import get_plugin
+    from s2s_deploy.runtime.errors import S2SError
     from s2s_deploy.tasks import load_task
-    from s2s_deploy.train import TrainConfig, train
+    from s2s_deploy.train.trainer import TrainConfig, train
 
     load_plugin_files(plugin_files)
     plugin = get_plugin(arch)

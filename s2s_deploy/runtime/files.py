@@ -28,7 +28,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from s2s_deploy.errors import S2SError
+from s2s_deploy.runtime.errors import S2SError
 from s2s_deploy.runtime.manifest import MANIFEST_NAME, Manifest, sha256_of
 from s2s_deploy.runtime.translator import Translator
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from s2s_deploy.errors import ManifestError
+from s2s_deploy.runtime.errors import ManifestError
 from s2s_deploy.runtime.names import init_name, past_name, present_name
 from s2s_deploy.runtime.vocab import Vocabulary
 

@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from s2s_deploy.errors import S2SError
 from s2s_deploy.runtime.backend import Backend, DecodeRun
+from s2s_deploy.runtime.errors import S2SError
 from s2s_deploy.runtime.manifest import Manifest
 from s2s_deploy.runtime.names import TOP_K, TOP_OUTPUTS
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from s2s_deploy.errors import S2SError
+from s2s_deploy.runtime.errors import S2SError
 from s2s_deploy.runtime.manifest import load_manifest
 from s2s_deploy.runtime.search import Hypothesis, SearchConfig, SearchEngine, StepLoop
 from s2s_deploy.runtime.vocab import Vocabulary

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import onnx
 
-from s2s_deploy.errors import S2SError
+from s2s_deploy.runtime.errors import S2SError
 from s2s_deploy.runtime.manifest import Manifest, sha256_of, write_manifest
-from s2s_deploy.staging import staged_directory
+from s2s_deploy.runtime.staging import staged_directory
 
 KINDS = ("int8", "fp16")
 # Token agreement with the fp32 original that parity requires, per kind: int8 weights move

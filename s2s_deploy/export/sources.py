@@ -12,9 +12,9 @@ from typing import Any
 
 import torch
 
-from s2s_deploy.checkpoint import build_model, load_checkpoint, save_checkpoint
-from s2s_deploy.contract import ArchitecturePlugin, Seq2SeqModel
-from s2s_deploy.errors import S2SError
+from s2s_deploy.export.checkpoint import build_model, load_checkpoint, save_checkpoint
+from s2s_deploy.export.contract import ArchitecturePlugin, Seq2SeqModel
+from s2s_deploy.runtime.errors import S2SError
 from s2s_deploy.runtime.vocab import Vocabulary
 
 RANDOM_SEED = 0

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from s2s_deploy.contract import MemorySpec, Seq2SeqModel, StateSpec
+from s2s_deploy.export.contract import MemorySpec, Seq2SeqModel, StateSpec
 from s2s_deploy.runtime.names import init_name, past_name, present_name
 
 

@@ -16,7 +16,7 @@ from typing import Any, ClassVar, Literal, NamedTuple
 
 from torch import Tensor, nn
 
-from s2s_deploy.errors import ContractError, UnknownNameError
+from s2s_deploy.runtime.errors import ContractError, UnknownNameError
 from s2s_deploy.runtime.manifest import BATCH, zeros_shape
 from s2s_deploy.runtime.names import TOP_K, TOP_OUTPUTS
 

@@ -22,14 +22,14 @@ import numpy as np
 import onnx
 import torch
 
-from s2s_deploy.contract import ArchitecturePlugin, Seq2SeqModel, StateSpec
-from s2s_deploy.errors import S2SError
-from s2s_deploy.graphs import EncoderGraph, GraphIO, StepGraph, io_names
+from s2s_deploy.export.contract import ArchitecturePlugin, Seq2SeqModel, StateSpec
+from s2s_deploy.export.graphs import EncoderGraph, GraphIO, StepGraph, io_names
+from s2s_deploy.runtime.errors import S2SError
 from s2s_deploy.runtime.manifest import FORMAT, sha256_of, write_manifest
 from s2s_deploy.runtime.names import TOP_K, TOP_OUTPUTS, init_name, past_name, present_name
 from s2s_deploy.runtime.ort_backend import quiet_stderr
+from s2s_deploy.runtime.staging import staged_directory
 from s2s_deploy.runtime.vocab import Vocabulary
-from s2s_deploy.staging import staged_directory
 
 DEFAULT_OPSET = 18
 ENCODER_FILE = "encoder.onnx"

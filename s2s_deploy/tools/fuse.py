@@ -27,7 +27,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from s2s_deploy.errors import S2SError
+from s2s_deploy.runtime.errors import S2SError
 from s2s_deploy.runtime.manifest import MANIFEST_NAME, Manifest, sha256_of
 
 GENERATE_FILE = "generate.onnx"

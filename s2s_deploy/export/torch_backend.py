@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from s2s_deploy.contract import ArchitecturePlugin, Seq2SeqModel
-from s2s_deploy.graphs import EncoderGraph, StepGraph, io_names
+from s2s_deploy.export.contract import ArchitecturePlugin, Seq2SeqModel
+from s2s_deploy.export.graphs import EncoderGraph, StepGraph, io_names
 from s2s_deploy.runtime.backend import Backend, DecodeRun
 from s2s_deploy.runtime.names import init_name
 from s2s_deploy.runtime.vocab import Vocabulary

@@ -5,13 +5,13 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from s2s_deploy.errors import S2SError
-from s2s_deploy.metrics import Scores, score
 from s2s_deploy.runtime.backend import Backend
+from s2s_deploy.runtime.errors import S2SError
 from s2s_deploy.runtime.manifest import Manifest
 from s2s_deploy.runtime.search import SearchConfig, StepLoop
 from s2s_deploy.runtime.translator import translate
 from s2s_deploy.tasks import load_task
+from s2s_deploy.train.metrics import Scores, score
 
 
 @dataclass(frozen=True)

@@ -11,14 +11,14 @@ from pathlib import Path
 
 import numpy as np
 
-from s2s_deploy.checkpoint import build_model, load_checkpoint
-from s2s_deploy.errors import CheckpointError
-from s2s_deploy.registry import get_plugin
+from s2s_deploy.export.checkpoint import build_model, load_checkpoint
+from s2s_deploy.export.registry import get_plugin
+from s2s_deploy.export.torch_backend import TorchBackend
 from s2s_deploy.runtime.backend import Backend
+from s2s_deploy.runtime.errors import CheckpointError
 from s2s_deploy.runtime.manifest import Manifest, sha256_of
 from s2s_deploy.runtime.search import SearchConfig, search
 from s2s_deploy.runtime.translator import encode_batch
-from s2s_deploy.torch_backend import TorchBackend
 
 
 @dataclass(frozen=True)

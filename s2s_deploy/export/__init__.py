@@ -1,0 +1,1 @@
+"""The torch side: the plugin contract, registry, checkpoints, export, the PyTorch backend and parity."""

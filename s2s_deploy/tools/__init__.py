@@ -1,0 +1,1 @@
+"""Graph tools that need onnx but never torch: generate.onnx, quantisation, attention maps, plots."""

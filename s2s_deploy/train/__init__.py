@@ -1,0 +1,1 @@
+"""Training and evaluation: the trainer, BLEU and exact-match metrics, export evaluation."""
