@@ -6,7 +6,10 @@ import sys
 
 import click
 
+from s2s_deploy.cli.extras import conflicting_runtimes, explain_missing_module
 from s2s_deploy.runtime.errors import S2SError
+
+CUDA_PROVIDER = "CUDAExecutionProvider"
 
 
 class Group(click.Group):
@@ -15,6 +18,9 @@ class Group(click.Group):
     def invoke(self, ctx: click.Context):  # type: ignore[override]
         try:
             return super().invoke(ctx)
+        except ModuleNotFoundError as exc:
+            click.echo(f"error: {explain_missing_module(ctx.invoked_subcommand or '', exc)}", err=True)
+            sys.exit(1)
         except S2SError as exc:
             click.echo(f"error: {exc}", err=True)
             sys.exit(1)
@@ -41,8 +47,19 @@ plugin_option = click.option(
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="s2s-deploy")
-def main() -> None:
+@click.option("--verbose", is_flag=True, help="Also say which ONNX Runtime provider runs, when it is the CPU.")
+def main(verbose: bool) -> None:
     """Export PyTorch seq2seq models to ONNX, decode them, and prove parity."""
+    if click.get_current_context().invoked_subcommand != "list" and (conflict := conflicting_runtimes()):
+        raise S2SError(conflict)
+
+
+def echo_device(notice: str, provider: str) -> None:
+    """The provider line goes to stderr only when CUDA runs or with ``--verbose``: a CPU-only
+    install prints nothing extra."""
+    root = click.get_current_context().find_root()
+    if provider == CUDA_PROVIDER or root.params.get("verbose"):
+        click.echo(notice, err=True)
 
 
 @main.command("list")

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import click
 
-from s2s_deploy.cli import load_plugin_files, main, plugin_option
+from s2s_deploy.cli import echo_device, load_plugin_files, main, plugin_option
 from s2s_deploy.cli.decode import device_option
+from s2s_deploy.cli.extras import require
 
 
 @main.command("attention")
@@ -22,6 +23,7 @@ from s2s_deploy.cli.decode import device_option
 def attention_command(export_dir: str, text: str, out: str, reduce: str, compare: bool, max_len: int,
                       device: str, plugin_files: tuple[str, ...]) -> None:
     """Decode TEXT greedily and plot its cross-attention (the export needs --with-attention)."""
+    require("attention", "plot", *(("export",) if compare else ()))
     from s2s_deploy.runtime.manifest import load_manifest
     from s2s_deploy.runtime.ort_backend import OrtBackend
     from s2s_deploy.tools.attention import attention_map, compare_attention
@@ -34,7 +36,7 @@ def attention_command(export_dir: str, text: str, out: str, reduce: str, compare
 
     plot.require_matplotlib()
     backend = OrtBackend(manifest, device=device)
-    click.echo(backend.choice.notice(), err=True)
+    echo_device(backend.choice.notice(), backend.choice.provider)
     if manifest.max_target_length:
         max_len = min(max_len, manifest.max_target_length)
     if compare:

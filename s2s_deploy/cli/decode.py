@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING
 
 import click
 
-from s2s_deploy.cli import load_plugin_files, main, plugin_option
+from s2s_deploy.cli import echo_device, load_plugin_files, main, plugin_option
+from s2s_deploy.cli.extras import require
 
 if TYPE_CHECKING:
     from s2s_deploy.runtime.files import FileOptions
@@ -52,7 +53,7 @@ def read_lines(path: str) -> list[str]:
 @click.option("--errors", "utf8_errors", type=click.Choice(["strict", "replace"]), default=None,
               help="With --output: invalid UTF-8 stops with its line number, or becomes U+FFFD [default: strict].")
 @click.option("--resume", is_flag=True, help="With --output: continue an interrupted run from its .part file.")
-@click.option("--quiet", is_flag=True, help="With --output: no progress bar or device notice.")
+@click.option("--quiet", is_flag=True, help="No progress bar and no device notice.")
 @click.option("--ray", "ray_address", is_flag=False, flag_value="", default=None, metavar="[ADDRESS]",
               help="With --output: translate on Ray (a local one, or the cluster at ADDRESS, e.g. auto).")
 @click.option("--actors", type=click.IntRange(1), default=2, show_default=True,
@@ -79,7 +80,7 @@ def translate_command(export_dir: str, texts: tuple[str, ...], input_path: str |
     from s2s_deploy.runtime.files import CHUNK_LINES, FileOptions
     from s2s_deploy.runtime.translator import Translator, check_inputs
 
-    file_only = {"--on-long": on_long, "--errors": utf8_errors, "--resume": resume or None, "--quiet": quiet or None,
+    file_only = {"--on-long": on_long, "--errors": utf8_errors, "--resume": resume or None,
                  "--ray": ray_address, "--chunk-lines": chunk_lines}
     if output_path is not None:
         if texts or input_path is None:
@@ -101,7 +102,8 @@ def translate_command(export_dir: str, texts: tuple[str, ...], input_path: str |
     check_inputs(sentences)
     translator = Translator(export_dir, device=device, threads=threads, engine=engine)
     translator.search_config(beam, n_best, max_len, alpha)  # reject bad options before the notice
-    click.echo(translator.notice, err=True)
+    if not quiet:
+        echo_device(translator.notice, translator.provider)
     for result in translator(sentences, beam, n_best, max_len, alpha, batch_size):
         for text, score in result.hypotheses:
             click.echo(f"{score:.4f}\t{text}" if scores else text)
@@ -130,7 +132,7 @@ def _translate_file(export_dir: str, input_path: str, output_path: str, options:
             translator = Translator(export_dir, device=device, threads=threads, engine=engine)
             translator.search_config(options.beam, 1, options.max_len, options.alpha)
             if not quiet:
-                click.echo(translator.notice, err=True)
+                echo_device(translator.notice, translator.provider)
             summary = translate_file(translator, input_path, output_path, options, resume=resume, progress=progress)
     except TranslationInterrupted as exc:
         click.echo(str(exc), err=True)
@@ -155,6 +157,7 @@ def parity_command(export_dir: str, input_path: str | None, beam: int, max_len: 
                    checkpoint: str | None, as_json: bool, ort_format: bool, device: str,
                    plugin_files: tuple[str, ...]) -> None:
     """Decode with PyTorch and ONNX Runtime, greedy and beam; exit 1 unless they agree."""
+    require("parity", "export")
     import sys
 
     from s2s_deploy.export.parity import check_parity, torch_backend_for
@@ -169,7 +172,7 @@ def parity_command(export_dir: str, input_path: str | None, beam: int, max_len: 
         raise S2SError(f"{export_dir} stores no sample inputs; pass --input FILE")
     reference = torch_backend_for(manifest, checkpoint)
     candidate = OrtBackend(manifest, device=device, graph_format="ort" if ort_format else "onnx")
-    click.echo(candidate.choice.notice(), err=True)
+    echo_device(candidate.choice.notice(), candidate.choice.provider)
     report = check_parity(manifest, reference, candidate, sources, beam_size=beam, max_len=max_len, atol=atol)
     if as_json:
         click.echo(json.dumps({
@@ -211,6 +214,7 @@ def parity_command(export_dir: str, input_path: str | None, beam: int, max_len: 
 def evaluate_command(export_dir: str, task: str | None, split: str, beam: int, limit: int | None, backends: str,
                      device: str, plugin_files: tuple[str, ...]) -> None:
     """BLEU and exact match of an export on its task, PyTorch and ONNX Runtime side by side."""
+    require("evaluate", "eval", *(("export",) if backends != "onnxruntime" else ()))
     from s2s_deploy.runtime.manifest import load_manifest
     from s2s_deploy.runtime.ort_backend import OrtBackend
     from s2s_deploy.train.evaluate import evaluate, markdown, task_of
@@ -225,6 +229,6 @@ def evaluate_command(export_dir: str, task: str | None, split: str, beam: int, l
         chosen.append(torch_backend_for(manifest))
     if backends in ("both", "onnxruntime"):
         ort_backend = OrtBackend(manifest, device=device)
-        click.echo(ort_backend.choice.notice(), err=True)
+        echo_device(ort_backend.choice.notice(), ort_backend.choice.provider)
         chosen.append(ort_backend)
     click.echo(markdown(evaluate(manifest, chosen, task, split, beam, limit)))

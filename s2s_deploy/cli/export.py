@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from s2s_deploy.cli import load_plugin_files, main, plugin_option
+from s2s_deploy.cli.extras import require
 
 
 @main.command("export")
@@ -29,6 +30,7 @@ def export_command(arch: str, checkpoint: str | None, out_dir: str | None, prese
                    exporter: str | None, opset: int, with_attention: bool, optimize: bool, ort_format: bool,
                    force: bool, plugin_files: tuple[str, ...]) -> None:
     """Export an encoder graph and a step-wise decoder graph, then validate them against PyTorch."""
+    require("export", "export")
     from s2s_deploy.export.exporter import export_model
     from s2s_deploy.export.registry import get_plugin
     from s2s_deploy.export.sources import load_source

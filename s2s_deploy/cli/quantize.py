@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from importlib.util import find_spec
 from pathlib import Path
 
 import click
 
 from s2s_deploy.cli import main
+from s2s_deploy.cli.extras import install_hint
 
 # Largest exact-match loss (percentage points) we call acceptable for a quantised model.
 MAX_EXACT_MATCH_DROP = 2.0
@@ -41,6 +43,9 @@ def quantize_command(export_dir: str, kind: str | None, out_dir: str | None, for
     if no_evaluate or not manifest.raw.get("training", {}).get("task"):
         if not no_evaluate:
             click.echo("no training task recorded: skipping the accuracy comparison (use `s2s-deploy evaluate`)")
+        return
+    if find_spec("sacrebleu") is None:
+        click.echo(f"the accuracy comparison needs the eval extra: {install_hint('eval')}; skipped")
         return
     _compare_accuracy(manifest, load_manifest(destination), limit, kind)
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from s2s_deploy.cli import load_plugin_files, main, plugin_option
+from s2s_deploy.cli.extras import require
 
 
 @main.command("train")
@@ -44,6 +45,7 @@ def train_command(arch: str, task: str, preset: str | None, epochs: int, seed: i
                   threads: int, device: str, resume: str | None, out: str | None, no_progress: bool,
                   plugin_files: tuple[str, ...]) -> None:
     """Train an architecture with teacher forcing; keep the checkpoint with the best valid exact match."""
+    require("train", "export", "eval")
     from s2s_deploy.export.registry import get_plugin
     from s2s_deploy.runtime.errors import S2SError
     from s2s_deploy.tasks import load_task

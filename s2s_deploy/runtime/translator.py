@@ -89,10 +89,12 @@ class Translator:
             from s2s_deploy.runtime.graph_engine import GraphEngine
 
             self.engine: SearchEngine = GraphEngine(self.manifest, device=device, threads=threads)
-            self.notice = f"onnxruntime: generate.onnx on {self.engine.provider}"
+            self.provider = self.engine.provider
+            self.notice = f"onnxruntime: generate.onnx on {self.provider}"
         else:
             self.backend = OrtBackend(self.manifest, device=device, threads=threads)
             self.engine = StepLoop(self.backend)
+            self.provider = self.backend.choice.provider
             self.notice = self.backend.choice.notice()
 
     def search_config(self, beam: int = 1, n_best: int = 1, max_len: int | None = None,
