@@ -43,11 +43,14 @@ def _ints(text: str) -> tuple[int, ...]:
               "generate.onnx; run `s2s-deploy fuse` first), pytorch-cuda, onnxruntime-cuda.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write results as JSON.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None, help="Write a chart (PNG).")
+@click.option("--roofline", is_flag=True,
+              help="Also measure this machine's bandwidth and GEMM limits and give each ONNX Runtime CPU cell as a "
+              "share of its bound.")
 @plugin_option
 def bench_command(export_dirs: tuple[str, ...], synthetic: str | None, vocab_size: int, synthetic_dir: str | None,
                   fixed_length: int | None,
                   beams: str, batches: str, sentences: int, reps: int, warmup: int, threads: int, systems: str,
-                  json_path: str | None, plot_path: str | None, plugin_files: tuple[str, ...]) -> None:
+                  json_path: str | None, plot_path: str | None, roofline: bool, plugin_files: tuple[str, ...]) -> None:
     """Tokens/s, latency, engine overhead and peak memory: PyTorch eager vs ONNX Runtime."""
     from s2s_deploy.bench import (
         SYSTEMS,
@@ -81,11 +84,19 @@ def bench_command(export_dirs: tuple[str, ...], synthetic: str | None, vocab_siz
                              warmup=warmup, threads=threads, fixed_length=fixed_length, systems=chosen)
     result = run_benchmark(dirs, settings)
     click.echo(markdown_table(result))
+    cells: list = []
+    if roofline:
+        from s2s_deploy.tools import roofline as roof
+
+        decoders = {d.name: (m := load_manifest(d)).graph_path(m.decoder) for d in dirs}
+        cells, limits = roof.roofline_cells(result.rows, decoders, threads)
+        click.echo(roof.markdown(cells, limits))
     if json_path:
         Path(json_path).write_text(json.dumps({
             "machine": result.machine, "settings": asdict(settings),
             "rows": [asdict(r) for r in result.rows], "skipped": result.skipped,
             "beam_costs": [asdict(c) for c in beam_costs(result.rows)],
+            "roofline": [{**asdict(c), "share": c.share} for c in cells],
         }, indent=2))
     if plot_path:
         from s2s_deploy.tools.plot import plot_benchmark
