@@ -112,7 +112,7 @@ def test_translate_and_parity_succeed(exports) -> None:
     code, out, err = run("translate", str(manifest.directory), manifest.samples[0], manifest.samples[1])
     assert code == 0, err
     assert len(out.splitlines()) == 2
-    assert err.strip().startswith("onnxruntime") and len(err.strip().splitlines()) == 1
+    assert err == ""  # a CPU-only run prints no device notice (tests/test_extras.py covers --verbose)
     code, out, err = run("parity", str(manifest.directory), "--beam", "2", "--max-len", "20")
     assert code == 0, out + err
     assert out.strip().endswith("parity: PASS")
