@@ -17,6 +17,9 @@ from s2s_deploy.cli.extras import require
               help="A .safetensors checkpoint; default: the architecture's bundled one.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Output folder [default: exported/<arch>].")
+@click.option("--no-checkpoint", "no_checkpoint", is_flag=True,
+              help="Leave the PyTorch checkpoint out of the folder: only what a deployment loads (parity then needs "
+              "--checkpoint).")
 @click.option("--preset", default=None, help="Config preset, only for seeded random weights (no checkpoint).")
 @click.option("--exporter", type=click.Choice(["dynamo", "torchscript"]), default=None,
               help="torch.onnx exporter [default: the plugin's choice].")
@@ -28,7 +31,7 @@ from s2s_deploy.cli.extras import require
 @plugin_option
 def export_command(arch: str, checkpoint: str | None, out_dir: str | None, preset: str | None,
                    exporter: str | None, opset: int, with_attention: bool, optimize: bool, ort_format: bool,
-                   force: bool, plugin_files: tuple[str, ...]) -> None:
+                   force: bool, no_checkpoint: bool, plugin_files: tuple[str, ...]) -> None:
     """Export an encoder graph and a step-wise decoder graph, then validate them against PyTorch."""
     require("export", "export")
     from s2s_deploy.export.exporter import export_model
@@ -51,7 +54,7 @@ def export_command(arch: str, checkpoint: str | None, out_dir: str | None, prese
             checkpoint_path=source.checkpoint_path, source=source.description, samples=source.samples,
             training=source.info,
             exporter=exporter, opset=opset, with_attention=with_attention, optimize=optimize,
-            ort_format=ort_format, force=force,
+            ort_format=ort_format, force=force, include_checkpoint=not no_checkpoint,
         )
     worst = max(report.max_abs_diff.items(), key=lambda item: item[1])
     sizes = ", ".join(f"{name} {size / 1e6:.2f} MB" for name, size in report.graph_bytes.items())
@@ -66,7 +69,7 @@ def inspect_command(export_dir: str) -> None:
     """Inputs, outputs, opset, node and parameter counts, and sizes of each graph."""
     import onnxruntime
 
-    from s2s_deploy.runtime.inspect import shared_parameter_bytes, summarise
+    from s2s_deploy.runtime.inspect import deployable_files, shared_parameter_bytes, summarise
     from s2s_deploy.runtime.manifest import load_manifest
 
     manifest = load_manifest(export_dir)
@@ -81,5 +84,10 @@ def inspect_command(export_dir: str) -> None:
             click.echo(f"  in   {name}")
         for name in g.outputs:
             click.echo(f"  out  {name}")
-    click.echo(f"\nweights stored in both graphs: {shared_parameter_bytes(manifest) / 1e6:.2f} MB")
+    stored_once = any(graph.external_data for graph in (manifest.encoder, manifest.decoder))
+    click.echo(f"\nweights both graphs use: {shared_parameter_bytes(manifest) / 1e6:.2f} MB, "
+               f"{'stored once (external data)' if stored_once else 'stored in each graph'}")
+    files = deployable_files(manifest)
+    click.echo(f"deployable: {sum(files.values()) / 1e6:.2f} MB in {len(files)} files ("
+               + ", ".join(f"{name} {size / 1e6:.2f} MB" for name, size in files.items()) + ")")
     click.echo(f"execution providers in this onnxruntime build: {', '.join(onnxruntime.get_available_providers())}")

@@ -37,9 +37,12 @@ def quantize_command(export_dir: str, kind: str | None, out_dir: str | None, for
     destination = Path(out_dir) if out_dir else manifest.directory.with_name(f"{manifest.directory.name}-{kind}")
     report = quantize_export(manifest, kind, destination, force)
     click.echo(f"wrote {report.directory}/ ({kind})")
-    for name, before in report.bytes_before.items():
-        after = report.bytes_after[name]
-        click.echo(f"  {name}: {before / 1e6:.2f} MB -> {after / 1e6:.2f} MB ({after / before:.0%})")
+    for name in dict.fromkeys([*report.bytes_before, *report.bytes_after]):
+        before, after = report.bytes_before.get(name, 0), report.bytes_after.get(name, 0)
+        click.echo(f"  {name}: {before / 1e6:.2f} MB -> {after / 1e6:.2f} MB")
+    total_before, total_after = sum(report.bytes_before.values()), sum(report.bytes_after.values())
+    click.echo(f"  deployable: {total_before / 1e6:.2f} MB -> {total_after / 1e6:.2f} MB "
+               f"({total_after / total_before:.0%})")
     if no_evaluate or not manifest.raw.get("training", {}).get("task"):
         if not no_evaluate:
             click.echo("no training task recorded: skipping the accuracy comparison (use `s2s-deploy evaluate`)")

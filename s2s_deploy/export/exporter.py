@@ -30,6 +30,7 @@ from s2s_deploy.runtime.names import TOP_K, TOP_OUTPUTS, init_name, past_name, p
 from s2s_deploy.runtime.ort_backend import quiet_stderr
 from s2s_deploy.runtime.staging import staged_directory
 from s2s_deploy.runtime.vocab import Vocabulary
+from s2s_deploy.tools.share import share_weights
 
 DEFAULT_OPSET = 18
 ENCODER_FILE = "encoder.onnx"
@@ -81,10 +82,13 @@ def export_model(
     optimize: bool = False,
     ort_format: bool = False,
     force: bool = False,
+    include_checkpoint: bool = True,
 ) -> ExportReport:
     """``optimize`` stores the graphs as ONNX Runtime's extended optimisations leave them (fused,
     still portable across machines); ``ort_format`` adds ``.ort`` copies for ORT's mobile and
-    minimal builds. Every variant written is compared against PyTorch like the plain export."""
+    minimal builds. Every variant written is compared against PyTorch like the plain export.
+    Without ``include_checkpoint`` the folder holds only what a deployment loads; the manifest
+    still names the checkpoint and its sha256, for ``parity --checkpoint``."""
     out_dir = Path(out_dir)
     if out_dir.exists() and not force:
         raise S2SError(f"{out_dir} already exists; pass --force to replace it")
@@ -114,14 +118,21 @@ def export_model(
                 _ort_optimize(path, path, "onnx")
         diffs = _compare_with_onnxruntime(encoder, step, specs, graph_paths, len(src_vocab), len(tgt_vocab),
                                           plugin.parity_atol)
-        shutil.copyfile(checkpoint_path, work / CHECKPOINT_FILE)
         raw = _manifest(plugin, config, specs, src_vocab, tgt_vocab, work, exporter, opset, source,
                         samples, diffs)
+        raw["checkpoint"] = {"file": CHECKPOINT_FILE, "sha256": sha256_of(checkpoint_path),
+                             "included": include_checkpoint}
+        if include_checkpoint:
+            shutil.copyfile(checkpoint_path, work / CHECKPOINT_FILE)
         raw["training"] = training or {}
         raw["ort_optimized"] = optimize
         for role, path in zip(("encoder", "decoder"), graph_paths, strict=True):
             _write_metadata(path, role, raw)
+        shared = share_weights(graph_paths)
+        for role, path in zip(("encoder", "decoder"), graph_paths, strict=True):
             raw["graphs"][role]["sha256"] = sha256_of(path)
+            if path in shared:
+                raw["graphs"][role]["external_data"] = shared[path]
         if ort_format:
             ort_paths = tuple(path.with_suffix(".ort") for path in graph_paths)
             for path, ort_path in zip(graph_paths, ort_paths, strict=True):
@@ -415,7 +426,6 @@ def _manifest(
             "max_target_length": plugin.max_target_length(config),
         },
         "search": {"length_penalty_alpha": 0.75},
-        "checkpoint": {"file": CHECKPOINT_FILE, "sha256": sha256_of(work / CHECKPOINT_FILE)},
         "validation": {"atol": plugin.parity_atol, "max_abs_diff": diffs},
         "samples": list(samples),
     }

@@ -60,6 +60,9 @@ def torch_backend_for(
     plugin = get_plugin(manifest.plugin)
     recorded = manifest.raw["checkpoint"]
     path = Path(checkpoint) if checkpoint else manifest.directory / recorded["file"]
+    if checkpoint is None and not recorded.get("included", True):
+        raise CheckpointError(f"{manifest.directory} was exported without its checkpoint: pass --checkpoint FILE "
+                              f"(the one with sha256 {recorded['sha256'][:16]}...)")
     if checkpoint is None and path.is_file() and sha256_of(path) != recorded["sha256"]:
         raise CheckpointError(f"{path} is not the checkpoint this folder was exported from (sha256 differs)")
     loaded = load_checkpoint(path)

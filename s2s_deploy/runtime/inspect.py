@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from s2s_deploy.runtime.manifest import Manifest
+from s2s_deploy.runtime.manifest import MANIFEST_NAME, Manifest
 
 
 @dataclass(frozen=True)
@@ -35,8 +35,17 @@ def summarise(manifest: Manifest) -> list[GraphSummary]:
             (("encoder", manifest.encoder), ("decoder", manifest.decoder))]
 
 
+def deployable_files(manifest: Manifest) -> dict[str, int]:
+    """Bytes of each file a deployment loads: the graphs, the external data they read, the
+    manifest. The checkpoint (parity only) and generate.onnx (``--engine graph`` only) are not among them."""
+    names = [MANIFEST_NAME]
+    for graph in (manifest.encoder, manifest.decoder):
+        names += [graph.file, *(name for name, _ in graph.external_data)]
+    return {name: (manifest.directory / name).stat().st_size for name in dict.fromkeys(names)}
+
+
 def shared_parameter_bytes(manifest: Manifest) -> int:
-    """Bytes of initializers stored in both graphs (same shape and content)."""
+    """Bytes of initializers both graphs use (same shape and content), however they are stored."""
     digests = []
     for graph in (manifest.encoder, manifest.decoder):
         model = onnx.load(str(manifest.graph_path(graph)))

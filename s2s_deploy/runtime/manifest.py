@@ -71,6 +71,8 @@ class GraphEntry:
     outputs: tuple[str, ...]
     ort_file: str | None = None
     ort_sha256: str | None = None
+    external_data: tuple[tuple[str, str], ...] = ()
+    """(file, sha256) of each ONNX external-data file the graph reads, e.g. weights stored once for both graphs."""
 
 
 @dataclass(frozen=True)
@@ -132,6 +134,12 @@ def load_manifest(directory: str | Path, verify_hashes: bool = True) -> Manifest
             raise ManifestError(f"{graph_path} is missing")
         if verify_hashes and sha256_of(graph_path) != graph.sha256:
             raise ManifestError(f"{graph_path} does not match the sha256 in the manifest (modified or corrupt)")
+        for name, digest in graph.external_data:
+            data_path = directory / name
+            if Path(name).name != name or not data_path.is_file():
+                raise ManifestError(f"{graph.file} reads external data {name!r}, which is not a file in {directory}")
+            if verify_hashes and sha256_of(data_path) != digest:
+                raise ManifestError(f"{data_path} does not match the sha256 in the manifest (modified or corrupt)")
         if graph.ort_file and verify_hashes:
             ort_path = directory / graph.ort_file
             if not ort_path.is_file() or sha256_of(ort_path) != graph.ort_sha256:
@@ -168,7 +176,8 @@ def _parse(directory: Path, raw: dict[str, Any]) -> Manifest:
 
 def _graph(entry: dict[str, Any]) -> GraphEntry:
     names = (tuple(io["name"] for io in entry[key]) for key in ("inputs", "outputs"))
-    return GraphEntry(entry["file"], entry["sha256"], *names, entry.get("ort_file"), entry.get("ort_sha256"))
+    external = tuple((str(name), str(digest)) for name, digest in entry.get("external_data", {}).items())
+    return GraphEntry(entry["file"], entry["sha256"], *names, entry.get("ort_file"), entry.get("ort_sha256"), external)
 
 
 def write_manifest(directory: Path, raw: dict[str, Any]) -> Path:

@@ -14,13 +14,20 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import onnx
+from onnx import helper, numpy_helper
+from onnxruntime.quantization.quant_utils import quantize_data
 
 from s2s_deploy.runtime.errors import S2SError
-from s2s_deploy.runtime.manifest import Manifest, sha256_of, write_manifest
+from s2s_deploy.runtime.inspect import deployable_files
+from s2s_deploy.runtime.manifest import Manifest, load_manifest, sha256_of, write_manifest
 from s2s_deploy.runtime.staging import staged_directory
+from s2s_deploy.tools.share import share_weights
 
 KINDS = ("int8", "fp16")
+MIN_EMBEDDING = 1 << 16
+"""Elements from which an int8 export stores a Gather table in int8 too (a 128-row table is not worth it)."""
 # Token agreement with the fp32 original that parity requires, per kind: int8 weights move
 # log-probs by ~1e-2, enough to flip genuine near-ties, so a few differing sentences are expected.
 MIN_TOKEN_AGREEMENT = {"int8": 0.95, "fp16": 0.98}
@@ -43,17 +50,22 @@ def quantize_export(manifest: Manifest, kind: str, out_dir: Path, force: bool = 
     if manifest.raw.get("quantization"):
         raise S2SError(f"{manifest.directory} is already quantised ({manifest.raw['quantization']['kind']})")
     raw = copy.deepcopy(manifest.raw)
-    before, after = {}, {}
     with staged_directory(out_dir, force) as work:
         for role, graph in (("encoder", manifest.encoder), ("decoder", manifest.decoder)):
             source = manifest.graph_path(graph)
             target = work / graph.file
             (_int8 if kind == "int8" else _fp16)(source, target)
             _restore_outputs(source, target)
-            before[graph.file], after[graph.file] = source.stat().st_size, target.stat().st_size
-            raw["graphs"][role]["sha256"] = sha256_of(target)
             raw["graphs"][role].pop("ort_file", None)  # .ort copies are of the fp32 graphs
             raw["graphs"][role].pop("ort_sha256", None)
+            raw["graphs"][role].pop("external_data", None)
+        targets = {role: work / graph.file for role, graph in (("encoder", manifest.encoder),
+                                                                ("decoder", manifest.decoder))}
+        shared = share_weights(list(targets.values()))
+        for role, target in targets.items():
+            raw["graphs"][role]["sha256"] = sha256_of(target)
+            if target in shared:
+                raw["graphs"][role]["external_data"] = shared[target]
         checkpoint = manifest.directory / raw["checkpoint"]["file"]
         if checkpoint.is_file():
             shutil.copyfile(checkpoint, work / checkpoint.name)
@@ -63,7 +75,8 @@ def quantize_export(manifest: Manifest, kind: str, out_dir: Path, force: bool = 
                              "fp32_max_abs_diff": raw["validation"]["max_abs_diff"]}
         write_manifest(work, raw)
         _smoke_test(work, kind)
-    return QuantizeReport(out_dir, kind, before, after)
+        after = deployable_files(load_manifest(work))
+    return QuantizeReport(out_dir, kind, deployable_files(manifest), after)
 
 
 def _smoke_test(folder: Path, kind: str) -> None:
@@ -100,6 +113,65 @@ def _int8(source: Path, target: Path) -> None:
                          weight_type=QuantType.QInt8, per_channel=False)
     finally:
         root.setLevel(level)
+    quantized = onnx.load(str(target))
+    _quantize_embeddings(quantized.graph)
+    onnx.save(quantized, str(target))
+
+
+def _quantize_embeddings(graph: onnx.GraphProto) -> None:
+    """Dynamic quantisation leaves a Gather's table in fp32: an embedding is then the largest
+    tensor of an int8 export. Store it as int8 with one scale (symmetric, as the quantiser does for
+    weights) and dequantise only the gathered rows, with standard ops. When the table is tied to
+    the output projection, that projection's int8 weight is its transpose: keep one of the two, the
+    table, and let ONNX Runtime fold the transpose when it loads the graph."""
+    users: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            users.setdefault(name, []).append(node)
+    initializers = {init.name: init for init in graph.initializer}
+    for name, init in list(initializers.items()):
+        gathers = users.get(name, [])
+        if (init.data_type != onnx.TensorProto.FLOAT or len(init.dims) != 2 or int(np.prod(init.dims)) < MIN_EMBEDDING
+                or not gathers or any(n.op_type != "Gather" or n.input[0] != name or _axis(n) != 0 for n in gathers)):
+            continue
+        _, scale, table_q = quantize_data(numpy_helper.to_array(init), onnx.TensorProto.INT8, symmetric=True)
+        weight = _tied_projection(initializers, users, table_q, scale)
+        if weight is not None:
+            transpose = helper.make_node("Transpose", [f"{name}_int8"], [f"{name}_int8_t"], name=f"{name}_int8_t")
+            graph.node.insert(0, transpose)
+            for node in users[weight]:
+                node.input[:] = [f"{name}_int8_t" if i == weight else i for i in node.input]
+            graph.initializer.remove(initializers.pop(weight))
+        graph.initializer.remove(init)
+        graph.initializer.extend([numpy_helper.from_array(table_q, f"{name}_int8"),
+                                  numpy_helper.from_array(np.asarray(scale, np.float32), f"{name}_int8_scale")])
+        for index, node in enumerate(gathers):
+            gathered = f"{node.output[0]}_int8"
+            node.input[0] = f"{name}_int8"
+            dequantize = helper.make_node("DequantizeLinear", [gathered, f"{name}_int8_scale"], [node.output[0]],
+                                          name=f"{node.name or name}_dequantize_{index}")
+            node.output[0] = gathered
+            graph.node.insert(list(graph.node).index(node) + 1, dequantize)
+
+
+def _axis(node: onnx.NodeProto) -> int:
+    return next((a.i for a in node.attribute if a.name == "axis"), 0)
+
+
+def _tied_projection(initializers: dict[str, onnx.TensorProto], users: dict[str, list[onnx.NodeProto]],
+                     table_q: np.ndarray, scale: np.ndarray) -> str | None:
+    """The int8 MatMulInteger weight that is this table's transpose, quantised alike (the same
+    ``quantize_data`` the quantiser used, so a tied weight matches bit for bit, scale included)."""
+    rows, width = table_q.shape
+    for name, init in initializers.items():
+        scale_init = initializers.get(name.removesuffix("_quantized") + "_scale")
+        if (init.data_type != onnx.TensorProto.INT8 or tuple(init.dims) != (width, rows) or scale_init is None
+                or not all(n.op_type == "MatMulInteger" and n.input[1] == name for n in users.get(name, [None]))):
+            continue
+        if (np.array_equal(numpy_helper.to_array(scale_init), scale)
+                and np.array_equal(numpy_helper.to_array(init).T, table_q)):
+            return name
+    return None
 
 
 def _restore_outputs(source: Path, target: Path) -> None:
