@@ -1,0 +1,54 @@
+"""Where a decoder step's time goes: ONNX Runtime's own profile of the step loop, per op type.
+
+    python benchmarks/step_profile.py EXPORT_DIR [--sentences 4] [--tokens 32] [--threads 2]
+
+Greedy, batch 1, exactly ``--tokens`` tokens per sentence (EOS suppressed), as ``bench --fixed-length``.
+"""
+
+import argparse
+import collections
+import json
+
+import onnxruntime as ort
+
+from s2s_deploy.runtime.manifest import load_manifest
+from s2s_deploy.runtime.ort_backend import OrtBackend, session_options
+from s2s_deploy.runtime.search import SearchConfig, search
+from s2s_deploy.runtime.translator import encode_batch
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("export_dir")
+    parser.add_argument("--sentences", type=int, default=4)
+    parser.add_argument("--tokens", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    manifest = load_manifest(args.export_dir)
+    backend = OrtBackend(manifest, device="cpu", threads=args.threads)
+    options = session_options(args.threads)
+    options.enable_profiling = True
+    backend.decoder = ort.InferenceSession(str(manifest.graph_path(manifest.decoder)), options,
+                                           providers=["CPUExecutionProvider"])
+    config = SearchConfig(1, 1, args.tokens, min_len=args.tokens)
+    for sentence in manifest.samples[: args.sentences]:
+        search(backend, *encode_batch([sentence], manifest.src_vocab), config)
+    with open(backend.decoder.end_profiling()) as handle:
+        events = json.load(handle)
+    runs = [e for e in events if e.get("name") == "model_run"]
+    kernels = [e for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")]
+    by_op: collections.Counter = collections.Counter()
+    nodes: collections.Counter = collections.Counter()
+    for event in kernels:
+        by_op[event["args"]["op_name"]] += event["dur"]
+        nodes[event["args"]["op_name"]] += 1
+    total = sum(by_op.values())
+    print(f"{len(runs)} steps: model_run {sum(e['dur'] for e in runs) / len(runs):.0f} us, "
+          f"kernels {total / len(runs):.0f} us per step (profiling adds its own overhead)")
+    print("| op | us per step | nodes | share of kernel time |\n|---|---|---|---|")
+    for op, duration in by_op.most_common():
+        print(f"| {op} | {duration / len(runs):.0f} | {nodes[op] // len(runs)} | {duration / total:.1%} |")
+
+
+if __name__ == "__main__":
+    main()
