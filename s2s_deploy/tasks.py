@@ -21,8 +21,40 @@ from num2words import num2words
 
 from s2s_deploy.runtime.errors import S2SError, UnknownNameError
 
-MAX_CHARS = 40
-FIRST_YEAR, LAST_YEAR = 1950, 2049
+FIRST_YEAR, LAST_YEAR = 1000, 9999
+COMMON_YEARS = (1900, 2099)
+"""Half of all dates fall here, where users' dates do; the other half anywhere in 1000-9999, so
+that a model learns to copy a year's digits instead of memorising a century."""
+HELD_OUT_SHARE = 0.1
+"""Of the years and of the four-digit numbers, this share never appears in train, valid or test:
+the ``ood`` split is made of them. Chosen once, by its own seed, before any model was trained."""
+
+
+@dataclass(frozen=True)
+class _Values:
+    """Which years and four-digit numbers a split may draw: the kept ones, or the held-out ones."""
+
+    years: tuple[int, ...]
+    numbers: tuple[int, ...]
+    common_years: tuple[int, ...]
+    small_numbers: tuple[int, ...]
+    """0-999, which every split of the task shares; none for the held-out split."""
+
+
+@lru_cache(maxsize=2)
+def _values(held_out: bool) -> _Values:
+    rng = random.Random("held-out values/1")
+    years = list(range(FIRST_YEAR, LAST_YEAR + 1))
+    numbers = list(range(1000, 10000))
+    out_years = set(rng.sample(years, round(HELD_OUT_SHARE * len(years))))
+    out_numbers = set(rng.sample(numbers, round(HELD_OUT_SHARE * len(numbers))))
+    pick_years = tuple(y for y in years if (y in out_years) == held_out)
+    return _Values(
+        years=pick_years,
+        numbers=tuple(n for n in numbers if (n in out_numbers) == held_out),
+        common_years=tuple(y for y in pick_years if COMMON_YEARS[0] <= y <= COMMON_YEARS[1]),
+        small_numbers=() if held_out else tuple(range(1000)),
+    )
 
 
 @dataclass(frozen=True)
@@ -33,9 +65,10 @@ class Pair:
 
 @dataclass(frozen=True)
 class SplitSizes:
-    train: int = 20000
+    train: int = 40000
     valid: int = 1000
     test: int = 1000
+    ood: int = 1000
 
 
 @dataclass(frozen=True)
@@ -47,6 +80,8 @@ class TaskSplits:
     valid: tuple[Pair, ...]
     test: tuple[Pair, ...]
     bleu_tokenize: str = "13a"
+    ood: tuple[Pair, ...] = ()
+    """Out of distribution: held-out years and numbers (built-in tasks only; empty for a user's file)."""
 
 
 # English source formats of a date; the target keeps the weekday exactly when the source has one.
@@ -131,10 +166,11 @@ def _fr_day(day: int) -> str:
     return "1er" if day == 1 else str(day)
 
 
-def _random_date(rng: random.Random) -> datetime.date:
-    start = datetime.date(FIRST_YEAR, 1, 1).toordinal()
-    end = datetime.date(LAST_YEAR, 12, 31).toordinal()
-    return datetime.date.fromordinal(rng.randint(start, end))
+def _random_date(rng: random.Random, values: _Values) -> datetime.date:
+    years = values.common_years if values.common_years and rng.random() < 0.5 else values.years
+    year = rng.choice(years)
+    day = rng.randint(0, 365 if year % 4 == 0 and (year % 100 != 0 or year % 400 == 0) else 364)
+    return datetime.date(year, 1, 1) + datetime.timedelta(days=day)
 
 
 def _random_count(rng: random.Random) -> int:
@@ -208,30 +244,31 @@ class _Chinese(_Language):
         return f"{format_date(date, 'M月d日', locale=self.locale)}{'后' if after else '前'}{quantity}"
 
 
-def _gen_date(lang: _Language, rng: random.Random) -> Pair:
-    date = _random_date(rng)
+def _gen_date(lang: _Language, rng: random.Random, values: _Values) -> Pair:
+    date = _random_date(rng, values)
     pattern, weekday = rng.choice(_EN_DATE_FORMATS)
     return Pair(format_date(date, pattern, locale="en"), lang.date(date, weekday))
 
 
-def _gen_number(lang: _Language, rng: random.Random) -> Pair:
-    n = rng.randint(0, 9999) if rng.random() < 0.7 else rng.randint(0, 199)
+def _gen_number(lang: _Language, rng: random.Random, values: _Values) -> Pair:
+    four_digits = not values.small_numbers or rng.random() < 0.7
+    n = rng.choice(values.numbers if four_digits else values.small_numbers)
     return Pair(num2words(n, lang="en"), lang.number(n))
 
 
-def _gen_quantity(lang: _Language, rng: random.Random) -> Pair:
+def _gen_quantity(lang: _Language, rng: random.Random, values: _Values) -> Pair:
     n, unit = _random_count(rng), rng.choice(lang.units)
     return Pair(_en_quantity(n, unit), lang.quantity(n, unit))
 
 
-def _gen_relative(lang: _Language, rng: random.Random) -> Pair:
+def _gen_relative(lang: _Language, rng: random.Random, values: _Values) -> Pair:
     n, unit = rng.randint(1, 99), rng.choice(lang.units[:4])
-    date, after = _random_date(rng), rng.random() < 0.5
+    date, after = _random_date(rng, values), rng.random() < 0.5
     source = f"{_en_quantity(n, unit)} {'after' if after else 'before'} {format_date(date, 'MMMM d', locale='en')}"
     return Pair(source, lang.relative(lang.quantity(n, unit), after, date))
 
 
-_GENERATORS: tuple[tuple[Callable[[_Language, random.Random], Pair], float], ...] = (
+_GENERATORS: tuple[tuple[Callable[[_Language, random.Random, _Values], Pair], float], ...] = (
     (_gen_date, 0.35),
     (_gen_number, 0.25),
     (_gen_quantity, 0.25),
@@ -242,23 +279,30 @@ BUILTIN_TASKS: dict[str, _Language] = {"en-fr": _French(), "en-zh": _Chinese()}
 DEFAULT_TASK = "en-fr"
 
 
-def generate_pairs(name: str, count: int, seed: int = 0) -> list[Pair]:
-    """``count`` distinct-source pairs of a built-in task, the same for the same seed everywhere."""
+_OOD_GENERATORS = ((_gen_date, 0.6), (_gen_number, 0.4))
+"""The out-of-distribution split: dates in held-out years and held-out four-digit numbers (the
+longest sources the task has), never seen in training."""
+
+
+def generate_pairs(name: str, count: int, seed: int = 0, held_out: bool = False) -> list[Pair]:
+    """``count`` distinct-source pairs of a built-in task, the same for the same seed everywhere.
+    ``held_out`` draws only the held-out years and numbers (the ``ood`` split)."""
     if name not in BUILTIN_TASKS:
         raise UnknownNameError("task", name, list(BUILTIN_TASKS))
     lang = BUILTIN_TASKS[name]
-    rng = random.Random(f"{name}/{seed}")
-    generators = [g for g, _ in _GENERATORS]
-    weights = [w for _, w in _GENERATORS]
+    rng = random.Random(f"{name}/{seed}{'/ood' if held_out else ''}")
+    values = _values(held_out)
+    table = _OOD_GENERATORS if held_out else _GENERATORS
+    generators = [g for g, _ in table]
+    weights = [w for _, w in table]
     pairs: dict[str, Pair] = {}
     attempts = 0
     while len(pairs) < count:
         attempts += 1
         if attempts > 50 * count + 1000:
             raise S2SError(f"task {name}: cannot generate {count} distinct pairs")
-        pair = rng.choices(generators, weights)[0](lang, rng)
-        if len(pair.source) <= MAX_CHARS and len(pair.target) <= MAX_CHARS:
-            pairs.setdefault(pair.source, pair)
+        pair = rng.choices(generators, weights)[0](lang, rng, values)
+        pairs.setdefault(pair.source, pair)
     return list(pairs.values())
 
 
@@ -277,6 +321,7 @@ def load_task(name_or_path: str, seed: int = 0, sizes: SplitSizes = SplitSizes()
         return TaskSplits(
             name_or_path, tuple(pairs[test_end:]), tuple(pairs[:valid_end]), tuple(pairs[valid_end:test_end]),
             BUILTIN_TASKS[name_or_path].bleu_tokenize,
+            tuple(generate_pairs(name_or_path, sizes.ood, seed, held_out=True)),
         )
     path = Path(name_or_path)
     if path.is_dir():

@@ -9,7 +9,7 @@ import pytest
 from s2s_deploy.runtime.errors import S2SError, UnknownNameError
 from s2s_deploy.tasks import (
     BUILTIN_TASKS,
-    MAX_CHARS,
+    COMMON_YEARS,
     Pair,
     SplitSizes,
     TaskSplits,
@@ -19,7 +19,7 @@ from s2s_deploy.tasks import (
     zh_number,
 )
 
-SMALL = SplitSizes(train=400, valid=50, test=50)
+SMALL = SplitSizes(train=400, valid=50, test=50, ood=100)
 FR, ZH = BUILTIN_TASKS["en-fr"], BUILTIN_TASKS["en-zh"]
 
 
@@ -37,10 +37,9 @@ def test_same_seed_same_splits_other_seed_differs(name: str) -> None:
 @pytest.mark.parametrize("name", ["en-fr", "en-zh"])
 def test_splits_sized_deduplicated_and_disjoint(name: str) -> None:
     splits = fresh(name, 3)
-    assert (len(splits.train), len(splits.valid), len(splits.test)) == (400, 50, 50)
-    sources = [p.source for split in (splits.train, splits.valid, splits.test) for p in split]
+    assert (len(splits.train), len(splits.valid), len(splits.test), len(splits.ood)) == (400, 50, 50, 100)
+    sources = [p.source for split in (splits.train, splits.valid, splits.test, splits.ood) for p in split]
     assert len(set(sources)) == len(sources)
-    assert all(len(p.source) <= MAX_CHARS and len(p.target) <= MAX_CHARS for p in splits.train)
     assert sum(p.source == p.target for p in splits.train) < 10  # only cognates: six pages → six pages
 
 
@@ -125,3 +124,30 @@ def test_user_tsv_errors(tmp_path) -> None:
     tiny.write_text("a\tb\n", encoding="utf-8")
     with pytest.raises(S2SError, match="at least 3"):
         load_task.__wrapped__(str(tiny), 0)
+
+
+def years_in(pairs: list[Pair]) -> set[int]:
+    return {int(word) for p in pairs for word in p.source.replace(",", " ").replace("-", " ").split()
+            if word.isdigit() and len(word) == 4}
+
+
+@pytest.mark.parametrize("name", ["en-fr", "en-zh"])
+def test_no_length_cap_and_years_far_beyond_one_century(name: str) -> None:
+    pairs = generate_pairs(name, 3000, seed=5)
+    assert max(len(p.source) for p in pairs) > 40  # "seven thousand, three hundred and eighty-four" and longer
+    years = years_in(pairs)
+    assert min(years) < 1500 and max(years) > 9000
+    common = sum(COMMON_YEARS[0] <= y <= COMMON_YEARS[1] for y in years)
+    assert 0 < common < len(years)
+
+
+def test_ood_split_holds_years_and_numbers_never_trained_on() -> None:
+    splits = load_task("en-fr", 0)
+    train_years = years_in(list(splits.train))
+    ood_years = years_in(list(splits.ood))
+    assert ood_years and not ood_years & train_years
+    trained = {p.source for p in splits.train}
+    assert not any(p.source in trained for p in splits.ood)
+    numbers = [p for p in splits.ood if not any(ch.isdigit() for ch in p.source)]
+    assert numbers and all("thousand" in p.source for p in numbers)  # held-out four-digit numbers, in words
+    assert fresh("en-fr", 0).ood == fresh("en-fr", 0).ood

@@ -44,6 +44,9 @@ def read_lines(path: str) -> list[str]:
 @click.option("--n-best", type=click.IntRange(1), default=1, show_default=True)
 @click.option("--alpha", type=float, default=None, help="Length penalty: score = log P / L**alpha [default: 0.75].")
 @click.option("--max-len", type=click.IntRange(1), default=None, help="Most target tokens [default: model limit].")
+@click.option("--max-len-a", type=click.FloatRange(0), default=None,
+              help="Per sentence, at most max-len-a * source tokens + max-len-b [default: the export's, if any].")
+@click.option("--max-len-b", type=click.IntRange(0), default=None, help="See --max-len-a.")
 @click.option("--batch-size", type=click.IntRange(1), default=32, show_default=True)
 @click.option("--scores", is_flag=True, help="Print each hypothesis's score before it, tab-separated.")
 @click.option("--output", "output_path", type=click.Path(dir_okay=False, allow_dash=True), default=None,
@@ -67,10 +70,10 @@ def read_lines(path: str) -> list[str]:
 @device_option
 @threads_option
 def translate_command(export_dir: str, texts: tuple[str, ...], input_path: str | None, beam: int, n_best: int,
-                      alpha: float | None, max_len: int | None, batch_size: int, scores: bool,
-                      output_path: str | None, on_long: str | None, utf8_errors: str | None, resume: bool,
-                      quiet: bool, ray_address: str | None, actors: int, chunk_lines: int | None, engine: str,
-                      device: str, threads: int | None) -> None:
+                      alpha: float | None, max_len: int | None, max_len_a: float | None, max_len_b: int | None,
+                      batch_size: int, scores: bool, output_path: str | None, on_long: str | None,
+                      utf8_errors: str | None, resume: bool, quiet: bool, ray_address: str | None, actors: int,
+                      chunk_lines: int | None, engine: str, device: str, threads: int | None) -> None:
     """Translate TEXTS (or --input) with an exported model; needs no PyTorch.
 
     With --output, --input is streamed in chunks of 10,000 lines: memory stays flat, output
@@ -87,7 +90,8 @@ def translate_command(export_dir: str, texts: tuple[str, ...], input_path: str |
             raise S2SError("--output translates --input FILE ('-' for stdin), not TEXTS")
         if n_best > 1:
             raise S2SError("--output writes one line per input line: --n-best needs output to the terminal")
-        options = FileOptions(beam=beam, batch_size=batch_size, max_len=max_len, alpha=alpha,
+        options = FileOptions(beam=beam, batch_size=batch_size, max_len=max_len, alpha=alpha, max_len_a=max_len_a,
+                              max_len_b=max_len_b,
                               on_long=on_long or "truncate", errors=utf8_errors or "strict", scores=scores,
                               chunk_lines=chunk_lines or CHUNK_LINES)
         _translate_file(export_dir, input_path, output_path, options, resume, quiet, ray_address, actors, engine,
@@ -101,10 +105,10 @@ def translate_command(export_dir: str, texts: tuple[str, ...], input_path: str |
         raise S2SError("nothing to translate: give TEXTS or --input")
     check_inputs(sentences)
     translator = Translator(export_dir, device=device, threads=threads, engine=engine)
-    translator.search_config(beam, n_best, max_len, alpha)  # reject bad options before the notice
+    translator.search_config(beam, n_best, max_len, alpha, max_len_a, max_len_b)  # reject bad options first
     if not quiet:
         echo_device(translator.notice, translator.provider)
-    for result in translator(sentences, beam, n_best, max_len, alpha, batch_size):
+    for result in translator(sentences, beam, n_best, max_len, alpha, batch_size, max_len_a, max_len_b):
         for text, score in result.hypotheses:
             click.echo(f"{score:.4f}\t{text}" if scores else text)
 
@@ -130,7 +134,8 @@ def _translate_file(export_dir: str, input_path: str, output_path: str, options:
                                         engine=engine, **asdict(options))
         else:
             translator = Translator(export_dir, device=device, threads=threads, engine=engine)
-            translator.search_config(options.beam, 1, options.max_len, options.alpha)
+            translator.search_config(options.beam, 1, options.max_len, options.alpha, options.max_len_a,
+                                     options.max_len_b)
             if not quiet:
                 echo_device(translator.notice, translator.provider)
             summary = translate_file(translator, input_path, output_path, options, resume=resume, progress=progress)
@@ -205,18 +210,22 @@ def parity_command(export_dir: str, input_path: str | None, beam: int, max_len: 
 @main.command("evaluate")
 @click.argument("export_dir", type=click.Path())
 @click.option("--task", default=None, help="Task name or TSV file [default: the one the model was trained on].")
-@click.option("--split", type=click.Choice(["train", "valid", "test"]), default="test", show_default=True)
+@click.option("--split", "splits", type=click.Choice(["train", "valid", "test", "ood"]), multiple=True,
+              default=("test", "ood"), show_default=True,
+              help="Split to score (repeatable); ood holds years and numbers never trained on (built-in tasks).")
 @click.option("--beam", type=click.IntRange(2), default=4, show_default=True)
 @click.option("--limit", type=click.IntRange(1), default=None, help="Evaluate only the first N pairs.")
 @click.option("--backends", type=click.Choice(["both", "onnxruntime", "pytorch"]), default="both", show_default=True)
 @device_option
 @plugin_option
-def evaluate_command(export_dir: str, task: str | None, split: str, beam: int, limit: int | None, backends: str,
-                     device: str, plugin_files: tuple[str, ...]) -> None:
+def evaluate_command(export_dir: str, task: str | None, splits: tuple[str, ...], beam: int, limit: int | None,
+                     backends: str, device: str, plugin_files: tuple[str, ...]) -> None:
     """BLEU and exact match of an export on its task, PyTorch and ONNX Runtime side by side."""
     require("evaluate", "eval", *(("export",) if backends != "onnxruntime" else ()))
+    from s2s_deploy.runtime.errors import S2SError
     from s2s_deploy.runtime.manifest import load_manifest
     from s2s_deploy.runtime.ort_backend import OrtBackend
+    from s2s_deploy.tasks import load_task
     from s2s_deploy.train.evaluate import evaluate, markdown, task_of
 
     load_plugin_files(plugin_files)
@@ -231,4 +240,11 @@ def evaluate_command(export_dir: str, task: str | None, split: str, beam: int, l
         ort_backend = OrtBackend(manifest, device=device)
         echo_device(ort_backend.choice.notice(), ort_backend.choice.provider)
         chosen.append(ort_backend)
-    click.echo(markdown(evaluate(manifest, chosen, task, split, beam, limit)))
+    rows = []
+    for split in splits:
+        if split == "ood" and not load_task(*task_of(manifest, task)).ood:
+            if len(splits) > 1:
+                continue  # a user's TSV task has no held-out split; score what it has
+            raise S2SError("this task has no ood split (only the built-in tasks do)")
+        rows += evaluate(manifest, chosen, task, split, beam, limit)
+    click.echo(markdown(rows))

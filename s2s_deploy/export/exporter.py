@@ -125,6 +125,7 @@ def export_model(
         if include_checkpoint:
             shutil.copyfile(checkpoint_path, work / CHECKPOINT_FILE)
         raw["training"] = training or {}
+        raw["search"].update(_length_limit(raw["training"]))
         raw["ort_optimized"] = optimize
         for role, path in zip(("encoder", "decoder"), graph_paths, strict=True):
             _write_metadata(path, role, raw)
@@ -429,6 +430,15 @@ def _manifest(
         "validation": {"atol": plugin.parity_atol, "max_abs_diff": diffs},
         "samples": list(samples),
     }
+
+
+def _length_limit(training: dict[str, Any]) -> dict[str, float]:
+    """The relative length limit the trainer measured on its data, as the export's default."""
+    recorded = training.get("search", {})
+    limit = {key: recorded[key] for key in ("max_len_a", "max_len_b") if key in recorded}
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) and 0 <= v < 1e6 for v in limit.values()):
+        raise S2SError(f"the checkpoint records an invalid length limit: {limit}")
+    return limit
 
 
 def _write_metadata(path: Path, role: str, raw: dict[str, Any]) -> None:

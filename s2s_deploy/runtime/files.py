@@ -47,6 +47,8 @@ class FileOptions:
     batch_size: int = 32
     max_len: int | None = None
     alpha: float | None = None
+    max_len_a: float | None = None
+    max_len_b: int | None = None
     on_long: str = "truncate"
     errors: str = "strict"
     scores: bool = False
@@ -109,7 +111,8 @@ def translate_chunk(translator: Translator, data: bytes, first_line: int, option
         raw.pop()
     manifest = translator.manifest
     vocab, limit = manifest.src_vocab, manifest.max_source_length
-    config = translator.search_config(options.beam, 1, options.max_len, options.alpha)
+    config = translator.search_config(options.beam, 1, options.max_len, options.alpha, options.max_len_a,
+                                      options.max_len_b)
     out = [""] * len(raw)
     todo: list[tuple[int, list[int]]] = []
     blank = truncated = skipped = 0

@@ -7,6 +7,7 @@ can switch engines without other changes. Needs numpy and onnxruntime only (no t
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +97,20 @@ class GraphEngine:
             raise S2SError(f"{self.path.name} was fused with --greedy-only; beam size must be 1")
         if config.beam_size >= self.vocab_size:
             raise ValueError(f"beam size {config.beam_size} must be smaller than the vocabulary ({self.vocab_size})")
+        limits = config.sentence_limits(src_len)
+        if limits is None:
+            return self._run(src, src_len, config)
+        # The fused Loop takes one max_len per call: sentences of one limit go together, which
+        # gives each the search it gets in the step loop (a sentence's search ignores its batchmates).
+        results: list[list[Hypothesis]] = [[] for _ in range(src.shape[0])]
+        for limit in np.unique(limits).tolist():
+            rows = np.nonzero(limits == limit)[0]
+            found = self._run(src[rows], src_len[rows], replace(config, max_len=limit, max_len_a=0.0, max_len_b=0))
+            for row, hyps in zip(rows.tolist(), found, strict=True):
+                results[row] = hyps
+        return results
+
+    def _run(self, src: np.ndarray, src_len: np.ndarray, config: SearchConfig) -> list[list[Hypothesis]]:
         started = time.perf_counter()
         values = self.session.run(None, generate_feeds(src, src_len, config, self.beam))
         self.runtime_seconds += time.perf_counter() - started

@@ -44,6 +44,11 @@ class SearchConfig:
     max_len: int = 256
     alpha: float = 0.75
     min_len: int = 0
+    max_len_a: float = 0.0
+    max_len_b: int = 0
+    """With either set, a sentence of ``n`` source tokens (its EOS included) stops after
+    ``min(max_len, ceil(max_len_a * n + max_len_b))`` tokens, as fairseq's ``--max-len-a/b``: a
+    looping model stops near its input's length instead of at ``max_len``."""
 
     def __post_init__(self) -> None:
         if self.beam_size < 1:
@@ -54,6 +59,22 @@ class SearchConfig:
             raise ValueError("max_len must be at least 1")
         if not 0 <= self.min_len <= self.max_len:
             raise ValueError("min_len must be between 0 and max_len")
+        if not (np.isfinite(self.max_len_a) and self.max_len_a >= 0 and self.max_len_b >= 0):
+            raise ValueError("max_len_a and max_len_b must be finite and non-negative")
+
+    def sentence_limits(self, src_len: np.ndarray) -> np.ndarray | None:
+        """Each sentence's own maximum length, or None when only ``max_len`` applies."""
+        if not (self.max_len_a or self.max_len_b):
+            return None
+        relative = np.ceil(self.max_len_a * np.asarray(src_len, dtype=np.float64) + self.max_len_b)
+        return np.clip(relative, max(self.min_len, 1), self.max_len).astype(np.int64)
+
+
+def _stops_by_step(limits: np.ndarray | None) -> dict[int, np.ndarray]:
+    """Sentences whose own limit ends the search after step t, by t; the loop looks up one key per step."""
+    if limits is None:
+        return {}
+    return {int(limit) - 1: np.nonzero(limits == limit)[0] for limit in np.unique(limits)}
 
 
 def normalised(log_prob: float | np.ndarray, length: int | np.ndarray, alpha: float) -> float | np.ndarray:
@@ -95,9 +116,12 @@ def greedy(backend: Backend, src: np.ndarray, src_len: np.ndarray, config: Searc
     picked = np.zeros((batch, config.max_len), dtype=np.int64)
     picked_lp = np.zeros((batch, config.max_len), dtype=np.float64)
     done = np.zeros(batch, dtype=bool)
-    steps = config.max_len
+    limits = config.sentence_limits(src_len)
+    stops = _stops_by_step(limits)
+    cut = np.zeros(batch, dtype=bool)
+    steps = config.max_len if limits is None else int(limits.max())
     with backend.start(src, src_len) as run:
-        for t in range(config.max_len):
+        for t in range(steps):
             if t < config.min_len:  # EOS may rank first: take the runner-up there
                 values, ids = run.step_top(tokens, reorder, 2)
                 column = (ids[:, 0] == eos).astype(np.intp)
@@ -106,16 +130,22 @@ def greedy(backend: Backend, src: np.ndarray, src_len: np.ndarray, config: Searc
                 values, ids = run.step_top(tokens, reorder, 1)
                 tokens, picked_lp[:, t] = ids[:, 0], values[:, 0]
             picked[:, t] = tokens
-            if eos in tokens.tolist():  # cheaper than a numpy test in the common step, that ends nothing
+            ended = eos in tokens.tolist()  # cheaper than a numpy test in the common step, that ends nothing
+            if ended:
                 done |= tokens == eos
-                if done.all():
-                    steps = t + 1
-                    break
+            stopping = stops.get(t)
+            if stopping is not None:  # these sentences reached their own limit without an EOS
+                cut[stopping[~done[stopping]]] = True
+                done[stopping] = True
+                ended = True
+            if ended and done.all():
+                steps = t + 1
+                break
     is_eos = picked[:, :steps] == eos
-    length = np.where(done, is_eos.argmax(axis=1) + 1, steps)
+    length = np.where(cut, limits if limits is not None else steps, np.where(done, is_eos.argmax(axis=1) + 1, steps))
     results = []
     for i in range(batch):
-        n, finished = int(length[i]), bool(done[i])
+        n, finished = int(length[i]), bool(done[i] and not cut[i])
         lps = tuple(picked_lp[i, :n].tolist())
         body = tuple(picked[i, : n - 1 if finished else n].tolist())
         results.append(Hypothesis(body, lps, float(normalised(sum(lps), n, config.alpha)), finished))
@@ -154,6 +184,14 @@ class _Trail:
         return Hypothesis(tuple(tokens), tuple(lps), ending.score, ending.eos_log_prob is not None)
 
 
+def _end_live_beams(endings: list[list[_Ending]], costs: np.ndarray, sentences: np.ndarray, k: int, step: int,
+                    alpha: float) -> None:
+    for i in sentences.tolist():
+        for row in range(i * k, (i + 1) * k):
+            if np.isfinite(costs[row]):
+                endings[i].append(_Ending(float(normalised(-costs[row], step + 1, alpha)), step, row, None))
+
+
 def beam_search(
     backend: Backend, src: np.ndarray, src_len: np.ndarray, config: SearchConfig
 ) -> list[list[Hypothesis]]:
@@ -181,8 +219,10 @@ def beam_search(
     chosen = np.empty(rows, dtype=np.intp)  # the chosen candidates' flat positions, K per sentence
     chosen_by_sentence = chosen.reshape(batch, k)
     min_len = config.min_len
+    limits = config.sentence_limits(src_len)
+    stops = _stops_by_step(limits)
     with backend.start(src, src_len, expand=k) as run:
-        for t in range(config.max_len):
+        for t in range(config.max_len if limits is None else int(limits.max())):
             # The best 2K of K*V candidates lie among each row's own best 2K: the graph ranks those.
             # Each numpy call costs microseconds here, the model's weights having just evicted
             # numpy from the caches: the common step makes a dozen, into buffers made once.
@@ -227,12 +267,13 @@ def beam_search(
                 candidates.take(flat, out=costs, mode="clip")  # "clip": no buffering, and flat is in range
                 lps, reorder = values.take(flat), flat // per_row
             trail.steps.append((reorder, tokens, lps))
-    steps = len(trail.steps)
-    costs = costs.reshape(batch, k)
-    for i in np.nonzero(active)[0]:  # still searching at max_len: live beams end as they stand
-        for j in range(k):
-            if np.isfinite(costs[i, j]):
-                score = float(normalised(-costs[i, j], steps, config.alpha))
-                endings[i].append(_Ending(score, steps - 1, int(row_base[i, 0] + j), None))
+            stopping = stops.get(t)
+            if stopping is not None:  # these sentences reached their own limit: live beams end as they stand
+                _end_live_beams(endings, costs, stopping[active[stopping]], k, t, config.alpha)
+                active[stopping] = False
+                if not active.any():
+                    break
+    # still searching at max_len: live beams end as they stand
+    _end_live_beams(endings, costs, np.nonzero(active)[0], k, len(trail.steps) - 1, config.alpha)
     return [[trail.hypothesis(e) for e in sorted(ends, key=lambda e: -e.score)[: config.n_best]]
             for ends in endings]

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from s2s_deploy.runtime.errors import S2SError
-from s2s_deploy.runtime.manifest import load_manifest
+from s2s_deploy.runtime.manifest import Manifest, load_manifest
 from s2s_deploy.runtime.search import Hypothesis, SearchConfig, SearchEngine, StepLoop
 from s2s_deploy.runtime.vocab import Vocabulary
 
@@ -72,6 +72,25 @@ def _translation(source: str, hyps: list[Hypothesis], vocab: Vocabulary) -> Tran
 ENGINES = ("loop", "graph")
 
 
+def default_search_config(manifest: Manifest, beam: int = 1, n_best: int = 1, max_len: int | None = None,
+                          alpha: float | None = None, max_len_a: float | None = None,
+                          max_len_b: int | None = None) -> SearchConfig:
+    """A SearchConfig whose unset options come from the export: its length penalty, its position
+    table's limit, and the relative length limit its training data measured (a loop guard)."""
+    if n_best > beam:
+        raise S2SError(f"n-best {n_best} cannot exceed the beam size {beam}")
+    defaults = manifest.raw.get("search", {})
+    try:
+        return SearchConfig(
+            beam_size=beam, n_best=n_best, max_len=max_len or manifest.max_target_length or 256,
+            alpha=defaults.get("length_penalty_alpha", 0.75) if alpha is None else alpha,
+            max_len_a=defaults.get("max_len_a", 0.0) if max_len_a is None else max_len_a,
+            max_len_b=defaults.get("max_len_b", 0) if max_len_b is None else max_len_b,
+        )
+    except (TypeError, ValueError) as exc:
+        raise S2SError(f"bad search options: {exc}") from exc
+
+
 class Translator:
     """The embedding API: ``Translator("exported/transformer")(["..."], beam=4)``.
 
@@ -98,18 +117,15 @@ class Translator:
             self.notice = self.backend.choice.notice()
 
     def search_config(self, beam: int = 1, n_best: int = 1, max_len: int | None = None,
-                      alpha: float | None = None) -> SearchConfig:
-        manifest = self.manifest
-        if n_best > beam:
-            raise S2SError(f"n-best {n_best} cannot exceed the beam size {beam}")
-        return SearchConfig(
-            beam_size=beam, n_best=n_best, max_len=max_len or manifest.max_target_length or 256,
-            alpha=manifest.raw["search"]["length_penalty_alpha"] if alpha is None else alpha,
-        )
+                      alpha: float | None = None, max_len_a: float | None = None,
+                      max_len_b: int | None = None) -> SearchConfig:
+        """Options left at None take the export's defaults (its manifest's ``search`` key)."""
+        return default_search_config(self.manifest, beam, n_best, max_len, alpha, max_len_a, max_len_b)
 
     def __call__(self, texts: Sequence[str], beam: int = 1, n_best: int = 1, max_len: int | None = None,
-                 alpha: float | None = None, batch_size: int = 32) -> list[Translation]:
-        config = self.search_config(beam, n_best, max_len, alpha)
+                 alpha: float | None = None, batch_size: int = 32, max_len_a: float | None = None,
+                 max_len_b: int | None = None) -> list[Translation]:
+        config = self.search_config(beam, n_best, max_len, alpha, max_len_a, max_len_b)
         manifest = self.manifest
         return translate(self.engine, texts, manifest.src_vocab, manifest.tgt_vocab, config, batch_size,
                          manifest.max_source_length)

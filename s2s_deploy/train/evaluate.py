@@ -16,6 +16,7 @@ from s2s_deploy.train.metrics import Scores, score
 
 @dataclass(frozen=True)
 class EvalRow:
+    split: str
     backend: str
     mode: str
     scores: Scores
@@ -50,13 +51,14 @@ def evaluate(
             results = translate(StepLoop(backend), sources, manifest.src_vocab, manifest.tgt_vocab, config, 64,
                                 manifest.max_source_length)
             elapsed = time.perf_counter() - started
-            rows.append(EvalRow(backend.name, mode, score([r.text for r in results], references, tokenize), elapsed))
+            scores = score([r.text for r in results], references, tokenize)
+            rows.append(EvalRow(split, backend.name, mode, scores, elapsed))
     return rows
 
 
 def markdown(rows: list[EvalRow]) -> str:
-    lines = ["| backend | search | BLEU | exact match | d2l BLEU | sentences | seconds |",
-             "|---|---|---|---|---|---|---|"]
-    lines += [f"| {r.backend} | {r.mode} | {r.scores.bleu:.2f} | {100 * r.scores.exact_match:.1f}% | "
+    lines = ["| split | backend | search | BLEU | exact match | d2l BLEU | sentences | seconds |",
+             "|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r.split} | {r.backend} | {r.mode} | {r.scores.bleu:.2f} | {100 * r.scores.exact_match:.1f}% | "
               f"{r.scores.d2l_bleu:.3f} | {r.scores.count} | {r.seconds:.1f} |" for r in rows]
     return "\n".join(lines)

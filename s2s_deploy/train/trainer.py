@@ -34,6 +34,9 @@ from s2s_deploy.tasks import Pair, TaskSplits
 from s2s_deploy.train.metrics import Scores, score
 
 STATE_FORMAT = "s2s-deploy-train-state/1"
+SAMPLE_COUNT = 32
+"""Held-out test sources stored in the checkpoint: export's parity inputs, with no task generator needed."""
+LENGTH_SLACK = 10
 
 
 @dataclass(frozen=True)
@@ -120,6 +123,13 @@ def make_batches(data: Encoded, batch_size: int, seed: int, pool: int = 50) -> l
         batches.extend(chunk[i : i + batch_size] for i in range(0, len(chunk), batch_size))
     rng.shuffle(batches)
     return batches
+
+
+def length_limit(data: Encoded, slack: int = LENGTH_SLACK) -> dict[str, float]:
+    """``max_len = a * source_len + b`` that every training target fits with ``slack`` tokens to
+    spare: the default that stops a looping model long before a fixed limit would."""
+    ratio = max((len(t) - slack) / max(len(s), 1) for s, t in zip(data.src, data.tgt, strict=True))
+    return {"max_len_a": math.ceil(max(ratio, 0.0) * 20) / 20, "max_len_b": slack}
 
 
 def masked_cross_entropy(logits: Tensor, labels: Tensor, pad_id: int) -> tuple[Tensor, int]:
@@ -301,6 +311,8 @@ def train(
     base_info = {
         **(info or {}), "task": splits.name, "seed": cfg.seed, "epochs": cfg.epochs,
         "train_config": dataclasses.asdict(cfg), "train_pairs": len(data.src), "valid_pairs": len(valid_pairs),
+        "samples": [pair.source for pair in splits.test[:SAMPLE_COUNT]],
+        "search": length_limit(data),
     }
 
     for epoch in range(start_epoch + 1, cfg.epochs + 1):
