@@ -33,16 +33,27 @@ def export_command(arch: str, checkpoint: str | None, out_dir: str | None, prese
     from s2s_deploy.export.registry import get_plugin
     from s2s_deploy.export.sources import load_source
     from s2s_deploy.runtime.errors import S2SError
+    from s2s_deploy.runtime.manifest import sha256_of
 
     load_plugin_files(plugin_files)
     plugin = get_plugin(arch)
     destination = Path(out_dir or Path("exported") / arch)
-    if destination.exists() and not force:
-        raise S2SError(f"{destination} already exists; pass --force to replace it")
     if preset and checkpoint:
         raise S2SError("--preset applies only without --checkpoint (a checkpoint carries its config)")
     with tempfile.TemporaryDirectory(prefix="s2s-export-") as scratch:
         source = load_source(plugin, checkpoint, preset, Path(scratch))
+        if destination.exists() and not force:
+            wanted = {"plugin": f"{plugin.name} v{plugin.version}",
+                      "checkpoint sha256": sha256_of(source.checkpoint_path),
+                      "exporter": exporter or plugin.exporter, "opset": opset, "with-attention": with_attention,
+                      "optimize": optimize, "ort-format": ort_format}
+            difference = _difference(destination, wanted)
+            if difference is None:
+                click.echo(f"{destination} is up to date: same {plugin.name} export of the same checkpoint "
+                           f"(sha256 {wanted['checkpoint sha256'][:12]}) and options; nothing to do")
+                return
+            raise S2SError(f"{destination} already exists and holds another export ({difference}); "
+                           "pass --force to replace it")
         click.echo(f"exporting {plugin.name} v{plugin.version} from {source.description}", err=True)
         report = export_model(
             plugin, source.model, source.config, source.src_vocab, source.tgt_vocab, destination,
@@ -56,6 +67,30 @@ def export_command(arch: str, checkpoint: str | None, out_dir: str | None, prese
     click.echo(f"wrote {report.directory}/ ({sizes}; exporter {report.exporter})")
     click.echo(f"checked: onnx checker, shape inference, ONNX Runtime vs PyTorch max |diff| {worst[1]:.2e} "
                f"({worst[0]}; atol {plugin.parity_atol:g})")
+
+
+def _difference(folder: Path, wanted: dict[str, object]) -> str | None:
+    """What differs between the export in ``folder`` and the one asked for; None when nothing does.
+    A folder that is not a valid, intact export differs in every way."""
+    from s2s_deploy.runtime.errors import S2SError
+    from s2s_deploy.runtime.manifest import load_manifest, sha256_of
+
+    try:
+        manifest = load_manifest(folder)
+        raw = manifest.raw
+        checkpoint = folder / raw["checkpoint"]["file"]
+        if not checkpoint.is_file() or sha256_of(checkpoint) != raw["checkpoint"]["sha256"]:
+            return "its checkpoint copy is missing or modified"
+        found = {"plugin": f"{manifest.plugin} v{manifest.plugin_version}",
+                 "checkpoint sha256": raw["checkpoint"]["sha256"], "exporter": raw["exporter"],
+                 "opset": raw["opset"], "with-attention": manifest.has_attention_output,
+                 "optimize": bool(raw.get("ort_optimized")), "ort-format": manifest.encoder.ort_file is not None}
+    except (S2SError, KeyError, TypeError) as exc:
+        return f"not a valid export: {exc}"
+    for key, value in wanted.items():
+        if found[key] != value:
+            return f"{key} {found[key]}, not {value}"
+    return None
 
 
 @main.command("inspect")
