@@ -48,7 +48,7 @@ def main() -> None:
 @main.command("list")
 @plugin_option
 def list_command(plugin_files: tuple[str, ...]) -> None:
-    """List registered architectures and where each comes from."""
+    """List architectures and where each comes from."""
     from s2s_deploy.export.registry import REGISTRY
 
     load_plugin_files(plugin_files)

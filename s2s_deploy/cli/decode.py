@@ -40,10 +40,12 @@ def read_lines(path: str) -> list[str]:
 @click.option("--input", "input_path", type=click.Path(dir_okay=False, allow_dash=True), default=None,
               help="Read sentences from a file, one per line ('-' for stdin).")
 @click.option("--beam", type=click.IntRange(1), default=1, show_default=True, help="Beam size; 1 is greedy.")
-@click.option("--n-best", type=click.IntRange(1), default=1, show_default=True)
+@click.option("--n-best", type=click.IntRange(1), default=1, show_default=True,
+              help="Print the N best hypotheses per sentence (N <= --beam).")
 @click.option("--alpha", type=float, default=None, help="Length penalty: score = log P / L**alpha [default: 0.75].")
 @click.option("--max-len", type=click.IntRange(1), default=None, help="Most target tokens [default: model limit].")
-@click.option("--batch-size", type=click.IntRange(1), default=32, show_default=True)
+@click.option("--batch-size", type=click.IntRange(1), default=32, show_default=True,
+              help="Sentences decoded together.")
 @click.option("--scores", is_flag=True, help="Print each hypothesis's score before it, tab-separated.")
 @click.option("--output", "output_path", type=click.Path(dir_okay=False, allow_dash=True), default=None,
               help="Stream --input into this file ('-' for stdout), one line per input line, in order.")
@@ -70,7 +72,9 @@ def translate_command(export_dir: str, texts: tuple[str, ...], input_path: str |
                       output_path: str | None, on_long: str | None, utf8_errors: str | None, resume: bool,
                       quiet: bool, ray_address: str | None, actors: int, chunk_lines: int | None, engine: str,
                       device: str, threads: int | None) -> None:
-    """Translate TEXTS (or --input) with an exported model; needs no PyTorch.
+    """Translate text with an export (no PyTorch needed).
+
+    Translates TEXTS, or the lines of --input.
 
     With --output, --input is streamed in chunks of 10,000 lines: memory stays flat, output
     line N belongs to input line N, and Ctrl-C leaves a part file that --resume continues.
@@ -142,8 +146,8 @@ def _translate_file(export_dir: str, input_path: str, output_path: str, options:
 @click.argument("export_dir", type=click.Path())
 @click.option("--input", "input_path", type=click.Path(dir_okay=False, allow_dash=True), default=None,
               help="Sentences to check, one per line [default: the samples stored at export].")
-@click.option("--beam", type=click.IntRange(2), default=4, show_default=True)
-@click.option("--max-len", type=click.IntRange(1), default=64, show_default=True)
+@click.option("--beam", type=click.IntRange(2), default=4, show_default=True, help="Beam size of the beam check.")
+@click.option("--max-len", type=click.IntRange(1), default=64, show_default=True, help="Most target tokens.")
 @click.option("--atol", type=float, default=None, help="Log-prob tolerance [default: the plugin's, from the manifest].")
 @click.option("--checkpoint", type=click.Path(dir_okay=False), default=None,
               help="The PyTorch original [default: the checkpoint stored in the export].")
@@ -154,7 +158,10 @@ def _translate_file(export_dir: str, input_path: str, output_path: str, options:
 def parity_command(export_dir: str, input_path: str | None, beam: int, max_len: int, atol: float | None,
                    checkpoint: str | None, as_json: bool, ort_format: bool, device: str,
                    plugin_files: tuple[str, ...]) -> None:
-    """Decode with PyTorch and ONNX Runtime, greedy and beam; exit 1 unless they agree."""
+    """Check that ONNX Runtime decodes exactly like PyTorch.
+
+    Decodes with both, greedy and beam; exits 1 unless they agree.
+    """
     import sys
 
     from s2s_deploy.export.parity import check_parity, torch_backend_for
@@ -202,15 +209,21 @@ def parity_command(export_dir: str, input_path: str | None, beam: int, max_len: 
 @main.command("evaluate")
 @click.argument("export_dir", type=click.Path())
 @click.option("--task", default=None, help="Task name or TSV file [default: the one the model was trained on].")
-@click.option("--split", type=click.Choice(["train", "valid", "test"]), default="test", show_default=True)
-@click.option("--beam", type=click.IntRange(2), default=4, show_default=True)
+@click.option("--split", type=click.Choice(["train", "valid", "test"]), default="test", show_default=True,
+              help="Which split of the task to score.")
+@click.option("--beam", type=click.IntRange(2), default=4, show_default=True,
+              help="Beam size of the beam rows (greedy is always scored too).")
 @click.option("--limit", type=click.IntRange(1), default=None, help="Evaluate only the first N pairs.")
-@click.option("--backends", type=click.Choice(["both", "onnxruntime", "pytorch"]), default="both", show_default=True)
+@click.option("--backends", type=click.Choice(["both", "onnxruntime", "pytorch"]), default="both", show_default=True,
+              help="Which backends to score (pytorch needs the checkpoint in the export).")
 @device_option
 @plugin_option
 def evaluate_command(export_dir: str, task: str | None, split: str, beam: int, limit: int | None, backends: str,
                      device: str, plugin_files: tuple[str, ...]) -> None:
-    """BLEU and exact match of an export on its task, PyTorch and ONNX Runtime side by side."""
+    """Score an export on its task: BLEU and exact match.
+
+    PyTorch and ONNX Runtime side by side, greedy and beam.
+    """
     from s2s_deploy.runtime.manifest import load_manifest
     from s2s_deploy.runtime.ort_backend import OrtBackend
     from s2s_deploy.train.evaluate import evaluate, markdown, task_of

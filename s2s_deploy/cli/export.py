@@ -19,7 +19,7 @@ from s2s_deploy.cli import load_plugin_files, main, plugin_option
 @click.option("--preset", default=None, help="Config preset, only for seeded random weights (no checkpoint).")
 @click.option("--exporter", type=click.Choice(["dynamo", "torchscript"]), default=None,
               help="torch.onnx exporter [default: the plugin's choice].")
-@click.option("--opset", type=click.IntRange(17, 23), default=18, show_default=True)
+@click.option("--opset", type=click.IntRange(17, 23), default=18, show_default=True, help="ONNX opset version.")
 @click.option("--with-attention", is_flag=True, help="Add the cross-attention weights as a decoder output.")
 @click.option("--optimize", is_flag=True, help="Store the graphs already optimised by ONNX Runtime (extended level).")
 @click.option("--ort-format", is_flag=True, help="Also write .ort files for ONNX Runtime mobile/minimal builds.")
@@ -28,7 +28,11 @@ from s2s_deploy.cli import load_plugin_files, main, plugin_option
 def export_command(arch: str, checkpoint: str | None, out_dir: str | None, preset: str | None,
                    exporter: str | None, opset: int, with_attention: bool, optimize: bool, ort_format: bool,
                    force: bool, plugin_files: tuple[str, ...]) -> None:
-    """Export an encoder graph and a step-wise decoder graph, then validate them against PyTorch."""
+    """Export a model to ONNX and validate it.
+
+    Writes an encoder graph and a step-wise decoder graph, then checks them against PyTorch.
+    Exporting the same checkpoint with the same options over an earlier export says it is up to date.
+    """
     from s2s_deploy.export.exporter import export_model
     from s2s_deploy.export.registry import get_plugin
     from s2s_deploy.export.sources import load_source
@@ -96,7 +100,10 @@ def _difference(folder: Path, wanted: dict[str, object]) -> str | None:
 @main.command("inspect")
 @click.argument("export_dir", type=click.Path())
 def inspect_command(export_dir: str) -> None:
-    """Inputs, outputs, opset, node and parameter counts, and sizes of each graph."""
+    """Show what an export folder holds.
+
+    Inputs, outputs, opset, node and parameter counts, and sizes of each graph.
+    """
     import onnxruntime
 
     from s2s_deploy.runtime.inspect import shared_parameter_bytes, summarise

@@ -20,7 +20,8 @@ from s2s_deploy.cli import load_plugin_files, main, plugin_option
 @click.option("--seed", type=int, default=0, show_default=True, help="Seeds the task split, init and batches.")
 @click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=1e-3, show_default=True,
               help="Peak Adam learning rate.")
-@click.option("--batch-size", type=click.IntRange(min=1), default=128, show_default=True)
+@click.option("--batch-size", type=click.IntRange(min=1), default=128, show_default=True,
+              help="Sentence pairs per training step.")
 @click.option("--warmup", "warmup_steps", type=click.IntRange(min=0), default=300, show_default=True,
               help="Linear warmup steps before cosine decay.")
 @click.option("--clip", "clip_norm", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
@@ -43,7 +44,10 @@ def train_command(arch: str, task: str, preset: str | None, epochs: int, seed: i
                   warmup_steps: int, clip_norm: float, level: str, max_train: int | None, max_valid: int | None,
                   threads: int, device: str, resume: str | None, out: str | None, no_progress: bool,
                   plugin_files: tuple[str, ...]) -> None:
-    """Train an architecture with teacher forcing; keep the checkpoint with the best valid exact match."""
+    """Train a model on a task.
+
+    Teacher forcing; keeps the checkpoint with the best valid exact match.
+    """
     from s2s_deploy.export.registry import get_plugin
     from s2s_deploy.runtime.errors import S2SError
     from s2s_deploy.tasks import load_task
