@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import click
 from click.testing import CliRunner
 
@@ -47,3 +51,29 @@ def test_every_option_has_help() -> None:
     missing = [f"{command.name} {param.opts[0]}" for command in _commands() for param in command.params
                if isinstance(param, click.Option) and not (param.help or "").strip()]
     assert missing == []
+
+
+def test_list_reads_plugins_without_importing_torch(tmp_path: Path) -> None:
+    """Built-ins (entry points) and a --plugin file subclassing one, in a fresh interpreter."""
+    plugin_file = tmp_path / "my_arch.py"
+    plugin_file.write_text("from s2s_deploy_plugins.transformer import TransformerPlugin\n"
+                           "class MyArch(TransformerPlugin):\n    name = 'myarch'\n    version = '0.1'\n"
+                           "PLUGIN = MyArch()\n")
+    code = ("import sys\nfrom click.testing import CliRunner\nfrom s2s_deploy.cli import main\n"
+            f"result = CliRunner().invoke(main, ['list', '--plugin', {str(plugin_file)!r}])\n"
+            "print(result.output)\nprint('torch imported:', 'torch' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True).stdout
+    assert "torch imported: False" in out
+    assert "myarch       v0.1   Transformer" in out and f"from file {plugin_file}" in out
+    assert "presets: small, d2l, base (default small); exporter: torchscript; from entry point " \
+           "s2s_deploy_plugins.gru:PLUGIN" in out
+
+
+def test_list_falls_back_to_importing_what_it_cannot_read(tmp_path: Path) -> None:
+    plugin_file = tmp_path / "computed.py"
+    plugin_file.write_text("from s2s_deploy_plugins.gru import GRUPlugin\n"
+                           "class Computed(GRUPlugin):\n    name = 'computed'\n    presets = dict(GRUPlugin.presets)\n"
+                           "PLUGIN = Computed()\n")
+    code, out, err = run("list", "--plugin", str(plugin_file))
+    assert code == 0, err
+    assert "computed" in out and "presets: small, d2l, base" in out
