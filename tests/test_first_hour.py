@@ -77,3 +77,29 @@ def test_list_falls_back_to_importing_what_it_cannot_read(tmp_path: Path) -> Non
     code, out, err = run("list", "--plugin", str(plugin_file))
     assert code == 0, err
     assert "computed" in out and "presets: small, d2l, base" in out
+
+
+def test_translate_says_what_a_wrong_path_is(exports, tmp_path: Path) -> None:
+    _, manifest = exports.get("gru")
+    folder = manifest.directory
+    cases = [
+        (["twenty-one weeks"], "'twenty-one weeks' is not an export folder: run `s2s-deploy translate DIR TEXT"),
+        ([str(folder / "checkpoint.safetensors"), "x"], "is a checkpoint, not an export folder: run "
+                                                        "`s2s-deploy export --arch NAME --checkpoint"),
+        ([str(folder / "checkpoint.safetensors")], "is a checkpoint, not an export folder"),
+        ([str(folder / "encoder.onnx"), "x"], f"is one file of an export: pass its folder, {folder}"),
+        ([str(tmp_path / "missing"), "x"], "export folder not found"),
+    ]
+    for args, fragment in cases:
+        code, _, err = run("translate", *args)
+        assert code == 1 and len(err.strip().splitlines()) == 1 and fragment in err, (args, err)
+
+
+def test_output_in_a_missing_folder_names_the_output(exports, tmp_path: Path) -> None:
+    _, manifest = exports.get("gru")
+    source = tmp_path / "in.txt"
+    source.write_text(f"{manifest.samples[0]}\n")
+    output = tmp_path / "nonexistent" / "o.txt"
+    code, _, err = run("translate", str(manifest.directory), "--input", str(source), "--output", str(output))
+    assert code == 1
+    assert f"cannot write {output}: folder {output.parent} does not exist" in err and ".part" not in err

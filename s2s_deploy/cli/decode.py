@@ -101,6 +101,13 @@ def translate_command(export_dir: str, texts: tuple[str, ...], input_path: str |
         raise S2SError(f"{given[0]} needs --output")
     sentences = list(texts) + (read_lines(input_path) if input_path else [])
     if not sentences:
+        if not Path(export_dir).exists():  # most likely the text, with the export folder forgotten
+            raise S2SError(f"{export_dir!r} is not an export folder: run `s2s-deploy translate DIR TEXT...`, "
+                           "e.g. `s2s-deploy translate exported/transformer \"some text\"`")
+        if not Path(export_dir).is_dir():
+            from s2s_deploy.runtime.manifest import not_an_export
+
+            raise S2SError(not_an_export(Path(export_dir)))
         raise S2SError("nothing to translate: give TEXTS or --input")
     check_inputs(sentences)
     translator = Translator(export_dir, device=device, threads=threads, engine=engine)

@@ -209,13 +209,18 @@ class FileJob:
                 raise S2SError("--resume needs an output file; output to stdout cannot be resumed")
             self.sink = sys.stdout.buffer
             return
+        if not Path(output_path).parent.is_dir():
+            raise S2SError(f"cannot write {output_path}: folder {Path(output_path).parent} does not exist")
         state = self._load_state()
         if state is not None and not resume:
             raise S2SError(f"{self.part} holds {state['counts']['lines']} lines from an earlier run: pass --resume "
                            "to continue it, or delete it to start over")
         if state is None:
-            self.sidecar.unlink(missing_ok=True)
-            self.sink = open(self.part, "wb")  # noqa: SIM115 - lives as long as the job
+            try:
+                self.sidecar.unlink(missing_ok=True)
+                self.sink = open(self.part, "wb")  # noqa: SIM115 - lives as long as the job
+            except OSError as exc:  # name the output the user gave, not our part file
+                raise S2SError(f"cannot write {output_path}: {exc.strerror}") from exc
         else:
             self._take_over(state)
 
