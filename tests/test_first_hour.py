@@ -103,3 +103,21 @@ def test_output_in_a_missing_folder_names_the_output(exports, tmp_path: Path) ->
     code, _, err = run("translate", str(manifest.directory), "--input", str(source), "--output", str(output))
     assert code == 1
     assert f"cannot write {output}: folder {output.parent} does not exist" in err and ".part" not in err
+
+
+def test_characters_outside_the_vocabulary_are_reported_once(exports, tmp_path: Path) -> None:
+    _, manifest = exports.get("gru")
+    assert not {"ü", "€"} & set(manifest.src_vocab.tokens)
+    code, out, err = run("translate", str(manifest.directory), f"{manifest.samples[0]} ü€ü", "ü")
+    assert code == 0 and len(out.splitlines()) == 2, err
+    warnings = [line for line in err.splitlines() if line.startswith("warning:")]
+    assert warnings == ["warning: 4 characters outside the model's vocabulary became <unk>: 'ü' x3, '€' x1"]
+    source = tmp_path / "in.txt"
+    source.write_text(f"{manifest.samples[0]} €\n{manifest.samples[1]}\n€ ü\n")
+    code, _, err = run("translate", str(manifest.directory), "--input", str(source), "--output",
+                       str(tmp_path / "out.txt"), "--chunk-lines", "1")
+    assert code == 0, err
+    assert [line for line in err.splitlines() if line.startswith("warning:")] == [
+        "warning: 3 characters outside the model's vocabulary became <unk>: '€' x2, 'ü' x1"]
+    code, _, err = run("translate", str(manifest.directory), manifest.samples[0])
+    assert "warning" not in err

@@ -113,7 +113,10 @@ def translate_command(export_dir: str, texts: tuple[str, ...], input_path: str |
     translator = Translator(export_dir, device=device, threads=threads, engine=engine)
     translator.search_config(beam, n_best, max_len, alpha)  # reject bad options before the notice
     click.echo(translator.notice, err=True)
-    for result in translator(sentences, beam, n_best, max_len, alpha, batch_size):
+    results = translator(sentences, beam, n_best, max_len, alpha, batch_size)
+    if translator.unknown_notice():
+        click.echo(translator.unknown_notice(), err=True)
+    for result in results:
         for text, score in result.hypotheses:
             click.echo(f"{score:.4f}\t{text}" if scores else text)
 
@@ -143,6 +146,8 @@ def _translate_file(export_dir: str, input_path: str, output_path: str, options:
             if not quiet:
                 click.echo(translator.notice, err=True)
             summary = translate_file(translator, input_path, output_path, options, resume=resume, progress=progress)
+            if translator.unknown_notice():
+                click.echo(translator.unknown_notice(), err=True)
     except TranslationInterrupted as exc:
         click.echo(str(exc), err=True)
         sys.exit(130)

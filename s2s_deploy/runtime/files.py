@@ -30,7 +30,7 @@ import numpy as np
 
 from s2s_deploy.runtime.errors import S2SError
 from s2s_deploy.runtime.manifest import MANIFEST_NAME, Manifest, sha256_of
-from s2s_deploy.runtime.translator import Translator
+from s2s_deploy.runtime.translator import Translator, unknown_tokens
 
 CHUNK_LINES = 10_000
 ON_LONG = ("truncate", "skip", "error")
@@ -119,6 +119,8 @@ def translate_chunk(translator: Translator, data: bytes, first_line: int, option
             blank += 1
             continue
         ids = vocab.encode(text)
+        if vocab.unk_id in ids:
+            translator.unknown.update(unknown_tokens([text], vocab))
         if limit is not None and len(ids) > limit:
             if options.on_long == "error":
                 raise S2SError(f"input line {first_line + offset} has {len(ids)} tokens, over the model's limit "
