@@ -121,3 +121,38 @@ def test_characters_outside_the_vocabulary_are_reported_once(exports, tmp_path: 
         "warning: 3 characters outside the model's vocabulary became <unk>: '€' x2, 'ü' x1"]
     code, _, err = run("translate", str(manifest.directory), manifest.samples[0])
     assert "warning" not in err
+
+
+def test_train_draws_no_bar_when_stderr_is_not_a_terminal(monkeypatch, tmp_path: Path) -> None:
+    import s2s_deploy.train.trainer as trainer
+    from s2s_deploy.runtime.errors import S2SError
+
+    seen: dict[str, object] = {}
+
+    def fake_train(*args: object, progress: bool, **kwargs: object) -> None:
+        seen["progress"] = progress
+        raise S2SError("stopped before training")
+
+    monkeypatch.setattr(trainer, "train", fake_train)
+    code, _, err = run("train", "--arch", "gru", "--epochs", "1", "--max-train", "8", "--out",
+                       str(tmp_path / "m.safetensors"))
+    assert code == 1 and "stopped before training" in err
+    assert seen == {"progress": False}  # CliRunner's stderr is no terminal
+
+
+def test_evaluate_warns_about_another_task_and_shows_progress(exports, capsys) -> None:
+    from s2s_deploy.runtime.ort_backend import OrtBackend
+    from s2s_deploy.train.evaluate import evaluate
+
+    _, manifest = exports.get("gru")
+    assert manifest.raw["training"]["task"] == "en-fr"
+    code, out, err = run("evaluate", str(manifest.directory), "--task", "en-zh", "--limit", "2",
+                         "--backends", "onnxruntime", "--beam", "2")
+    assert code == 0, err
+    assert "warning: " in err and "was trained on en-fr, not en-zh" in err
+    assert "onnxruntime" in out and "%" not in err  # no bar off a terminal
+    code, _, err = run("evaluate", str(manifest.directory), "--limit", "2", "--backends", "onnxruntime", "--beam", "2")
+    assert code == 0 and "warning" not in err
+    evaluate(manifest, [OrtBackend(manifest, device="cpu")], limit=3, beam_size=2, progress=True)
+    bars = capsys.readouterr().err
+    assert "onnxruntime greedy" in bars and "onnxruntime beam2" in bars and "3/3" in bars

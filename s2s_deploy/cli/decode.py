@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -243,6 +244,9 @@ def evaluate_command(export_dir: str, task: str | None, split: str, beam: int, l
     load_plugin_files(plugin_files)
     manifest = load_manifest(export_dir)
     task_of(manifest, task)
+    trained_on = manifest.raw.get("training", {}).get("task")
+    if task and trained_on and task != trained_on:
+        click.echo(f"warning: {export_dir} was trained on {trained_on}, not {task}: expect low scores", err=True)
     chosen = []
     if backends in ("both", "pytorch"):
         from s2s_deploy.export.parity import torch_backend_for
@@ -252,4 +256,5 @@ def evaluate_command(export_dir: str, task: str | None, split: str, beam: int, l
         ort_backend = OrtBackend(manifest, device=device)
         click.echo(ort_backend.choice.notice(), err=True)
         chosen.append(ort_backend)
-    click.echo(markdown(evaluate(manifest, chosen, task, split, beam, limit)))
+    click.echo(markdown(evaluate(manifest, chosen, task, split, beam, limit,
+                                 progress=sys.stderr.isatty())))

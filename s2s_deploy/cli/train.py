@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+import sys
 from pathlib import Path
 
 import click
@@ -38,7 +39,7 @@ from s2s_deploy.cli import load_plugin_files, main, plugin_option
               help="Continue from a checkpoint (and its .train-state, when present).")
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
               help="Best checkpoint path [default: runs/<arch>-<task>.safetensors].")
-@click.option("--no-progress", is_flag=True, help="No progress bar.")
+@click.option("--no-progress", is_flag=True, help="No progress bar (none either when stderr is no terminal).")
 @plugin_option
 def train_command(arch: str, task: str, preset: str | None, epochs: int, seed: int, lr: float, batch_size: int,
                   warmup_steps: int, clip_norm: float, level: str, max_train: int | None, max_valid: int | None,
@@ -74,7 +75,8 @@ def train_command(arch: str, task: str, preset: str | None, epochs: int, seed: i
     args += [arg for path in plugin_files for arg in ("--plugin", path)]
     args += ["--out", str(destination)]
     info = {"command": shlex.join(args), "preset": preset_name, "resumed_from": resume}
-    result = train(plugin, config, splits, cfg, destination, resume=resume, info=info, progress=not no_progress,
+    bar = not no_progress and sys.stderr.isatty()  # a bar in a log file is litter
+    result = train(plugin, config, splits, cfg, destination, resume=resume, info=info, progress=bar,
                    log=lambda line: click.echo(line, err=True))
     click.echo(f"wrote {result.checkpoint} (epoch {result.best_epoch}: valid {result.best.summary()})")
     if result.test is not None:

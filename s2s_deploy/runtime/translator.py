@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,8 +44,10 @@ def translate(
     config: SearchConfig,
     batch_size: int = 32,
     max_source_length: int | None = None,
+    on_batch: Callable[[int], None] | None = None,
 ) -> list[Translation]:
-    """Sentences are batched by length for speed and returned in input order."""
+    """Sentences are batched by length for speed and returned in input order; ``on_batch`` hears
+    how many sentences each batch finished (for a progress bar)."""
     check_inputs(texts)
     order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
     results: list[Translation | None] = [None] * len(texts)
@@ -54,6 +56,8 @@ def translate(
         src, src_len = encode_batch([texts[i] for i in chunk], src_vocab, max_source_length)
         for index, hyps in zip(chunk, engine.search(src, src_len, config), strict=True):
             results[index] = _translation(texts[index], hyps, tgt_vocab)
+        if on_batch:
+            on_batch(len(chunk))
     return [r for r in results if r is not None]
 
 
