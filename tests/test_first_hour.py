@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
 
 import click
+import pytest
 from click.testing import CliRunner
 
 from s2s_deploy.cli import main
@@ -156,3 +158,39 @@ def test_evaluate_warns_about_another_task_and_shows_progress(exports, capsys) -
     evaluate(manifest, [OrtBackend(manifest, device="cpu")], limit=3, beam_size=2, progress=True)
     bars = capsys.readouterr().err
     assert "onnxruntime greedy" in bars and "onnxruntime beam2" in bars and "3/3" in bars
+
+
+def test_bench_rows_labels_and_baseline(exports, tmp_path: Path) -> None:
+    from s2s_deploy.bench import (
+        BenchResult,
+        BenchSettings,
+        chart_rows,
+        chart_title,
+        markdown_table,
+        run_benchmark,
+        synthetic_export,
+    )
+
+    _, manifest = exports.get("gru")
+    settings = BenchSettings(beams=(1,), batches=(1, 16, 64), sentences=3, reps=1, warmup=0, threads=1, max_len=12,
+                             systems=("onnxruntime-cpu",))
+    result = run_benchmark([manifest.directory], settings)
+    assert [r.batch for r in result.rows] == [1, 3]  # 16 and 64 both run the 3 sentences there are
+    labels = [row["setting"] for row in chart_rows(result.rows)]
+    assert labels == [f"{manifest.directory.name}\nbeam 1, batch 1", f"{manifest.directory.name}\nbeam 1, batch 3"]
+    title = chart_title(result, settings)
+    assert "3 sentences" in title and "1 threads" in title and "up to 12 tokens" in title
+    int8 = dataclasses.replace(result.rows[0], precision="int8", ratio_to_pytorch=1.5)
+    table = markdown_table(BenchResult((int8,)))
+    assert "× PyTorch fp32" in table and "1.50 (int8 vs fp32 PyTorch)" in table
+    assert synthetic_export("gru", 16, tmp_path).name == "gru-small"
+
+
+def test_bench_plot_needs_matplotlib_before_the_run(exports, monkeypatch) -> None:
+    import s2s_deploy.bench as bench
+
+    _, manifest = exports.get("gru")
+    monkeypatch.setitem(sys.modules, "matplotlib.backends.backend_agg", None)
+    monkeypatch.setattr(bench, "run_benchmark", lambda *a: pytest.fail("ran the benchmark first"))
+    code, _, err = run("bench", str(manifest.directory), "--plot", "chart.png")
+    assert code == 1 and "install the plot extra" in err

@@ -58,6 +58,7 @@ def bench_command(export_dirs: tuple[str, ...], synthetic: str | None, vocab_siz
         BenchSettings,
         beam_costs,
         chart_rows,
+        chart_title,
         markdown_table,
         run_benchmark,
         scratch_dir,
@@ -67,6 +68,10 @@ def bench_command(export_dirs: tuple[str, ...], synthetic: str | None, vocab_siz
     from s2s_deploy.runtime.manifest import load_manifest
 
     load_plugin_files(plugin_files)
+    if plot_path:
+        from s2s_deploy.tools.plot import require_matplotlib
+
+        require_matplotlib()  # before the run, not after it
     chosen = tuple(s.strip() for s in systems.split(","))
     unknown = sorted(set(chosen) - set(SYSTEMS))
     if unknown:
@@ -94,4 +99,4 @@ def bench_command(export_dirs: tuple[str, ...], synthetic: str | None, vocab_siz
     if plot_path:
         from s2s_deploy.tools.plot import plot_benchmark
 
-        plot_benchmark(chart_rows(result.rows), Path(plot_path))
+        plot_benchmark(chart_rows(result.rows), Path(plot_path), title=chart_title(result, settings))
