@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -194,3 +195,23 @@ def test_bench_plot_needs_matplotlib_before_the_run(exports, monkeypatch) -> Non
     monkeypatch.setattr(bench, "run_benchmark", lambda *a: pytest.fail("ran the benchmark first"))
     code, _, err = run("bench", str(manifest.directory), "--plot", "chart.png")
     assert code == 1 and "install the plot extra" in err
+
+
+def test_inspect_lists_generate_and_only_providers_that_start(exports, monkeypatch, tmp_path: Path) -> None:
+    import onnxruntime
+
+    from s2s_deploy.runtime.manifest import load_manifest
+    from s2s_deploy.tools.fuse import GENERATE_FILE, add_to_manifest, fuse_generate
+
+    _, shared = exports.get("gru")
+    manifest = load_manifest(shutil.copytree(shared.directory, tmp_path / "gru"))
+    add_to_manifest(manifest, fuse_generate(manifest, manifest.directory / GENERATE_FILE), beam=True)
+    real = onnxruntime.get_available_providers()
+    monkeypatch.setattr(onnxruntime, "get_available_providers", lambda: ["NoSuchExecutionProvider", *real])
+    code, out, err = run("inspect", str(manifest.directory))
+    assert code == 0, err
+    assert "generate (generate.onnx): opset" in out
+    line = next(line for line in out.splitlines() if line.startswith("execution providers"))
+    assert line.startswith("execution providers that start here: ") and "CPUExecutionProvider" in line
+    assert line.endswith("(installed but cannot start here: NoSuchExecutionProvider)")
+    assert "NoSuch" not in err

@@ -104,9 +104,7 @@ def inspect_command(export_dir: str) -> None:
 
     Inputs, outputs, opset, node and parameter counts, and sizes of each graph.
     """
-    import onnxruntime
-
-    from s2s_deploy.runtime.inspect import shared_parameter_bytes, summarise
+    from s2s_deploy.runtime.inspect import shared_parameter_bytes, startable_providers, summarise
     from s2s_deploy.runtime.manifest import load_manifest
 
     manifest = load_manifest(export_dir)
@@ -121,5 +119,7 @@ def inspect_command(export_dir: str) -> None:
             click.echo(f"  in   {name}")
         for name in g.outputs:
             click.echo(f"  out  {name}")
-    click.echo(f"\nweights stored in both graphs: {shared_parameter_bytes(manifest) / 1e6:.2f} MB")
-    click.echo(f"execution providers in this onnxruntime build: {', '.join(onnxruntime.get_available_providers())}")
+    click.echo(f"\nweights stored in both encoder and decoder: {shared_parameter_bytes(manifest) / 1e6:.2f} MB")
+    works, fails = startable_providers(manifest)
+    failing = f" (installed but cannot start here: {', '.join(fails)})" if fails else ""
+    click.echo(f"execution providers that start here: {', '.join(works)}{failing}")
