@@ -158,7 +158,7 @@ def test_evaluate_warns_about_another_task_and_shows_progress(exports, capsys) -
     assert code == 0 and "warning" not in err
     evaluate(manifest, [OrtBackend(manifest, device="cpu")], limit=3, beam_size=2, progress=True)
     bars = capsys.readouterr().err
-    assert "onnxruntime greedy" in bars and "onnxruntime beam2" in bars and "3/3" in bars
+    assert "onnxruntime greedy" in bars and "onnxruntime beam2" in bars and "/3 [" in bars
 
 
 def test_bench_rows_labels_and_baseline(exports, tmp_path: Path) -> None:
@@ -215,3 +215,25 @@ def test_inspect_lists_generate_and_only_providers_that_start(exports, monkeypat
     assert line.startswith("execution providers that start here: ") and "CPUExecutionProvider" in line
     assert line.endswith("(installed but cannot start here: NoSuchExecutionProvider)")
     assert "NoSuch" not in err
+
+
+def test_quantize_carries_generate_over_refused_from_the_quantised_graphs(exports, tmp_path: Path) -> None:
+    from s2s_deploy.runtime.manifest import load_manifest, sha256_of
+    from s2s_deploy.runtime.translator import Translator
+    from s2s_deploy.tools.fuse import GENERATE_FILE, add_to_manifest, fuse_generate
+    from s2s_deploy.tools.quantize import quantize_export
+
+    _, shared = exports.get("gru")
+    manifest = load_manifest(shutil.copytree(shared.directory, tmp_path / "gru"))
+    add_to_manifest(manifest, fuse_generate(manifest, manifest.directory / GENERATE_FILE), beam=True)
+    manifest = load_manifest(manifest.directory)
+    report = quantize_export(manifest, "int8", tmp_path / "gru-int8")
+    assert report.generate is not None and "re-fused from the quantised graphs" in report.generate
+    quantised = load_manifest(tmp_path / "gru-int8")
+    entry = quantised.raw["graphs"]["generate"]
+    assert entry["sha256"] == sha256_of(quantised.directory / GENERATE_FILE)
+    assert entry["sha256"] != manifest.raw["graphs"]["generate"]["sha256"]
+    sources = list(manifest.samples[:4])
+    loop = [t.text for t in Translator(quantised.directory, device="cpu")(sources, beam=2)]
+    graph = [t.text for t in Translator(quantised.directory, device="cpu", engine="graph")(sources, beam=2)]
+    assert graph == loop

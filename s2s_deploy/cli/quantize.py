@@ -41,6 +41,8 @@ def quantize_command(export_dir: str, kind: str | None, out_dir: str | None, for
     for name, before in report.bytes_before.items():
         after = report.bytes_after[name]
         click.echo(f"  {name}: {before / 1e6:.2f} MB -> {after / 1e6:.2f} MB ({after / before:.0%})")
+    if report.generate:
+        click.echo(f"  {report.generate}")
     if no_evaluate or not manifest.raw.get("training", {}).get("task"):
         if not no_evaluate:
             click.echo("no training task recorded: skipping the accuracy comparison (use `s2s-deploy evaluate`)")

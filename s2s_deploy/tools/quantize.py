@@ -35,6 +35,7 @@ class QuantizeReport:
     kind: str
     bytes_before: dict[str, int]
     bytes_after: dict[str, int]
+    generate: str | None = None  # what became of the source's generate.onnx, when it had one
 
 
 def quantize_export(manifest: Manifest, kind: str, out_dir: Path, force: bool = False) -> QuantizeReport:
@@ -63,7 +64,31 @@ def quantize_export(manifest: Manifest, kind: str, out_dir: Path, force: bool = 
                              "fp32_max_abs_diff": raw["validation"]["max_abs_diff"]}
         write_manifest(work, raw)
         _smoke_test(work, kind)
-    return QuantizeReport(out_dir, kind, before, after)
+        generate = _fuse_again(manifest, work, before, after)
+    return QuantizeReport(out_dir, kind, before, after, generate)
+
+
+def _fuse_again(manifest: Manifest, work: Path, before: dict[str, int], after: dict[str, int]) -> str | None:
+    """A fused graph embeds the fp32 decoder, so the copy gets its own, fused from the quantised graphs."""
+    from s2s_deploy.runtime.manifest import load_manifest
+    from s2s_deploy.tools.fuse import add_to_manifest, fuse_generate
+
+    entry = manifest.raw["graphs"].get("generate")
+    if not entry:
+        return None
+    beam = entry.get("search", "beam") == "beam"
+    copy_manifest = load_manifest(work)
+    try:
+        path = fuse_generate(copy_manifest, work / entry["file"], beam=beam)
+    except S2SError as exc:
+        (work / entry["file"]).unlink(missing_ok=True)
+        return f"{entry['file']} not carried over: fusing the quantised graphs failed ({exc}); nothing fused here"
+    add_to_manifest(copy_manifest, path, beam=beam)
+    source = manifest.directory / entry["file"]
+    if source.is_file():
+        before[entry["file"]] = source.stat().st_size
+    after[entry["file"]] = path.stat().st_size
+    return f"{entry['file']} re-fused from the quantised graphs ({'beam' if beam else 'greedy'} search)"
 
 
 def _smoke_test(folder: Path, kind: str) -> None:
