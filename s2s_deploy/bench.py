@@ -52,6 +52,7 @@ class BenchRow:
     peak_rss_mb: float
     tokens: int
     ratio_to_pytorch: float | None = None
+    precision: str = "fp32"  # a quantised export's kind; its PyTorch baseline is still the fp32 checkpoint
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,8 @@ def synthetic_export(spec: str, vocab_size: int, workdir: Path) -> Path:
 
     arch, _, preset = spec.partition(":")
     plugin = get_plugin(arch)
-    config = plugin.preset(preset or None)
+    preset = preset or plugin.default_preset
+    config = plugin.preset(preset)
     vocab = Vocabulary((*SPECIALS, *(f"w{i}" for i in range(len(SPECIALS), vocab_size))), "word")
     torch.manual_seed(0)
     model = plugin.build(config, len(vocab), len(vocab)).eval()
@@ -128,6 +130,11 @@ def run_benchmark(export_dirs: Sequence[Path], settings: BenchSettings) -> Bench
             else:
                 rows.extend(outcome)
     return BenchResult(tuple(_with_ratios(rows)), skipped, machine_description())
+
+
+def effective_batches(settings: BenchSettings) -> tuple[int, ...]:
+    """The batch sizes a pass really runs: none is larger than the sentences there are."""
+    return tuple(dict.fromkeys(min(batch, settings.sentences) for batch in settings.batches))
 
 
 def _with_ratios(rows: list[BenchRow]) -> list[BenchRow]:
@@ -178,11 +185,12 @@ def _measure_system(export_dir: str, system: str, settings: BenchSettings) -> li
     except S2SError as exc:
         return str(exc)
     texts = source_batches(Path(export_dir), settings.sentences)
+    precision = manifest.raw.get("quantization", {}).get("kind", "fp32")
     rows = []
     for beam in settings.beams:
         max_len = settings.fixed_length or settings.max_len
         config = SearchConfig(beam, 1, max_len, min_len=settings.fixed_length or 0)
-        for batch in settings.batches:
+        for batch in effective_batches(settings):
             chunks = [encode_batch(texts[i : i + batch], manifest.src_vocab) for i in range(0, len(texts), batch)]
             passes, latencies, overheads, tokens = [], [], [], 0
             for rep in range(settings.warmup + settings.reps):
@@ -207,6 +215,7 @@ def _measure_system(export_dir: str, system: str, settings: BenchSettings) -> li
                 tokens_per_s_max=max(passes), p50_ms=float(np.percentile(latencies, 50)),
                 p95_ms=float(np.percentile(latencies, 95)), engine_overhead=statistics.median(overheads),
                 peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, tokens=tokens,
+                precision="fp32" if system.startswith("pytorch") else precision,
             ))
     return rows
 
@@ -238,16 +247,20 @@ def beam_costs(rows: Sequence[BenchRow]) -> list[BeamCost]:
 def markdown_table(result: BenchResult) -> str:
     lines = [
         "| model | system | beam | batch | tokens/s [min–max] | p50 ms | p95 ms | engine overhead "
-        "| peak RSS MB | × PyTorch |",
+        "| peak RSS MB | × PyTorch fp32 |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result.rows:
         ratio = f"{r.ratio_to_pytorch:.2f}" if r.ratio_to_pytorch is not None else "–"
+        if r.ratio_to_pytorch is not None and r.precision != "fp32":
+            ratio += f" ({r.precision} vs fp32 PyTorch)"
         lines.append(
             f"| {r.model} | {r.system} | {r.beam} | {r.batch} | **{r.tokens_per_s:.1f}** "
             f"[{r.tokens_per_s_min:.1f}–{r.tokens_per_s_max:.1f}] | {r.p50_ms:.1f} | {r.p95_ms:.1f} | "
             f"{100 * r.engine_overhead:.1f}% | {r.peak_rss_mb:.0f} | {ratio} |"
         )
+    lines.append("\n× PyTorch fp32: tokens/s over PyTorch eager running the fp32 checkpoint of the same folder, "
+                 "at the same beam, batch and device")
     costs = beam_costs(result.rows)
     if costs:
         lines += ["", "| model | system | beam K at batch 1 ÷ greedy at batch K (per call) |", "|---|---|---|"]
@@ -259,8 +272,15 @@ def markdown_table(result: BenchResult) -> str:
 
 def chart_rows(rows: Sequence[BenchRow]) -> list[dict[str, Any]]:
     """Rows for plot.plot_benchmark: one bar group per model and search setting."""
-    return [{"system": r.system, "setting": f"{r.model} b{r.beam}x{r.batch}", "tokens_per_s": r.tokens_per_s}
-            for r in rows]
+    return [{"system": r.system, "setting": f"{r.model}\nbeam {r.beam}, batch {r.batch}",
+             "tokens_per_s": r.tokens_per_s} for r in rows]
+
+
+def chart_title(result: BenchResult, settings: BenchSettings) -> str:
+    """What the bars measured: the settings that change them, and the machine."""
+    length = f"exactly {settings.fixed_length}" if settings.fixed_length else f"up to {settings.max_len}"
+    return (f"tokens/s, median of {settings.reps} passes over {settings.sentences} sentences, {length} tokens each, "
+            f"{settings.threads} threads\n{result.machine.get('cpu', '')}, {result.machine.get('date', '')}")
 
 
 def scratch_dir() -> Path:

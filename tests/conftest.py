@@ -30,6 +30,18 @@ class ExportCache:
         return self._done[arch]
 
 
+@pytest.fixture(autouse=True)
+def registry_unchanged():
+    """A test that registers a plugin (``--plugin FILE``) must not leak it into the next test."""
+    from s2s_deploy.export.registry import REGISTRY
+
+    before = dict(REGISTRY._plugins), REGISTRY._entry_points_loaded
+    yield
+    REGISTRY._plugins.clear()
+    REGISTRY._plugins.update(before[0])
+    REGISTRY._entry_points_loaded = before[1]
+
+
 @pytest.fixture(scope="session")
 def exports(tmp_path_factory: pytest.TempPathFactory) -> ExportCache:
     return ExportCache(tmp_path_factory.mktemp("exports"))

@@ -102,8 +102,8 @@ def test_mismatched_checkpoint(exports, tmp_path: Path) -> None:
 def test_existing_output_needs_force(exports) -> None:
     _, manifest = exports.get("gru")
     before = (manifest.directory / "manifest.json").read_bytes()
-    code, _, err = run("export", "--arch", "gru", "--out", str(manifest.directory))
-    assert_one_line_error(code, err, "already exists; pass --force")
+    code, _, err = run("export", "--arch", "gru", "--out", str(manifest.directory), "--opset", "17")
+    assert_one_line_error(code, err, "already exists and holds another export (opset 18, not 17); pass --force")
     assert (manifest.directory / "manifest.json").read_bytes() == before
 
 

@@ -65,16 +65,20 @@ def echo_device(notice: str, provider: str) -> None:
 @main.command("list")
 @plugin_option
 def list_command(plugin_files: tuple[str, ...]) -> None:
-    """List registered architectures and where each comes from."""
-    from s2s_deploy.export.registry import REGISTRY
+    """List architectures and where each comes from."""
+    from s2s_deploy.cli.listing import PluginFacts, entries
 
-    load_plugin_files(plugin_files)
-    for entry in REGISTRY.entries():
-        p = entry.plugin
-        presets = ", ".join(p.presets)
+    found = entries(plugin_files, "s2s_deploy.plugins")  # from the plugins' source: no torch import
+    if found is None:
+        from s2s_deploy.export.registry import REGISTRY
+
+        load_plugin_files(plugin_files)
+        found = [PluginFacts(e.plugin.name, e.plugin.version, e.plugin.description, tuple(e.plugin.presets),
+                             e.plugin.default_preset, e.plugin.exporter, e.source) for e in REGISTRY.entries()]
+    for p in found:
         click.echo(f"{p.name:<12} v{p.version:<5} {p.description}")
-        click.echo(f"{'':<12} presets: {presets} (default {p.default_preset}); exporter: {p.exporter}; "
-                   f"from {entry.source}")
+        click.echo(f"{'':<12} presets: {', '.join(p.presets)} (default {p.default_preset}); exporter: {p.exporter}; "
+                   f"from {p.source}")
 
 
 # Each module adds its commands to ``main``; they import heavy libraries only when a command runs.

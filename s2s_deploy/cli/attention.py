@@ -22,7 +22,10 @@ from s2s_deploy.cli.extras import require
 @plugin_option
 def attention_command(export_dir: str, text: str, out: str, reduce: str, compare: bool, max_len: int,
                       device: str, plugin_files: tuple[str, ...]) -> None:
-    """Decode TEXT greedily and plot its cross-attention (the export needs --with-attention)."""
+    """Plot what an export attends to, as a heatmap.
+
+    Decodes TEXT greedily and draws its cross-attention (the export needs --with-attention).
+    """
     require("attention", "plot", *(("export",) if compare else ()))
     from s2s_deploy.runtime.manifest import load_manifest
     from s2s_deploy.runtime.ort_backend import OrtBackend

@@ -33,9 +33,10 @@ def _ints(text: str) -> tuple[int, ...]:
               help="Generate exactly this many tokens per sentence (EOS suppressed until then).")
 @click.option("--beams", default="1,4", show_default=True, help="Beam sizes, comma-separated.")
 @click.option("--batches", default="1,16,64", show_default=True, help="Batch sizes, comma-separated.")
-@click.option("--sentences", type=click.IntRange(1), default=64, show_default=True)
+@click.option("--sentences", type=click.IntRange(1), default=64, show_default=True,
+              help="Sentences per pass, cycled from the samples stored in each export.")
 @click.option("--reps", type=click.IntRange(1), default=3, show_default=True, help="Timed repetitions.")
-@click.option("--warmup", type=click.IntRange(0), default=1, show_default=True)
+@click.option("--warmup", type=click.IntRange(0), default=1, show_default=True, help="Untimed passes first.")
 @click.option("--threads", type=click.IntRange(1), default=2, show_default=True,
               help="Threads for both PyTorch and ONNX Runtime.")
 @click.option("--systems", default="pytorch,onnxruntime-cpu,onnxruntime-generate,onnxruntime-cuda",
@@ -51,12 +52,16 @@ def bench_command(export_dirs: tuple[str, ...], synthetic: str | None, vocab_siz
                   fixed_length: int | None,
                   beams: str, batches: str, sentences: int, reps: int, warmup: int, threads: int, systems: str,
                   json_path: str | None, plot_path: str | None, roofline: bool, plugin_files: tuple[str, ...]) -> None:
-    """Tokens/s, latency, engine overhead and peak memory: PyTorch eager vs ONNX Runtime."""
+    """Measure speed and memory, PyTorch against ONNX Runtime.
+
+    Tokens/s, latency, engine overhead and peak memory of the same search on each system.
+    """
     from s2s_deploy.bench import (
         SYSTEMS,
         BenchSettings,
         beam_costs,
         chart_rows,
+        chart_title,
         markdown_table,
         run_benchmark,
         scratch_dir,
@@ -66,6 +71,10 @@ def bench_command(export_dirs: tuple[str, ...], synthetic: str | None, vocab_siz
     from s2s_deploy.runtime.manifest import load_manifest
 
     load_plugin_files(plugin_files)
+    if plot_path:
+        from s2s_deploy.tools.plot import require_matplotlib
+
+        require_matplotlib()  # before the run, not after it
     chosen = tuple(s.strip() for s in systems.split(","))
     unknown = sorted(set(chosen) - set(SYSTEMS))
     if unknown:
@@ -101,4 +110,4 @@ def bench_command(export_dirs: tuple[str, ...], synthetic: str | None, vocab_siz
     if plot_path:
         from s2s_deploy.tools.plot import plot_benchmark
 
-        plot_benchmark(chart_rows(result.rows), Path(plot_path))
+        plot_benchmark(chart_rows(result.rows), Path(plot_path), title=chart_title(result, settings))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -41,13 +42,15 @@ def read_lines(path: str) -> list[str]:
 @click.option("--input", "input_path", type=click.Path(dir_okay=False, allow_dash=True), default=None,
               help="Read sentences from a file, one per line ('-' for stdin).")
 @click.option("--beam", type=click.IntRange(1), default=1, show_default=True, help="Beam size; 1 is greedy.")
-@click.option("--n-best", type=click.IntRange(1), default=1, show_default=True)
+@click.option("--n-best", type=click.IntRange(1), default=1, show_default=True,
+              help="Print the N best hypotheses per sentence (N <= --beam).")
 @click.option("--alpha", type=float, default=None, help="Length penalty: score = log P / L**alpha [default: 0.75].")
 @click.option("--max-len", type=click.IntRange(1), default=None, help="Most target tokens [default: model limit].")
 @click.option("--max-len-a", type=click.FloatRange(0), default=None,
               help="Per sentence, at most max-len-a * source tokens + max-len-b [default: the export's, if any].")
 @click.option("--max-len-b", type=click.IntRange(0), default=None, help="See --max-len-a.")
-@click.option("--batch-size", type=click.IntRange(1), default=32, show_default=True)
+@click.option("--batch-size", type=click.IntRange(1), default=32, show_default=True,
+              help="Sentences decoded together.")
 @click.option("--scores", is_flag=True, help="Print each hypothesis's score before it, tab-separated.")
 @click.option("--output", "output_path", type=click.Path(dir_okay=False, allow_dash=True), default=None,
               help="Stream --input into this file ('-' for stdout), one line per input line, in order.")
@@ -74,7 +77,9 @@ def translate_command(export_dir: str, texts: tuple[str, ...], input_path: str |
                       batch_size: int, scores: bool, output_path: str | None, on_long: str | None,
                       utf8_errors: str | None, resume: bool, quiet: bool, ray_address: str | None, actors: int,
                       chunk_lines: int | None, engine: str, device: str, threads: int | None) -> None:
-    """Translate TEXTS (or --input) with an exported model; needs no PyTorch.
+    """Translate text with an export (no PyTorch needed).
+
+    Translates TEXTS, or the lines of --input.
 
     With --output, --input is streamed in chunks of 10,000 lines: memory stays flat, output
     line N belongs to input line N, and Ctrl-C leaves a part file that --resume continues.
@@ -102,13 +107,23 @@ def translate_command(export_dir: str, texts: tuple[str, ...], input_path: str |
         raise S2SError(f"{given[0]} needs --output")
     sentences = list(texts) + (read_lines(input_path) if input_path else [])
     if not sentences:
+        if not Path(export_dir).exists():  # most likely the text, with the export folder forgotten
+            raise S2SError(f"{export_dir!r} is not an export folder: run `s2s-deploy translate DIR TEXT...`, "
+                           "e.g. `s2s-deploy translate exported/transformer \"some text\"`")
+        if not Path(export_dir).is_dir():
+            from s2s_deploy.runtime.manifest import not_an_export
+
+            raise S2SError(not_an_export(Path(export_dir)))
         raise S2SError("nothing to translate: give TEXTS or --input")
     check_inputs(sentences)
     translator = Translator(export_dir, device=device, threads=threads, engine=engine)
     translator.search_config(beam, n_best, max_len, alpha, max_len_a, max_len_b)  # reject bad options first
     if not quiet:
         echo_device(translator.notice, translator.provider)
-    for result in translator(sentences, beam, n_best, max_len, alpha, batch_size, max_len_a, max_len_b):
+    results = translator(sentences, beam, n_best, max_len, alpha, batch_size, max_len_a, max_len_b)
+    if translator.unknown_notice():
+        click.echo(translator.unknown_notice(), err=True)
+    for result in results:
         for text, score in result.hypotheses:
             click.echo(f"{score:.4f}\t{text}" if scores else text)
 
@@ -139,6 +154,8 @@ def _translate_file(export_dir: str, input_path: str, output_path: str, options:
             if not quiet:
                 echo_device(translator.notice, translator.provider)
             summary = translate_file(translator, input_path, output_path, options, resume=resume, progress=progress)
+            if translator.unknown_notice():
+                click.echo(translator.unknown_notice(), err=True)
     except TranslationInterrupted as exc:
         click.echo(str(exc), err=True)
         sys.exit(130)
@@ -149,8 +166,8 @@ def _translate_file(export_dir: str, input_path: str, output_path: str, options:
 @click.argument("export_dir", type=click.Path())
 @click.option("--input", "input_path", type=click.Path(dir_okay=False, allow_dash=True), default=None,
               help="Sentences to check, one per line [default: the samples stored at export].")
-@click.option("--beam", type=click.IntRange(2), default=4, show_default=True)
-@click.option("--max-len", type=click.IntRange(1), default=64, show_default=True)
+@click.option("--beam", type=click.IntRange(2), default=4, show_default=True, help="Beam size of the beam check.")
+@click.option("--max-len", type=click.IntRange(1), default=64, show_default=True, help="Most target tokens.")
 @click.option("--atol", type=float, default=None, help="Log-prob tolerance [default: the plugin's, from the manifest].")
 @click.option("--checkpoint", type=click.Path(dir_okay=False), default=None,
               help="The PyTorch original [default: the checkpoint stored in the export].")
@@ -161,7 +178,10 @@ def _translate_file(export_dir: str, input_path: str, output_path: str, options:
 def parity_command(export_dir: str, input_path: str | None, beam: int, max_len: int, atol: float | None,
                    checkpoint: str | None, as_json: bool, ort_format: bool, device: str,
                    plugin_files: tuple[str, ...]) -> None:
-    """Decode with PyTorch and ONNX Runtime, greedy and beam; exit 1 unless they agree."""
+    """Check that ONNX Runtime decodes exactly like PyTorch.
+
+    Decodes with both, greedy and beam; exits 1 unless they agree.
+    """
     require("parity", "export")
     import sys
 
@@ -213,14 +233,19 @@ def parity_command(export_dir: str, input_path: str | None, beam: int, max_len: 
 @click.option("--split", "splits", type=click.Choice(["train", "valid", "test", "ood"]), multiple=True,
               default=("test", "ood"), show_default=True,
               help="Split to score (repeatable); ood holds years and numbers never trained on (built-in tasks).")
-@click.option("--beam", type=click.IntRange(2), default=4, show_default=True)
+@click.option("--beam", type=click.IntRange(2), default=4, show_default=True,
+              help="Beam size of the beam rows (greedy is always scored too).")
 @click.option("--limit", type=click.IntRange(1), default=None, help="Evaluate only the first N pairs.")
-@click.option("--backends", type=click.Choice(["both", "onnxruntime", "pytorch"]), default="both", show_default=True)
+@click.option("--backends", type=click.Choice(["both", "onnxruntime", "pytorch"]), default="both", show_default=True,
+              help="Which backends to score (pytorch needs the checkpoint in the export).")
 @device_option
 @plugin_option
 def evaluate_command(export_dir: str, task: str | None, splits: tuple[str, ...], beam: int, limit: int | None,
                      backends: str, device: str, plugin_files: tuple[str, ...]) -> None:
-    """BLEU and exact match of an export on its task, PyTorch and ONNX Runtime side by side."""
+    """Score an export on its task: BLEU and exact match.
+
+    PyTorch and ONNX Runtime side by side, greedy and beam.
+    """
     require("evaluate", "eval", *(("export",) if backends != "onnxruntime" else ()))
     from s2s_deploy.runtime.errors import S2SError
     from s2s_deploy.runtime.manifest import load_manifest
@@ -231,6 +256,9 @@ def evaluate_command(export_dir: str, task: str | None, splits: tuple[str, ...],
     load_plugin_files(plugin_files)
     manifest = load_manifest(export_dir)
     task_of(manifest, task)
+    trained_on = manifest.raw.get("training", {}).get("task")
+    if task and trained_on and task != trained_on:
+        click.echo(f"warning: {export_dir} was trained on {trained_on}, not {task}: expect low scores", err=True)
     chosen = []
     if backends in ("both", "pytorch"):
         from s2s_deploy.export.parity import torch_backend_for
@@ -246,5 +274,5 @@ def evaluate_command(export_dir: str, task: str | None, splits: tuple[str, ...],
             if len(splits) > 1:
                 continue  # a user's TSV task has no held-out split; score what it has
             raise S2SError("this task has no ood split (only the built-in tasks do)")
-        rows += evaluate(manifest, chosen, task, split, beam, limit)
+        rows += evaluate(manifest, chosen, task, split, beam, limit, progress=sys.stderr.isatty())
     click.echo(markdown(rows))

@@ -23,7 +23,7 @@ from s2s_deploy.cli.extras import require
 @click.option("--preset", default=None, help="Config preset, only for seeded random weights (no checkpoint).")
 @click.option("--exporter", type=click.Choice(["dynamo", "torchscript"]), default=None,
               help="torch.onnx exporter [default: the plugin's choice].")
-@click.option("--opset", type=click.IntRange(17, 23), default=18, show_default=True)
+@click.option("--opset", type=click.IntRange(17, 23), default=18, show_default=True, help="ONNX opset version.")
 @click.option("--with-attention", is_flag=True, help="Add the cross-attention weights as a decoder output.")
 @click.option("--optimize", is_flag=True, help="Store the graphs already optimised by ONNX Runtime (extended level).")
 @click.option("--ort-format", is_flag=True, help="Also write .ort files for ONNX Runtime mobile/minimal builds.")
@@ -32,22 +32,37 @@ from s2s_deploy.cli.extras import require
 def export_command(arch: str, checkpoint: str | None, out_dir: str | None, preset: str | None,
                    exporter: str | None, opset: int, with_attention: bool, optimize: bool, ort_format: bool,
                    force: bool, no_checkpoint: bool, plugin_files: tuple[str, ...]) -> None:
-    """Export an encoder graph and a step-wise decoder graph, then validate them against PyTorch."""
+    """Export a model to ONNX and validate it.
+
+    Writes an encoder graph and a step-wise decoder graph, then checks them against PyTorch.
+    Exporting the same checkpoint with the same options over an earlier export says it is up to date.
+    """
     require("export", "export")
     from s2s_deploy.export.exporter import export_model
     from s2s_deploy.export.registry import get_plugin
     from s2s_deploy.export.sources import load_source
     from s2s_deploy.runtime.errors import S2SError
+    from s2s_deploy.runtime.manifest import sha256_of
 
     load_plugin_files(plugin_files)
     plugin = get_plugin(arch)
     destination = Path(out_dir or Path("exported") / arch)
-    if destination.exists() and not force:
-        raise S2SError(f"{destination} already exists; pass --force to replace it")
     if preset and checkpoint:
         raise S2SError("--preset applies only without --checkpoint (a checkpoint carries its config)")
     with tempfile.TemporaryDirectory(prefix="s2s-export-") as scratch:
         source = load_source(plugin, checkpoint, preset, Path(scratch))
+        if destination.exists() and not force:
+            wanted = {"plugin": f"{plugin.name} v{plugin.version}",
+                      "checkpoint sha256": sha256_of(source.checkpoint_path),
+                      "exporter": exporter or plugin.exporter, "opset": opset, "with-attention": with_attention,
+                      "optimize": optimize, "ort-format": ort_format}
+            difference = _difference(destination, wanted)
+            if difference is None:
+                click.echo(f"{destination} is up to date: same {plugin.name} export of the same checkpoint "
+                           f"(sha256 {wanted['checkpoint sha256'][:12]}) and options; nothing to do")
+                return
+            raise S2SError(f"{destination} already exists and holds another export ({difference}); "
+                           "pass --force to replace it")
         click.echo(f"exporting {plugin.name} v{plugin.version} from {source.description}", err=True)
         report = export_model(
             plugin, source.model, source.config, source.src_vocab, source.tgt_vocab, destination,
@@ -63,13 +78,38 @@ def export_command(arch: str, checkpoint: str | None, out_dir: str | None, prese
                f"({worst[0]}; atol {plugin.parity_atol:g})")
 
 
+def _difference(folder: Path, wanted: dict[str, object]) -> str | None:
+    """What differs between the export in ``folder`` and the one asked for; None when nothing does.
+    A folder that is not a valid, intact export differs in every way."""
+    from s2s_deploy.runtime.errors import S2SError
+    from s2s_deploy.runtime.manifest import load_manifest, sha256_of
+
+    try:
+        manifest = load_manifest(folder)
+        raw = manifest.raw
+        checkpoint = folder / raw["checkpoint"]["file"]
+        if not checkpoint.is_file() or sha256_of(checkpoint) != raw["checkpoint"]["sha256"]:
+            return "its checkpoint copy is missing or modified"
+        found = {"plugin": f"{manifest.plugin} v{manifest.plugin_version}",
+                 "checkpoint sha256": raw["checkpoint"]["sha256"], "exporter": raw["exporter"],
+                 "opset": raw["opset"], "with-attention": manifest.has_attention_output,
+                 "optimize": bool(raw.get("ort_optimized")), "ort-format": manifest.encoder.ort_file is not None}
+    except (S2SError, KeyError, TypeError) as exc:
+        return f"not a valid export: {exc}"
+    for key, value in wanted.items():
+        if found[key] != value:
+            return f"{key} {found[key]}, not {value}"
+    return None
+
+
 @main.command("inspect")
 @click.argument("export_dir", type=click.Path())
 def inspect_command(export_dir: str) -> None:
-    """Inputs, outputs, opset, node and parameter counts, and sizes of each graph."""
-    import onnxruntime
+    """Show what an export folder holds.
 
-    from s2s_deploy.runtime.inspect import deployable_files, shared_parameter_bytes, summarise
+    Inputs, outputs, opset, node and parameter counts, and sizes of each graph.
+    """
+    from s2s_deploy.runtime.inspect import deployable_files, shared_parameter_bytes, startable_providers, summarise
     from s2s_deploy.runtime.manifest import load_manifest
 
     manifest = load_manifest(export_dir)
@@ -90,4 +130,6 @@ def inspect_command(export_dir: str) -> None:
     files = deployable_files(manifest)
     click.echo(f"deployable: {sum(files.values()) / 1e6:.2f} MB in {len(files)} files ("
                + ", ".join(f"{name} {size / 1e6:.2f} MB" for name, size in files.items()) + ")")
-    click.echo(f"execution providers in this onnxruntime build: {', '.join(onnxruntime.get_available_providers())}")
+    works, fails = startable_providers(manifest)
+    failing = f" (installed but cannot start here: {', '.join(fails)})" if fails else ""
+    click.echo(f"execution providers that start here: {', '.join(works)}{failing}")

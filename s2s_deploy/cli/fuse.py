@@ -11,7 +11,10 @@ from s2s_deploy.cli import main
 @click.argument("export_dir", type=click.Path())
 @click.option("--greedy-only", is_flag=True, help="Fuse greedy search only (a smaller loop body, no beam inputs).")
 def fuse_command(export_dir: str, greedy_only: bool) -> None:
-    """Write generate.onnx: encoder, then greedy or beam search in an ONNX Loop, in one graph."""
+    """Write generate.onnx: the whole search in one graph.
+
+    The encoder, then greedy or beam search in an ONNX Loop.
+    """
     from s2s_deploy.runtime.manifest import load_manifest
     from s2s_deploy.tools.fuse import GENERATE_FILE, add_to_manifest, fuse_generate
 

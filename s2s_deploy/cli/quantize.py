@@ -26,7 +26,10 @@ MAX_EXACT_MATCH_DROP = 2.0
 @click.option("--no-evaluate", is_flag=True, help="Skip the before/after BLEU and exact-match comparison.")
 def quantize_command(export_dir: str, kind: str | None, out_dir: str | None, force: bool, limit: int | None,
                      no_evaluate: bool) -> None:
-    """Write a quantised copy of an export, with sizes and task accuracy before and after."""
+    """Write an int8 or fp16 copy of an export.
+
+    Reports sizes and task accuracy before and after.
+    """
     from s2s_deploy.runtime.errors import S2SError
     from s2s_deploy.runtime.manifest import load_manifest
     from s2s_deploy.tools.quantize import quantize_export
@@ -43,6 +46,8 @@ def quantize_command(export_dir: str, kind: str | None, out_dir: str | None, for
     total_before, total_after = sum(report.bytes_before.values()), sum(report.bytes_after.values())
     click.echo(f"  deployable: {total_before / 1e6:.2f} MB -> {total_after / 1e6:.2f} MB "
                f"({total_after / total_before:.0%})")
+    if report.generate:
+        click.echo(f"  {report.generate}")
     if no_evaluate or not manifest.raw.get("training", {}).get("task"):
         if not no_evaluate:
             click.echo("no training task recorded: skipping the accuracy comparison (use `s2s-deploy evaluate`)")

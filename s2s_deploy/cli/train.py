@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+import sys
 from pathlib import Path
 
 import click
@@ -21,7 +22,8 @@ from s2s_deploy.cli.extras import require
 @click.option("--seed", type=int, default=0, show_default=True, help="Seeds the task split, init and batches.")
 @click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=1e-3, show_default=True,
               help="Peak Adam learning rate.")
-@click.option("--batch-size", type=click.IntRange(min=1), default=128, show_default=True)
+@click.option("--batch-size", type=click.IntRange(min=1), default=128, show_default=True,
+              help="Sentence pairs per training step.")
 @click.option("--warmup", "warmup_steps", type=click.IntRange(min=0), default=300, show_default=True,
               help="Linear warmup steps before cosine decay.")
 @click.option("--clip", "clip_norm", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
@@ -38,13 +40,16 @@ from s2s_deploy.cli.extras import require
               help="Continue from a checkpoint (and its .train-state, when present).")
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
               help="Best checkpoint path [default: runs/<arch>-<task>.safetensors].")
-@click.option("--no-progress", is_flag=True, help="No progress bar.")
+@click.option("--no-progress", is_flag=True, help="No progress bar (none either when stderr is no terminal).")
 @plugin_option
 def train_command(arch: str, task: str, preset: str | None, epochs: int, seed: int, lr: float, batch_size: int,
                   warmup_steps: int, clip_norm: float, level: str, max_train: int | None, max_valid: int | None,
                   threads: int, device: str, resume: str | None, out: str | None, no_progress: bool,
                   plugin_files: tuple[str, ...]) -> None:
-    """Train an architecture with teacher forcing; keep the checkpoint with the best valid exact match."""
+    """Train a model on a task.
+
+    Teacher forcing; keeps the checkpoint with the best valid exact match.
+    """
     require("train", "export", "eval")
     from s2s_deploy.export.registry import get_plugin
     from s2s_deploy.runtime.errors import S2SError
@@ -72,7 +77,8 @@ def train_command(arch: str, task: str, preset: str | None, epochs: int, seed: i
     args += [arg for path in plugin_files for arg in ("--plugin", path)]
     args += ["--out", str(destination)]
     info = {"command": shlex.join(args), "preset": preset_name, "resumed_from": resume}
-    result = train(plugin, config, splits, cfg, destination, resume=resume, info=info, progress=not no_progress,
+    bar = not no_progress and sys.stderr.isatty()  # a bar in a log file is litter
+    result = train(plugin, config, splits, cfg, destination, resume=resume, info=info, progress=bar,
                    log=lambda line: click.echo(line, err=True))
     click.echo(f"wrote {result.checkpoint} (epoch {result.best_epoch}: valid {result.best.summary()})")
     if result.test is not None:

@@ -15,6 +15,7 @@ import torch
 from s2s_deploy.export.checkpoint import build_model, load_checkpoint, save_checkpoint
 from s2s_deploy.export.contract import ArchitecturePlugin, Seq2SeqModel
 from s2s_deploy.runtime.errors import S2SError
+from s2s_deploy.runtime.manifest import sha256_of
 from s2s_deploy.runtime.vocab import Vocabulary
 
 RANDOM_SEED = 0
@@ -54,7 +55,8 @@ def load_source(plugin: ArchitecturePlugin, checkpoint: str | Path | None, prese
     trained = f", trained on {info['task']}" if info.get("task") else ""
     return ModelSource(
         plugin, loaded.config, model, loaded.src_vocab, loaded.tgt_vocab, path,
-        f"{kind} {path}{trained}", tuple(info.get("samples", ())) or _task_samples(info), trained=True, info=info,
+        f"{kind} {path.name} (sha256 {sha256_of(path)}){trained}",
+        tuple(info.get("samples", ())) or _task_samples(info), trained=True, info=info,
     )
 
 

@@ -30,7 +30,7 @@ import numpy as np
 
 from s2s_deploy.runtime.errors import S2SError
 from s2s_deploy.runtime.manifest import MANIFEST_NAME, Manifest, sha256_of
-from s2s_deploy.runtime.translator import Translator
+from s2s_deploy.runtime.translator import Translator, unknown_tokens
 
 CHUNK_LINES = 10_000
 ON_LONG = ("truncate", "skip", "error")
@@ -122,6 +122,8 @@ def translate_chunk(translator: Translator, data: bytes, first_line: int, option
             blank += 1
             continue
         ids = vocab.encode(text)
+        if vocab.unk_id in ids:
+            translator.unknown.update(unknown_tokens([text], vocab))
         if limit is not None and len(ids) > limit:
             if options.on_long == "error":
                 raise S2SError(f"input line {first_line + offset} has {len(ids)} tokens, over the model's limit "
@@ -212,13 +214,18 @@ class FileJob:
                 raise S2SError("--resume needs an output file; output to stdout cannot be resumed")
             self.sink = sys.stdout.buffer
             return
+        if not Path(output_path).parent.is_dir():
+            raise S2SError(f"cannot write {output_path}: folder {Path(output_path).parent} does not exist")
         state = self._load_state()
         if state is not None and not resume:
             raise S2SError(f"{self.part} holds {state['counts']['lines']} lines from an earlier run: pass --resume "
                            "to continue it, or delete it to start over")
         if state is None:
-            self.sidecar.unlink(missing_ok=True)
-            self.sink = open(self.part, "wb")  # noqa: SIM115 - lives as long as the job
+            try:
+                self.sidecar.unlink(missing_ok=True)
+                self.sink = open(self.part, "wb")  # noqa: SIM115 - lives as long as the job
+            except OSError as exc:  # name the output the user gave, not our part file
+                raise S2SError(f"cannot write {output_path}: {exc.strerror}") from exc
         else:
             self._take_over(state)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,8 +32,39 @@ class GraphSummary:
 
 
 def summarise(manifest: Manifest) -> list[GraphSummary]:
-    return [_summary(role, manifest.graph_path(graph)) for role, graph in
-            (("encoder", manifest.encoder), ("decoder", manifest.decoder))]
+    """The encoder and decoder, and generate.onnx when ``s2s-deploy fuse`` added it."""
+    graphs = [_summary(role, manifest.graph_path(graph)) for role, graph in
+              (("encoder", manifest.encoder), ("decoder", manifest.decoder))]
+    generate = manifest.raw["graphs"].get("generate")
+    if generate and (manifest.directory / generate["file"]).is_file():
+        graphs.append(_summary("generate", manifest.directory / generate["file"]))
+    return graphs
+
+
+def startable_providers(manifest: Manifest) -> tuple[list[str], list[str]]:
+    """(providers that start a session on the encoder here, providers installed but failing to).
+
+    onnxruntime-gpu lists CUDA and TensorRT wherever it is installed; only a session tells
+    whether their libraries and a GPU are there. Probed quietly: ORT's C++ log goes to /dev/null."""
+    import onnxruntime as ort
+
+    from s2s_deploy.runtime.ort_backend import CPU, quiet_stderr, session_options
+
+    works, fails = [], []
+    for provider in ort.get_available_providers():
+        if provider == CPU:
+            works.append(provider)
+            continue
+        try:
+            with quiet_stderr(), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                session = ort.InferenceSession(str(manifest.graph_path(manifest.encoder)), session_options(1),
+                                               providers=[provider, CPU])
+            started = session.get_providers()[0] == provider
+        except Exception:  # any failure to start means "not usable here"
+            started = False
+        (works if started else fails).append(provider)
+    return works, fails
 
 
 def deployable_files(manifest: Manifest) -> dict[str, int]:

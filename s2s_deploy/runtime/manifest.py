@@ -110,11 +110,23 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
+def not_an_export(path: Path) -> str:
+    """Why ``path`` is no export folder, and what to run instead: users pass checkpoints and graphs."""
+    if not path.exists():
+        return f"export folder not found: {path} (make one with `s2s-deploy export --arch NAME --out {path}`)"
+    if path.suffix == ".safetensors":
+        return (f"{path} is a checkpoint, not an export folder: run `s2s-deploy export --arch NAME --checkpoint "
+                f"{path}` and pass the folder it writes")
+    if path.suffix in (".onnx", ".ort") or path.name == MANIFEST_NAME:
+        return f"{path} is one file of an export: pass its folder, {path.parent}"
+    return f"{path} is a file, not an export folder (one holding {MANIFEST_NAME})"
+
+
 def load_manifest(directory: str | Path, verify_hashes: bool = True) -> Manifest:
     directory = Path(directory)
     path = directory / MANIFEST_NAME
     if not directory.is_dir():
-        raise ManifestError(f"export folder not found: {directory}")
+        raise ManifestError(not_an_export(directory))
     if not path.is_file():
         raise ManifestError(f"no {MANIFEST_NAME} in {directory}: is it an s2s-deploy export?")
     try:

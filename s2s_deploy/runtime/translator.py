@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import numpy as np
 from s2s_deploy.runtime.errors import S2SError
 from s2s_deploy.runtime.manifest import Manifest, load_manifest
 from s2s_deploy.runtime.search import Hypothesis, SearchConfig, SearchEngine, StepLoop
-from s2s_deploy.runtime.vocab import Vocabulary
+from s2s_deploy.runtime.vocab import UNK, Vocabulary, split
 
 
 @dataclass(frozen=True)
@@ -43,8 +44,10 @@ def translate(
     config: SearchConfig,
     batch_size: int = 32,
     max_source_length: int | None = None,
+    on_batch: Callable[[int], None] | None = None,
 ) -> list[Translation]:
-    """Sentences are batched by length for speed and returned in input order."""
+    """Sentences are batched by length for speed and returned in input order; ``on_batch`` hears
+    how many sentences each batch finished (for a progress bar)."""
     check_inputs(texts)
     order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
     results: list[Translation | None] = [None] * len(texts)
@@ -53,6 +56,8 @@ def translate(
         src, src_len = encode_batch([texts[i] for i in chunk], src_vocab, max_source_length)
         for index, hyps in zip(chunk, engine.search(src, src_len, config), strict=True):
             results[index] = _translation(texts[index], hyps, tgt_vocab)
+        if on_batch:
+            on_batch(len(chunk))
     return [r for r in results if r is not None]
 
 
@@ -62,6 +67,28 @@ def check_inputs(texts: Sequence[str]) -> None:
     for number, text in enumerate(texts, 1):
         if not text.strip():
             raise S2SError(f"input {number} is empty")
+
+
+def unknown_tokens(texts: Sequence[str], vocab: Vocabulary) -> Counter[str]:
+    """Source tokens the vocabulary lacks: each silently becomes <unk>, so the user should hear of it."""
+    found: Counter[str] = Counter()
+    for text in texts:
+        ids = vocab.encode(text, add_eos=False)
+        if vocab.unk_id in ids:
+            tokens = split(text, vocab.level)
+            pairs = zip(tokens, ids, strict=True) if len(tokens) == len(ids) else ((UNK, i) for i in ids)
+            found.update(token for token, i in pairs if i == vocab.unk_id and token != UNK)
+    return found
+
+
+def unknown_notice(found: Counter[str], level: str) -> str | None:
+    """One line for stderr: how many tokens became <unk>, and which (most frequent first)."""
+    if not found:
+        return None
+    unit = {"char": "characters", "word": "words"}.get(level, "tokens")
+    shown = ", ".join(f"{token!r} x{count}" for token, count in found.most_common(10))
+    more = f" and {len(found) - 10} more" if len(found) > 10 else ""
+    return f"warning: {sum(found.values())} {unit} outside the model's vocabulary became <unk>: {shown}{more}"
 
 
 def _translation(source: str, hyps: list[Hypothesis], vocab: Vocabulary) -> Translation:
@@ -104,6 +131,7 @@ class Translator:
         if engine not in ENGINES:
             raise S2SError(f"unknown engine {engine!r}; known: {', '.join(ENGINES)}")
         self.manifest = load_manifest(export_dir)
+        self.unknown: Counter[str] = Counter()  # source tokens outside the vocabulary, over this translator's life
         if engine == "graph":
             from s2s_deploy.runtime.graph_engine import GraphEngine
 
@@ -116,6 +144,9 @@ class Translator:
             self.provider = self.backend.choice.provider
             self.notice = self.backend.choice.notice()
 
+    def unknown_notice(self) -> str | None:
+        return unknown_notice(self.unknown, self.manifest.src_vocab.level)
+
     def search_config(self, beam: int = 1, n_best: int = 1, max_len: int | None = None,
                       alpha: float | None = None, max_len_a: float | None = None,
                       max_len_b: int | None = None) -> SearchConfig:
@@ -127,5 +158,6 @@ class Translator:
                  max_len_b: int | None = None) -> list[Translation]:
         config = self.search_config(beam, n_best, max_len, alpha, max_len_a, max_len_b)
         manifest = self.manifest
+        self.unknown.update(unknown_tokens(texts, manifest.src_vocab))
         return translate(self.engine, texts, manifest.src_vocab, manifest.tgt_vocab, config, batch_size,
                          manifest.max_source_length)

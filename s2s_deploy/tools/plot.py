@@ -118,6 +118,7 @@ def plot_comparison(comparison: AttentionComparison, path: str | Path, reduce: s
 
 def plot_benchmark(
     rows: Sequence[Mapping[str, Any]], path: str | Path, *, value: str = "tokens_per_s", kind: str = "bar",
+    title: str | None = None,
 ) -> Path:
     """``value`` per ``setting`` (x axis), one bar group or line per ``system``."""
     if not rows:
@@ -141,4 +142,6 @@ def plot_benchmark(
     ax.set_ylabel(value.replace("_", " "))
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8)
+    if title:
+        ax.set_title(title, fontsize=8)
     return _save(figure, path)

@@ -42,6 +42,7 @@ class QuantizeReport:
     kind: str
     bytes_before: dict[str, int]
     bytes_after: dict[str, int]
+    generate: str | None = None  # what became of the source's generate.onnx, when it had one
 
 
 def quantize_export(manifest: Manifest, kind: str, out_dir: Path, force: bool = False) -> QuantizeReport:
@@ -75,8 +76,27 @@ def quantize_export(manifest: Manifest, kind: str, out_dir: Path, force: bool = 
                              "fp32_max_abs_diff": raw["validation"]["max_abs_diff"]}
         write_manifest(work, raw)
         _smoke_test(work, kind)
+        generate = _fuse_again(manifest, work)
         after = deployable_files(load_manifest(work))
-    return QuantizeReport(out_dir, kind, deployable_files(manifest), after)
+    return QuantizeReport(out_dir, kind, deployable_files(manifest), after, generate)
+
+
+def _fuse_again(manifest: Manifest, work: Path) -> str | None:
+    """A fused graph embeds the fp32 decoder, so the copy gets its own, fused from the quantised graphs."""
+    from s2s_deploy.tools.fuse import add_to_manifest, fuse_generate
+
+    entry = manifest.raw["graphs"].get("generate")
+    if not entry:
+        return None
+    beam = entry.get("search", "beam") == "beam"
+    copy_manifest = load_manifest(work)
+    try:
+        path = fuse_generate(copy_manifest, work / entry["file"], beam=beam)
+    except S2SError as exc:
+        (work / entry["file"]).unlink(missing_ok=True)
+        return f"{entry['file']} not carried over: fusing the quantised graphs failed ({exc}); nothing fused here"
+    add_to_manifest(copy_manifest, path, beam=beam)
+    return f"{entry['file']} re-fused from the quantised graphs ({'beam' if beam else 'greedy'} search)"
 
 
 def _smoke_test(folder: Path, kind: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass
 
@@ -34,8 +35,11 @@ def task_of(manifest: Manifest, task: str | None) -> tuple[str, int]:
 
 def evaluate(
     manifest: Manifest, backends: list[Backend], task: str | None = None, split: str = "test",
-    beam_size: int = 4, limit: int | None = None, max_len: int | None = None,
+    beam_size: int = 4, limit: int | None = None, max_len: int | None = None, progress: bool = False,
 ) -> list[EvalRow]:
+    """``progress`` draws a bar per backend and search on stderr (the CLI asks for it on a terminal)."""
+    from tqdm import tqdm
+
     name, seed = task_of(manifest, task)
     pairs = list(getattr(load_task(name, seed), split))[:limit]
     if not pairs:
@@ -48,8 +52,10 @@ def evaluate(
         for mode, config in (("greedy", SearchConfig(1, 1, max_len)),
                              (f"beam{beam_size}", SearchConfig(beam_size, 1, max_len))):
             started = time.perf_counter()
-            results = translate(StepLoop(backend), sources, manifest.src_vocab, manifest.tgt_vocab, config, 64,
-                                manifest.max_source_length)
+            with tqdm(total=len(sources), desc=f"{backend.name} {mode}", unit=" sentences", disable=not progress,
+                      file=sys.stderr, leave=False, dynamic_ncols=True) as bar:
+                results = translate(StepLoop(backend), sources, manifest.src_vocab, manifest.tgt_vocab, config, 64,
+                                    manifest.max_source_length, on_batch=bar.update)
             elapsed = time.perf_counter() - started
             scores = score([r.text for r in results], references, tokenize)
             rows.append(EvalRow(split, backend.name, mode, scores, elapsed))
