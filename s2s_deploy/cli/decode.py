@@ -19,19 +19,24 @@ threads_option = click.option("--threads", type=click.IntRange(1), default=None,
                               help="ONNX Runtime intra-op threads [default: available cores].")
 
 
-def read_lines(path: str) -> list[str]:
+def read_lines(path: str, keep_blank: bool = False) -> list[str]:
+    """Lines split on ``\\n`` alone (a trailing ``\\r`` dropped), as ``--output`` splits them, so
+    U+2028 or a form feed never makes two lines of one; blank lines kept when asked."""
     from s2s_deploy.runtime.errors import S2SError
 
     try:
-        text = Path(path).read_text(encoding="utf-8") if path != "-" else click.get_text_stream("stdin").read()
+        data = Path(path).read_bytes() if path != "-" else click.get_binary_stream("stdin").read()
+        text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise S2SError(f"{path} is not valid UTF-8 (byte {exc.start})") from exc
     except OSError as exc:
         raise S2SError(f"cannot read {path}: {exc.strerror}") from exc
-    lines = [line for line in text.splitlines() if line.strip()]
-    if not lines:
+    lines = [line.removesuffix("\r") for line in text.split("\n")]
+    if lines and lines[-1] == "":
+        lines.pop()
+    if not any(line.strip() for line in lines):
         raise S2SError(f"{path} has no non-empty lines")
-    return lines
+    return lines if keep_blank else [line for line in lines if line.strip()]
 
 
 @main.command("translate")
@@ -95,15 +100,23 @@ def translate_command(export_dir: str, texts: tuple[str, ...], input_path: str |
     given = [name for name, value in file_only.items() if value is not None]
     if given:
         raise S2SError(f"{given[0]} needs --output")
-    sentences = list(texts) + (read_lines(input_path) if input_path else [])
-    if not sentences:
+    if not Path(export_dir).is_dir():
+        raise S2SError(f"export folder not found: {export_dir!r} (usage: s2s-deploy translate DIR TEXT...)")
+    lines = list(texts) + (read_lines(input_path, keep_blank=True) if input_path else [])
+    if not lines:
         raise S2SError("nothing to translate: give TEXTS or --input")
-    check_inputs(sentences)
+    sentences = [line for line in lines if line.strip()]
+    if texts:
+        check_inputs(list(texts))  # a blank TEXT is a mistake; a blank line of a file is kept blank
     translator = Translator(export_dir, device=device, threads=threads, engine=engine)
     translator.search_config(beam, n_best, max_len, alpha)  # reject bad options before the notice
     click.echo(translator.notice, err=True)
-    for result in translator(sentences, beam, n_best, max_len, alpha, batch_size):
-        for text, score in result.hypotheses:
+    results = iter(translator(sentences, beam, n_best, max_len, alpha, batch_size))
+    for line in lines:  # a blank input line stays a blank output line, as with --output
+        if not line.strip():
+            click.echo("")
+            continue
+        for text, score in next(results).hypotheses:
             click.echo(f"{score:.4f}\t{text}" if scores else text)
 
 

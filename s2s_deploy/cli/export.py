@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import tempfile
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from s2s_deploy.cli import load_plugin_files, main, plugin_option
               help="A .safetensors checkpoint; default: the architecture's bundled one.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Output folder [default: exported/<arch>].")
-@click.option("--preset", default=None, help="Config preset, only for seeded random weights (no checkpoint).")
+@click.option("--preset", default=None, help="Config preset: seeded random weights of it instead of the bundled checkpoint.")
 @click.option("--exporter", type=click.Choice(["dynamo", "torchscript"]), default=None,
               help="torch.onnx exporter [default: the plugin's choice].")
 @click.option("--opset", type=click.IntRange(17, 23), default=18, show_default=True)
@@ -33,15 +34,16 @@ def export_command(arch: str, checkpoint: str | None, out_dir: str | None, prese
     from s2s_deploy.export.registry import get_plugin
     from s2s_deploy.export.sources import load_source
     from s2s_deploy.runtime.errors import S2SError
+    from s2s_deploy.runtime.staging import check_replaceable, remove_leftovers
 
     load_plugin_files(plugin_files)
     plugin = get_plugin(arch)
     destination = Path(out_dir or Path("exported") / arch)
-    if destination.exists() and not force:
-        raise S2SError(f"{destination} already exists; pass --force to replace it")
+    check_replaceable(destination, force)
     if preset and checkpoint:
         raise S2SError("--preset applies only without --checkpoint (a checkpoint carries its config)")
-    with tempfile.TemporaryDirectory(prefix="s2s-export-") as scratch:
+    remove_leftovers(Path(tempfile.gettempdir()), "s2s-export-")  # scratch of killed runs
+    with tempfile.TemporaryDirectory(prefix=f"s2s-export-{os.getpid()}-") as scratch:
         source = load_source(plugin, checkpoint, preset, Path(scratch))
         click.echo(f"exporting {plugin.name} v{plugin.version} from {source.description}", err=True)
         report = export_model(

@@ -90,6 +90,7 @@ def export_model(
         raise S2SError(f"{out_dir} already exists; pass --force to replace it")
     if with_attention and not plugin.has_attention:
         raise S2SError(f"architecture {plugin.name!r} has no attention weights to export")
+    _check_finite(plugin, model)
     exporter = exporter or plugin.exporter
     memory, state = plugin.memory_specs(config), plugin.state_specs(config)
     specs = _Specs(memory, state, io_names(memory, state, with_attention))
@@ -134,6 +135,14 @@ def export_model(
         write_manifest(work, raw)
     sizes = {name: (out_dir / name).stat().st_size for name in (ENCODER_FILE, DECODER_FILE)}
     return ExportReport(out_dir, exporter, diffs, sizes)
+
+
+def _check_finite(plugin: ArchitecturePlugin, model: Seq2SeqModel) -> None:
+    """NaN or inf weights make NaN log-probs, which compare as "no difference": refuse them first."""
+    for name, tensor in model.state_dict().items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise S2SError(f"{plugin.name}: weight {name} holds NaN or inf; the checkpoint is broken (retrain or "
+                           "restore it)")
 
 
 def _encoder_inputs(vocab_size: int, sizes: dict[str, int]) -> tuple[torch.Tensor, ...]:
@@ -343,6 +352,8 @@ def _record(
         if want_np.shape != got.shape:
             raise ExportShapeError(f"{graph} output {name}: ONNX shape {got.shape}, PyTorch {want_np.shape}")
         diff = float(np.max(np.abs(want_np.astype(np.float64) - got))) if want_np.size else 0.0
+        if not np.isfinite(diff):  # max(0.0, nan) is 0.0: NaN on both sides must not pass as "no difference"
+            raise ExportToleranceError(f"{graph} output {name} is not finite (NaN or inf) in PyTorch or ONNX Runtime")
         key = f"{graph}.{name}"
         diffs[key] = max(diffs.get(key, 0.0), diff)
 

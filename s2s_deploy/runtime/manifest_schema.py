@@ -73,8 +73,9 @@ PROPERTIES: dict[str, Any] = {
     "vocab": {"type": "object", "required": ["source", "target"],
               "properties": {"source": _VOCAB, "target": _VOCAB}},
     "limits": {"type": "object", "properties": {"max_source_length": _LIMIT, "max_target_length": _LIMIT}},
-    "search": {"type": "object", "properties": SEARCH_PROPERTIES},
+    "search": {"type": "object", "required": ["length_penalty_alpha"], "properties": SEARCH_PROPERTIES},
     "checkpoint": {"type": "object", "required": ["file", "sha256"], "properties": {"file": _FILE, "sha256": _SHA}},
+    "quantization": {"type": "object", "required": ["kind"], "properties": {"kind": {"enum": ["int8", "fp16"]}}},
     "samples": {"type": "array", "maxItems": 100_000, "items": {"type": "string", "maxLength": 100_000}},
 }
 SCHEMA: dict[str, Any] = {

@@ -18,6 +18,13 @@ from typing import Protocol
 import numpy as np
 
 from s2s_deploy.runtime.backend import Backend
+from s2s_deploy.runtime.errors import S2SError
+
+NON_FINITE = "the decoder returned NaN log-probs: the model's weights or graph are broken (re-export it)"
+
+
+class NonFiniteError(S2SError):
+    """The model, not the input, is at fault: no hypothesis can be ranked."""
 
 NARROW_FIRST_STEP_FROM = 8
 """Sentences from which beam search runs its first step on one row per sentence. Measured
@@ -111,6 +118,8 @@ def greedy(backend: Backend, src: np.ndarray, src_len: np.ndarray, config: Searc
                 if done.all():
                     steps = t + 1
                     break
+    if np.isnan(picked_lp[:, :steps]).any():
+        raise NonFiniteError(NON_FINITE)
     is_eos = picked[:, :steps] == eos
     length = np.where(done, is_eos.argmax(axis=1) + 1, steps)
     results = []
@@ -159,7 +168,7 @@ def beam_search(
 ) -> list[list[Hypothesis]]:
     batch, k, eos = src.shape[0], config.beam_size, backend.eos_id
     if k >= backend.vocab_size:
-        raise ValueError(f"beam size {k} must be smaller than the vocabulary ({backend.vocab_size})")
+        raise S2SError(f"beam size {k} must be smaller than the vocabulary ({backend.vocab_size})")
     rows = batch * k
     row_base = (np.arange(batch) * k)[:, None]
     # costs are negated scores, so one ascending stable sort ranks best first, ties to the lower beam, then id
@@ -229,10 +238,14 @@ def beam_search(
             trail.steps.append((reorder, tokens, lps))
     steps = len(trail.steps)
     costs = costs.reshape(batch, k)
+    if np.isnan(costs).any() or not all(endings[i] for i in np.nonzero(~active)[0]):
+        raise NonFiniteError(NON_FINITE)
     for i in np.nonzero(active)[0]:  # still searching at max_len: live beams end as they stand
         for j in range(k):
             if np.isfinite(costs[i, j]):
                 score = float(normalised(-costs[i, j], steps, config.alpha))
                 endings[i].append(_Ending(score, steps - 1, int(row_base[i, 0] + j), None))
+    if not all(endings):
+        raise NonFiniteError(NON_FINITE)
     return [[trail.hypothesis(e) for e in sorted(ends, key=lambda e: -e.score)[: config.n_best]]
             for ends in endings]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,9 +58,13 @@ def translate(
 
 
 def check_inputs(texts: Sequence[str]) -> None:
+    if isinstance(texts, (str, bytes)) or not isinstance(texts, Sequence):
+        raise S2SError(f"expected a list of sentences, got {type(texts).__name__}")
     if not texts:
         raise S2SError("no input to translate")
     for number, text in enumerate(texts, 1):
+        if not isinstance(text, str):
+            raise S2SError(f"input {number} is a {type(text).__name__}, not a str: {text!r:.40}")
         if not text.strip():
             raise S2SError(f"input {number} is empty")
 
@@ -98,15 +103,29 @@ class Translator:
     def search_config(self, beam: int = 1, n_best: int = 1, max_len: int | None = None,
                       alpha: float | None = None) -> SearchConfig:
         manifest = self.manifest
+        for name, value in (("beam", beam), ("n-best", n_best), ("max-len", max_len or 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise S2SError(f"{name} must be a whole number of at least 1, not {value!r}")
         if n_best > beam:
             raise S2SError(f"n-best {n_best} cannot exceed the beam size {beam}")
+        if beam >= len(manifest.tgt_vocab):
+            raise S2SError(f"beam {beam} must be smaller than the target vocabulary ({len(manifest.tgt_vocab)} tokens)")
+        limit = manifest.max_target_length
+        if max_len is not None and limit is not None and max_len > limit:
+            raise S2SError(f"max-len {max_len} exceeds the model's limit of {limit} target tokens "
+                           "(its position table)")
+        if alpha is not None and (isinstance(alpha, bool) or not isinstance(alpha, (int, float))
+                                  or not math.isfinite(alpha) or alpha < 0):
+            raise S2SError(f"alpha must be a finite number >= 0, not {alpha!r}")
         return SearchConfig(
-            beam_size=beam, n_best=n_best, max_len=max_len or manifest.max_target_length or 256,
-            alpha=manifest.raw["search"]["length_penalty_alpha"] if alpha is None else alpha,
+            beam_size=beam, n_best=n_best, max_len=max_len or limit or 256,
+            alpha=manifest.raw["search"]["length_penalty_alpha"] if alpha is None else float(alpha),
         )
 
     def __call__(self, texts: Sequence[str], beam: int = 1, n_best: int = 1, max_len: int | None = None,
                  alpha: float | None = None, batch_size: int = 32) -> list[Translation]:
+        if isinstance(texts, str):  # one sentence, not one per character
+            texts = [texts]
         config = self.search_config(beam, n_best, max_len, alpha)
         manifest = self.manifest
         return translate(self.engine, texts, manifest.src_vocab, manifest.tgt_vocab, config, batch_size,
