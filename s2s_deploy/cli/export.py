@@ -17,7 +17,8 @@ from s2s_deploy.cli import load_plugin_files, main, plugin_option
               help="A .safetensors checkpoint; default: the architecture's bundled one.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Output folder [default: exported/<arch>].")
-@click.option("--preset", default=None, help="Config preset: seeded random weights of it instead of the bundled checkpoint.")
+@click.option("--preset", default=None,
+              help="Config preset: seeded random weights of it instead of the bundled checkpoint.")
 @click.option("--exporter", type=click.Choice(["dynamo", "torchscript"]), default=None,
               help="torch.onnx exporter [default: the plugin's choice].")
 @click.option("--opset", type=click.IntRange(17, 23), default=18, show_default=True)
