@@ -94,8 +94,8 @@ def _header_size(path: Path) -> int:
         head = handle.read(8)
     size = int.from_bytes(head, "little") if len(head) == 8 else -1
     if not 0 < size <= MAX_HEADER_BYTES or size + 8 > path.stat().st_size:
-        raise CheckpointError(f"{path} is not a safetensors checkpoint, or its header ({size:,} bytes) is over the "
-                              f"{MAX_HEADER_BYTES:,} allowed or past the end of the file")
+        raise CheckpointError(f"{path} is not a readable safetensors checkpoint: its header ({size:,} bytes) is over "
+                              f"the {MAX_HEADER_BYTES:,} allowed or past the end of the file")
     return size
 
 

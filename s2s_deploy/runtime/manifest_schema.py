@@ -129,7 +129,7 @@ def validate_manifest(raw: Any, path: Path) -> None:
     if error is not None:
         where = ".".join(str(part) for part in error.absolute_path) or "(top level)"
         message = error.message if len(error.message) < 200 else error.message[:200] + "..."
-        raise ManifestError(f"{path}: key {where}: {message}")
+        raise ManifestError(f"{path} is incomplete or corrupt: key {where}: {message}")
     for entry in all_files(raw):
         if entry.startswith("/") or "\\" in entry or "\x00" in entry:
             raise ManifestError(f"{path}: file {entry!r} must be a relative path inside the export folder")
