@@ -127,7 +127,7 @@ def _translate_file(export_dir: str, input_path: str, output_path: str, options:
     import sys
     from dataclasses import asdict
 
-    from s2s_deploy.runtime.files import FileSummary, TranslationInterrupted, translate_file
+    from s2s_deploy.runtime.files import FileSummary, TranslationInterrupted, refuse_same_file, translate_file
     from s2s_deploy.runtime.translator import Translator
 
     progress = False if quiet else None
@@ -140,6 +140,7 @@ def _translate_file(export_dir: str, input_path: str, output_path: str, options:
                                         resume=resume, progress=progress, device=device, threads=threads or 1,
                                         engine=engine, **asdict(options))
         else:
+            refuse_same_file(input_path, output_path, Path(f"{output_path}.part"))  # before the device notice
             translator = Translator(export_dir, device=device, threads=threads, engine=engine)
             translator.search_config(options.beam, 1, options.max_len, options.alpha)
             if not quiet:

@@ -238,7 +238,7 @@ class FileJob:
                 raise S2SError("--resume needs an output file; output to stdout cannot be resumed")
             self.sink = sys.stdout.buffer
             return
-        _refuse_same_file(input_path, output_path, self.part, self.sidecar)
+        refuse_same_file(input_path, output_path, self.part, self.sidecar)
         self.sink = _open_locked(self.part, output_path)
         try:
             self._open(resume)
@@ -418,7 +418,7 @@ _SIDECAR = {
 }
 
 
-def _refuse_same_file(input_path: str, output_path: str, *others: Path) -> None:
+def refuse_same_file(input_path: str, output_path: str, *others: Path) -> None:
     """The output, its part file and sidecar must never be the input (hard or symbolic links included)."""
     if input_path == "-":
         return
