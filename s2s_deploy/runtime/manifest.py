@@ -17,6 +17,7 @@ from s2s_deploy.runtime.manifest_schema import (
     all_files,
     check_graph,
     check_ids,
+    check_specs,
     check_vocab_sizes,
     contained,
     read_manifest_json,
@@ -147,6 +148,7 @@ def load_manifest(directory: str | Path, verify_hashes: bool = True) -> Manifest
             if not ort_path.is_file() or sha256_of(ort_path) != graph.ort_sha256:
                 raise ManifestError(f"{ort_path} is missing or does not match the sha256 in the manifest")
         graphs.append(check_graph(graph_path, directory, graph.inputs, graph.outputs))
+    check_specs(path, raw, manifest.memory, manifest.state, manifest.encoder, manifest.decoder)
     check_vocab_sizes(raw, path, *graphs)
     return manifest
 

@@ -184,7 +184,39 @@ def check_graph(path: Path, directory: Path, inputs: tuple[str, ...], outputs: t
     if missing:
         raise ManifestError(f"{path} has no input/output {missing[0]!r} that the manifest lists for it "
                             f"(graph swapped or manifest edited?)")
+    defaults = {t.name for t in graph.initializer}
+    unlisted = sorted(names_in - set(inputs) - defaults)
+    if unlisted:
+        raise ManifestError(f"{path} needs input {unlisted[0]!r}, which the manifest does not list")
     return graph
+
+
+def check_specs(path: Path, raw: dict[str, Any], memory: Any, state: Any, encoder: Any, decoder: Any) -> None:
+    """Each memory and state entry must be wired through the graphs as its role says, and each
+    graph input or output with a memory or state role must belong to an entry."""
+    owners = {"memory": {m.name for m in memory}, "state_in": {s.decoder_input for s in state},
+              "state_out": {s.decoder_output for s in state},
+              "state_init": {s.encoder_output for s in state if s.encoder_output}}
+    for role_graph in ("encoder", "decoder"):
+        for kind in ("inputs", "outputs"):
+            for io in raw["graphs"][role_graph][kind]:
+                if io["role"] in owners and io["name"] not in owners[io["role"]]:
+                    raise ManifestError(f"{path}: key graphs.{role_graph}.{kind}: {io['name']!r} has role "
+                                        f"{io['role']!r} but no memory/state entry owns it")
+    wanted = [(m.name, encoder.outputs, "encoder output") for m in memory]
+    wanted += [(m.name, decoder.inputs, "decoder input") for m in memory]
+    for s in state:
+        wanted += [(s.decoder_input, decoder.inputs, "decoder input"),
+                   (s.decoder_output, decoder.outputs, "decoder output")]
+        if s.encoder_output is not None:
+            wanted.append((s.encoder_output, encoder.outputs, "encoder output"))
+        if s.grow_axis is not None and not 0 <= s.grow_axis < len(s.shape):
+            raise ManifestError(f"{path}: key state: {s.name!r} grows along axis {s.grow_axis} of a "
+                                f"{len(s.shape)}-axis shape")
+    for name, names, what in wanted:
+        if name not in names:
+            raise ManifestError(f"{path}: key graphs: the {what} {name!r} is not listed (memory/state and graphs "
+                                "disagree)")
 
 
 def graph_dim(graph: Any, name: str, axis: int, kind: str = "output") -> int | None:
