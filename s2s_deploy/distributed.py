@@ -89,6 +89,23 @@ def chunk_ranges(path: str, offset: int, first_line: int, chunk_lines: int) -> I
             index, offset, first_line = index + 1, offset + size, first_line + len(lines)
 
 
+PROBE_SECONDS = 5.0
+
+
+def _probe(address: str) -> None:
+    """Fail in seconds, not minutes, when ``host:port`` does not answer (Ray itself retries for long)."""
+    import socket
+
+    host_port = address.split("://", 1)[-1].rsplit("/", 1)[0]
+    host, _, port = host_port.rpartition(":")
+    if not host or not port.isdigit():
+        return  # "auto" and other forms Ray resolves itself
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=PROBE_SECONDS).close()
+    except OSError as exc:
+        raise S2SError(f"cannot reach the Ray cluster at {address}: {exc.strerror or exc}") from exc
+
+
 def translate_dataset(export_dir: str | Path, input_path: str | Path, output_path: str | Path, *, actors: int = 2,
                       batch_size: int = 32, beam: int = 1, address: str | None = None, max_len: int | None = None,
                       alpha: float | None = None, max_len_a: float | None = None, max_len_b: int | None = None,
@@ -117,7 +134,17 @@ def translate_dataset(export_dir: str | Path, input_path: str | Path, output_pat
     started = time.perf_counter()
     owned = not ray.is_initialized()
     if owned and address:
-        ray.init(address=address, runtime_env=runtime_env)
+        _probe(address)
+        # Ray retries a GCS that answers wrongly once a second, 20 times by default: keep it to seconds.
+        wait = os.environ.setdefault("RAY_gcs_server_port_wait_time_s", str(int(PROBE_SECONDS)))
+        try:
+            ray.init(address=address, runtime_env=runtime_env)
+        except (ConnectionError, RuntimeError, ValueError) as exc:
+            raise S2SError(f"cannot connect to the Ray cluster at {address}: {' '.join(str(exc).split())[:200]}") \
+                from exc
+        finally:
+            if wait == str(int(PROBE_SECONDS)):
+                os.environ.pop("RAY_gcs_server_port_wait_time_s", None)
     elif owned:
         ray.init(num_cpus=max(actors, os.cpu_count() or 1), runtime_env=runtime_env, include_dashboard=False,
                  logging_level=logging.WARNING)

@@ -13,7 +13,8 @@ CUDA_PROVIDER = "CUDAExecutionProvider"
 
 
 class Group(click.Group):
-    """Turns every S2SError (and a few OS errors users cause) into one line on stderr."""
+    """Turns every S2SError and OS error (read-only, full disk, missing file) into one line on
+    stderr; ``--debug`` adds the full trace before it."""
 
     def invoke(self, ctx: click.Context):  # type: ignore[override]
         try:
@@ -22,14 +23,28 @@ class Group(click.Group):
             click.echo(f"error: {explain_missing_module(ctx.invoked_subcommand or '', exc)}", err=True)
             sys.exit(1)
         except S2SError as exc:
-            click.echo(f"error: {exc}", err=True)
+            _trace(ctx)
+            click.echo(f"error: {_one_line(str(exc))}", err=True)
             sys.exit(1)
-        except (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError) as exc:
-            click.echo(f"error: {exc.strerror or exc}: {exc.filename}", err=True)
+        except OSError as exc:
+            _trace(ctx)
+            where = f": {exc.filename}" if exc.filename else ""
+            click.echo(f"error: {exc.strerror or _one_line(str(exc))}{where}", err=True)
             sys.exit(1)
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
             sys.exit(130)
+
+
+def _trace(ctx: click.Context) -> None:
+    if ctx.find_root().params.get("debug"):
+        import traceback
+
+        traceback.print_exc()
+
+
+def _one_line(message: str) -> str:
+    return " ".join(message.split())
 
 
 def load_plugin_files(paths: tuple[str, ...]) -> None:
@@ -48,7 +63,8 @@ plugin_option = click.option(
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="s2s-deploy")
 @click.option("--verbose", is_flag=True, help="Also say which ONNX Runtime provider runs, when it is the CPU.")
-def main(verbose: bool) -> None:
+@click.option("--debug", is_flag=True, help="Print the full trace before an error's one line.")
+def main(verbose: bool, debug: bool) -> None:
     """Export PyTorch seq2seq models to ONNX, decode them, and prove parity."""
     if click.get_current_context().invoked_subcommand != "list" and (conflict := conflicting_runtimes()):
         raise S2SError(conflict)

@@ -21,19 +21,24 @@ threads_option = click.option("--threads", type=click.IntRange(1), default=None,
                               help="ONNX Runtime intra-op threads [default: available cores].")
 
 
-def read_lines(path: str) -> list[str]:
+def read_lines(path: str, keep_blank: bool = False) -> list[str]:
+    """Lines split on ``\\n`` alone (a trailing ``\\r`` dropped), as ``--output`` splits them, so
+    U+2028 or a form feed never makes two lines of one; blank lines kept when asked."""
     from s2s_deploy.runtime.errors import S2SError
 
     try:
-        text = Path(path).read_text(encoding="utf-8") if path != "-" else click.get_text_stream("stdin").read()
+        data = Path(path).read_bytes() if path != "-" else click.get_binary_stream("stdin").read()
+        text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise S2SError(f"{path} is not valid UTF-8 (byte {exc.start})") from exc
     except OSError as exc:
         raise S2SError(f"cannot read {path}: {exc.strerror}") from exc
-    lines = [line for line in text.splitlines() if line.strip()]
-    if not lines:
+    lines = [line.removesuffix("\r") for line in text.split("\n")]
+    if lines and lines[-1] == "":
+        lines.pop()
+    if not any(line.strip() for line in lines):
         raise S2SError(f"{path} has no non-empty lines")
-    return lines
+    return lines if keep_blank else [line for line in lines if line.strip()]
 
 
 @main.command("translate")
@@ -105,26 +110,34 @@ def translate_command(export_dir: str, texts: tuple[str, ...], input_path: str |
     given = [name for name, value in file_only.items() if value is not None]
     if given:
         raise S2SError(f"{given[0]} needs --output")
-    sentences = list(texts) + (read_lines(input_path) if input_path else [])
-    if not sentences:
-        if not Path(export_dir).exists():  # most likely the text, with the export folder forgotten
-            raise S2SError(f"{export_dir!r} is not an export folder: run `s2s-deploy translate DIR TEXT...`, "
-                           "e.g. `s2s-deploy translate exported/transformer \"some text\"`")
-        if not Path(export_dir).is_dir():
-            from s2s_deploy.runtime.manifest import not_an_export
+    lines = list(texts) + (read_lines(input_path, keep_blank=True) if input_path else [])
+    if not Path(export_dir).exists():
+        if not lines:  # most likely the text, with the export folder forgotten
+            raise S2SError(f"export folder not found: {export_dir!r} is not an export folder: run "
+                           "`s2s-deploy translate DIR TEXT...`, e.g. `s2s-deploy translate exported/transformer "
+                           "\"some text\"`")
+        raise S2SError(f"export folder not found: {export_dir!r} (usage: s2s-deploy translate DIR TEXT...)")
+    if not Path(export_dir).is_dir():
+        from s2s_deploy.runtime.manifest import not_an_export
 
-            raise S2SError(not_an_export(Path(export_dir)))
+        raise S2SError(not_an_export(Path(export_dir)))
+    if not lines:
         raise S2SError("nothing to translate: give TEXTS or --input")
-    check_inputs(sentences)
+    sentences = [line for line in lines if line.strip()]
+    if texts:
+        check_inputs(list(texts))  # a blank TEXT is a mistake; a blank line of a file is kept blank
     translator = Translator(export_dir, device=device, threads=threads, engine=engine)
     translator.search_config(beam, n_best, max_len, alpha, max_len_a, max_len_b)  # reject bad options first
     if not quiet:
         echo_device(translator.notice, translator.provider)
-    results = translator(sentences, beam, n_best, max_len, alpha, batch_size, max_len_a, max_len_b)
+    results = iter(translator(sentences, beam, n_best, max_len, alpha, batch_size, max_len_a, max_len_b))
     if translator.unknown_notice():
         click.echo(translator.unknown_notice(), err=True)
-    for result in results:
-        for text, score in result.hypotheses:
+    for line in lines:  # a blank input line stays a blank output line, as with --output
+        if not line.strip():
+            click.echo("")
+            continue
+        for text, score in next(results).hypotheses:
             click.echo(f"{score:.4f}\t{text}" if scores else text)
 
 
@@ -135,7 +148,7 @@ def _translate_file(export_dir: str, input_path: str, output_path: str, options:
     import sys
     from dataclasses import asdict
 
-    from s2s_deploy.runtime.files import FileSummary, TranslationInterrupted, translate_file
+    from s2s_deploy.runtime.files import FileSummary, TranslationInterrupted, refuse_same_file, translate_file
     from s2s_deploy.runtime.translator import Translator
 
     progress = False if quiet else None
@@ -148,6 +161,7 @@ def _translate_file(export_dir: str, input_path: str, output_path: str, options:
                                         resume=resume, progress=progress, device=device, threads=threads or 1,
                                         engine=engine, **asdict(options))
         else:
+            refuse_same_file(input_path, output_path, Path(f"{output_path}.part"))  # before the device notice
             translator = Translator(export_dir, device=device, threads=threads, engine=engine)
             translator.search_config(options.beam, 1, options.max_len, options.alpha, options.max_len_a,
                                      options.max_len_b)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import tempfile
 from pathlib import Path
 
@@ -20,7 +21,8 @@ from s2s_deploy.cli.extras import require
 @click.option("--no-checkpoint", "no_checkpoint", is_flag=True,
               help="Leave the PyTorch checkpoint out of the folder: only what a deployment loads (parity then needs "
               "--checkpoint).")
-@click.option("--preset", default=None, help="Config preset, only for seeded random weights (no checkpoint).")
+@click.option("--preset", default=None,
+              help="Config preset: seeded random weights of it instead of the bundled checkpoint.")
 @click.option("--exporter", type=click.Choice(["dynamo", "torchscript"]), default=None,
               help="torch.onnx exporter [default: the plugin's choice].")
 @click.option("--opset", type=click.IntRange(17, 23), default=18, show_default=True, help="ONNX opset version.")
@@ -43,13 +45,17 @@ def export_command(arch: str, checkpoint: str | None, out_dir: str | None, prese
     from s2s_deploy.export.sources import load_source
     from s2s_deploy.runtime.errors import S2SError
     from s2s_deploy.runtime.manifest import sha256_of
+    from s2s_deploy.runtime.staging import check_replaceable, remove_leftovers
 
     load_plugin_files(plugin_files)
     plugin = get_plugin(arch)
     destination = Path(out_dir or Path("exported") / arch)
+    if force or not destination.exists() or destination.is_symlink():  # an existing one may be up to date
+        check_replaceable(destination, force)
     if preset and checkpoint:
         raise S2SError("--preset applies only without --checkpoint (a checkpoint carries its config)")
-    with tempfile.TemporaryDirectory(prefix="s2s-export-") as scratch:
+    remove_leftovers(Path(tempfile.gettempdir()), "s2s-export-")  # scratch of killed runs
+    with tempfile.TemporaryDirectory(prefix=f"s2s-export-{os.getpid()}-") as scratch:
         source = load_source(plugin, checkpoint, preset, Path(scratch))
         if destination.exists() and not force:
             wanted = {"plugin": f"{plugin.name} v{plugin.version}",

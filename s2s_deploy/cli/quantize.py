@@ -38,6 +38,9 @@ def quantize_command(export_dir: str, kind: str | None, out_dir: str | None, for
         raise S2SError("choose --int8 or --fp16")
     manifest = load_manifest(export_dir)
     destination = Path(out_dir) if out_dir else manifest.directory.with_name(f"{manifest.directory.name}-{kind}")
+    source = manifest.directory.resolve()
+    if destination.resolve() == source or source in destination.resolve().parents:
+        raise S2SError(f"--out {destination} is the export being quantised (or inside it); choose another folder")
     report = quantize_export(manifest, kind, destination, force)
     click.echo(f"wrote {report.directory}/ ({kind})")
     for name in dict.fromkeys([*report.bytes_before, *report.bytes_after]):

@@ -21,6 +21,7 @@ from s2s_deploy.runtime.errors import CheckpointError, S2SError
 from s2s_deploy.runtime.vocab import Vocabulary
 
 FORMAT = "s2s-deploy-checkpoint/1"
+MAX_HEADER_BYTES = 100 << 20  # tensor index and metadata (vocabularies); a crafted header may not cost more
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,17 @@ def _unique_tensors(model: Seq2SeqModel) -> dict[str, torch.Tensor]:
     return unique
 
 
+def _header_size(path: Path) -> int:
+    """The safetensors header length, bounded before anything parses it."""
+    with open(path, "rb") as handle:
+        head = handle.read(8)
+    size = int.from_bytes(head, "little") if len(head) == 8 else -1
+    if not 0 < size <= MAX_HEADER_BYTES or size + 8 > path.stat().st_size:
+        raise CheckpointError(f"{path} is not a readable safetensors checkpoint: its header ({size:,} bytes) is over "
+                              f"the {MAX_HEADER_BYTES:,} allowed or past the end of the file")
+    return size
+
+
 def load_checkpoint(path: str | Path) -> Checkpoint:
     path = Path(path)
     if not path.is_file():
@@ -94,13 +106,17 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     try:
         from safetensors import safe_open
 
+        _header_size(path)
         with safe_open(str(path), framework="pt") as handle:
             metadata = handle.metadata() or {}
-        tensors = load_file(str(path))
+            shapes = {name: tuple(handle.get_slice(name).get_shape()) for name in handle.keys()}  # noqa: SIM118
     except (SafetensorError, OSError, ValueError) as exc:
         raise CheckpointError(f"{path} is not a readable safetensors checkpoint: {exc}") from exc
     if metadata.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not an s2s-deploy checkpoint (format {metadata.get('format')!r})")
+    missing = [key for key in ("arch", "plugin_version", "config", "src_vocab", "tgt_vocab") if key not in metadata]
+    if missing:
+        raise CheckpointError(f"{path} has no {missing[0]!r} in its metadata (not written by s2s-deploy, or damaged)")
     try:
         plugin = get_plugin(metadata["arch"])
         config = plugin.config_from_dict(json.loads(metadata["config"]))
@@ -109,9 +125,38 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
         info = json.loads(metadata.get("info", "{}"))
     except S2SError as exc:
         raise CheckpointError(f"{path}: {exc}") from exc
-    except (KeyError, ValueError, TypeError) as exc:
+    except (KeyError, ValueError, TypeError, AttributeError, RecursionError) as exc:
         raise CheckpointError(f"{path} has corrupt metadata: {exc}") from exc
+    if not isinstance(info, dict):
+        raise CheckpointError(f"{path} has corrupt metadata: info is not an object")
+    _check_shapes(path, plugin, config, len(src_vocab), len(tgt_vocab), shapes)
+    try:
+        tensors = load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise CheckpointError(f"{path} is not a readable safetensors checkpoint: {exc}") from exc
     return Checkpoint(metadata["arch"], metadata["plugin_version"], config, src_vocab, tgt_vocab, tensors, info)
+
+
+def _check_shapes(path: Path, plugin: ArchitecturePlugin, config: Any, src_size: int, tgt_size: int,
+                  shapes: dict[str, tuple[int, ...]]) -> None:
+    """Build the model on the meta device (no memory) and compare its tensors with the file's,
+    so an enormous or inconsistent config is refused before anything is allocated."""
+    try:
+        with torch.device("meta"):
+            model = plugin.build(config, src_size, tgt_size)
+    except Exception as exc:  # a config the plugin's modules reject: zero heads, d_model not divisible...
+        raise CheckpointError(f"{path}: the {plugin.name} config cannot build a model: "
+                              f"{type(exc).__name__}: {' '.join(str(exc).split())[:160]}") from exc
+    state = model.state_dict()
+    needed = sum(t.numel() * t.element_size() for t in state.values())
+    held = path.stat().st_size
+    if needed > 3 * held + (1 << 20):  # tied weights appear twice in a state dict: 3x leaves room for them
+        raise CheckpointError(f"{path}: its {plugin.name} config describes {needed / 1e6:,.0f} MB of weights, but the "
+                              f"file holds {held / 1e6:,.1f} MB; refusing to allocate it")
+    for name, tensor in state.items():
+        if name in shapes and shapes[name] != tuple(tensor.shape):
+            raise CheckpointError(f"checkpoint tensor {name} has shape {shapes[name]}, "
+                                  f"the {plugin.name} config expects {tuple(tensor.shape)}")
 
 
 def build_model(checkpoint: Checkpoint, plugin: ArchitecturePlugin) -> Seq2SeqModel:

@@ -8,6 +8,7 @@ the contract is missing a field: add it here instead.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
@@ -129,13 +130,41 @@ class ArchitecturePlugin(ABC):
         unknown = sorted(set(data) - fields)
         if unknown:
             raise ContractError(f"{self.name}: unknown config fields {', '.join(unknown)}")
-        return self.config_type(**data)
+        for f in dataclasses.fields(self.config_type):
+            if f.name in data:
+                check_config_value(self.name, f.name, data[f.name], f.default)
+        try:
+            return self.config_type(**data)
+        except (TypeError, ValueError) as exc:
+            raise ContractError(f"{self.name}: invalid config: {exc}") from exc
 
     def preset(self, name: str | None = None) -> Any:
         name = name or self.default_preset
         if name not in self.presets:
             raise UnknownNameError(f"preset of {self.name}", name, list(self.presets))
         return self.presets[name]
+
+
+MAX_CONFIG_INT = 1 << 24
+
+
+def check_config_value(plugin: str, name: str, value: Any, default: Any) -> None:
+    """A config from a checkpoint is untrusted: each value must have its default's type, counts
+    at least 1 (0 where the default is 0), floats finite; sizes stay below what a model could hold."""
+    where = f"{plugin}: config {name}={value!r:.40}"
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise ContractError(f"{where} must be true or false")
+    elif isinstance(default, int):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ContractError(f"{where} must be a whole number")
+        if not min(default, 1) <= value <= MAX_CONFIG_INT:
+            raise ContractError(f"{where} is out of range [{min(default, 1)}, {MAX_CONFIG_INT}]")
+    elif isinstance(default, float):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise ContractError(f"{where} must be a finite number >= 0")
+    elif isinstance(default, str) and not isinstance(value, str):
+        raise ContractError(f"{where} must be a string")
 
 
 def validate_plugin(plugin: object) -> None:

@@ -25,6 +25,7 @@ import torch
 from s2s_deploy.export.contract import ArchitecturePlugin, Seq2SeqModel, StateSpec
 from s2s_deploy.export.graphs import EncoderGraph, GraphIO, StepGraph, io_names
 from s2s_deploy.export.parity import searchable_diff
+from s2s_deploy.export.plugin_errors import check_batch_axes, check_encoded, plugin_errors
 from s2s_deploy.runtime.errors import S2SError
 from s2s_deploy.runtime.manifest import FORMAT, sha256_of, write_manifest
 from s2s_deploy.runtime.names import TOP_K, TOP_OUTPUTS, init_name, past_name, present_name
@@ -95,6 +96,7 @@ def export_model(
         raise S2SError(f"{out_dir} already exists; pass --force to replace it")
     if with_attention and not plugin.has_attention:
         raise S2SError(f"architecture {plugin.name!r} has no attention weights to export")
+    _check_finite(plugin, model)
     exporter = exporter or plugin.exporter
     memory, state = plugin.memory_specs(config), plugin.state_specs(config)
     specs = _Specs(memory, state, io_names(memory, state, with_attention))
@@ -104,13 +106,19 @@ def export_model(
 
     with staged_directory(out_dir, force) as work:
         enc_args = _encoder_inputs(len(src_vocab), _EXAMPLE)
-        dec_args = _decoder_inputs(encoder, specs, len(tgt_vocab), _EXAMPLE)
-        enc_axes = _dynamic_axes(encoder, enc_args, _encoder_inputs(len(src_vocab), _PROBE))
-        dec_axes = _dynamic_axes(step, dec_args, _decoder_inputs(encoder, specs, len(tgt_vocab), _PROBE))
-        _export(encoder, enc_args, work / ENCODER_FILE, specs.io.encoder_inputs, specs.io.encoder_outputs,
-                enc_axes, exporter, opset)
-        _export(step, dec_args, work / DECODER_FILE, specs.io.decoder_inputs, specs.io.decoder_outputs,
-                dec_axes, exporter, opset)
+        with plugin_errors(plugin.name, "encode() on example inputs"):
+            _check_encoder(plugin, model, specs, enc_args)
+            dec_args = _decoder_inputs(encoder, specs, len(tgt_vocab), _EXAMPLE)
+            check_batch_axes(plugin.name, "state", specs.state, dec_args[3 + len(specs.memory):], _EXAMPLE["batch"])
+            enc_axes = _dynamic_axes(encoder, enc_args, _encoder_inputs(len(src_vocab), _PROBE))
+        with plugin_errors(plugin.name, "decode_step() on example inputs"):
+            dec_axes = _dynamic_axes(step, dec_args, _decoder_inputs(encoder, specs, len(tgt_vocab), _PROBE))
+        with plugin_errors(plugin.name, f"{exporter} export of the encoder"):
+            _export(encoder, enc_args, work / ENCODER_FILE, specs.io.encoder_inputs, specs.io.encoder_outputs,
+                    enc_axes, exporter, opset)
+        with plugin_errors(plugin.name, f"{exporter} export of the decoder step"):
+            _export(step, dec_args, work / DECODER_FILE, specs.io.decoder_inputs, specs.io.decoder_outputs,
+                    dec_axes, exporter, opset)
         _add_top_k(work / DECODER_FILE)
         graph_paths = (work / ENCODER_FILE, work / DECODER_FILE)
         for path in graph_paths:
@@ -147,6 +155,26 @@ def export_model(
         write_manifest(work, raw)
     sizes = {name: (out_dir / name).stat().st_size for name in (ENCODER_FILE, DECODER_FILE)}
     return ExportReport(out_dir, exporter, diffs, sizes)
+
+
+def _check_encoder(plugin: ArchitecturePlugin, model: Seq2SeqModel, specs: _Specs,
+                   args: tuple[torch.Tensor, ...]) -> None:
+    """encode() must return every memory and state-init tensor, each with the batch on its declared axis."""
+    with torch.no_grad():
+        encoded = model.encode(*args)
+    inits = [s for s in specs.state if s.init == "encoder"]
+    check_encoded(plugin.name, encoded, [m.name for m in specs.memory] + [s.name for s in inits])
+    batch = args[0].shape[0]
+    check_batch_axes(plugin.name, "memory", specs.memory, [encoded[m.name] for m in specs.memory], batch)
+    check_batch_axes(plugin.name, "state", inits, [encoded[s.name] for s in inits], batch)
+
+
+def _check_finite(plugin: ArchitecturePlugin, model: Seq2SeqModel) -> None:
+    """NaN or inf weights make NaN log-probs, which compare as "no difference": refuse them first."""
+    for name, tensor in model.state_dict().items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise S2SError(f"{plugin.name}: weight {name} holds NaN or inf; the checkpoint is broken (retrain or "
+                           "restore it)")
 
 
 def _encoder_inputs(vocab_size: int, sizes: dict[str, int]) -> tuple[torch.Tensor, ...]:
@@ -360,8 +388,9 @@ def _record(
         elif name == "log_probs":  # compared where a search can act, as parity does
             diff = searchable_diff(want_np, got)
         else:
-            both_finite = np.isfinite(want_np).all() and np.isfinite(got).all()
-            diff = float(np.max(np.abs(want_np.astype(np.float64) - got))) if both_finite else float("inf")
+            diff = float(np.max(np.abs(want_np.astype(np.float64) - got)))
+        if not np.isfinite(diff):  # max(0.0, nan) is 0.0: NaN on both sides must not pass as "no difference"
+            raise ExportToleranceError(f"{graph} output {name} is not finite (NaN or inf) in PyTorch or ONNX Runtime")
         key = f"{graph}.{name}"
         diffs[key] = max(diffs.get(key, 0.0), diff)
 

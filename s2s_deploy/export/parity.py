@@ -5,6 +5,7 @@ Token disagreement is a failure, never a warning: it is what users would see.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,6 +20,7 @@ from s2s_deploy.runtime.errors import CheckpointError
 from s2s_deploy.runtime.manifest import Manifest, sha256_of
 from s2s_deploy.runtime.search import SearchConfig, search
 from s2s_deploy.runtime.translator import encode_batch
+from s2s_deploy.tools.quantize import MIN_TOKEN_AGREEMENT
 
 SEARCHABLE_TOP = 16
 SEARCHABLE_FLOOR = -10.0
@@ -79,8 +81,11 @@ def check_parity(
     manifest: Manifest, reference: Backend, candidate: Backend, sources: Sequence[str], *,
     beam_size: int = 4, max_len: int = 64, atol: float | None = None, batch_size: int = 16,
 ) -> ParityReport:
-    validation = manifest.raw["validation"]
-    atol = validation["atol"] if atol is None else atol
+    # The gate's tolerance comes from the plugin or the user, never from the manifest under test.
+    quantized = manifest.raw.get("quantization")
+    if atol is None and not quantized:
+        atol = get_plugin(manifest.plugin).parity_atol
+    min_agreement = MIN_TOKEN_AGREEMENT[quantized["kind"]] if quantized else 1.0
     modes = [("greedy", SearchConfig(1, 1, max_len)), (f"beam{beam_size}", SearchConfig(beam_size, 1, max_len))]
     agreements = {name: [0, 0.0, []] for name, _ in modes}
     step_diff = 0.0
@@ -93,18 +98,23 @@ def check_parity(
             for text, w, g in zip(chunk, want, got, strict=True):
                 if w[0].tokens == g[0].tokens:
                     tally[0] += 1
-                    tally[1] = max(tally[1], abs(w[0].score - g[0].score))
+                    tally[1] = _worse(tally[1], abs(w[0].score - g[0].score))
                 else:
                     decode = manifest.tgt_vocab.decode
                     tally[2].append((text, decode(w[0].tokens), decode(g[0].tokens)))
             if name == "greedy":
                 forced = [h[0].tokens for h in want]
-                step_diff = max(step_diff, forced_step_diff(reference, candidate, src, src_len, forced))
+                step_diff = _worse(step_diff, forced_step_diff(reference, candidate, src, src_len, forced))
     searches = tuple(
         SearchAgreement(name, len(sources), tally[0], tally[1], tuple(tally[2]))
         for name, tally in agreements.items()
     )
-    return ParityReport(atol, step_diff, searches, len(sources), validation.get("min_token_agreement", 1.0))
+    return ParityReport(atol, step_diff, searches, len(sources), min_agreement)
+
+
+def _worse(a: float, b: float) -> float:
+    """max() that keeps NaN: ``max(0.0, nan)`` is 0.0, which would let a NaN model pass."""
+    return math.inf if math.isnan(a) or math.isnan(b) else max(a, b)
 
 
 def forced_step_diff(
@@ -126,7 +136,7 @@ def forced_step_diff(
     with reference.start(src, src_len) as first, candidate.start(src, src_len) as second:
         for t in range(steps):
             a, b = first.step(forced[:, t], reorder), second.step(forced[:, t], reorder)
-            worst = max(worst, searchable_diff(a, b))
+            worst = _worse(worst, searchable_diff(a, b))
     return worst
 
 

@@ -13,12 +13,17 @@ from s2s_deploy.export.contract import ArchitecturePlugin, validate_plugin
 from s2s_deploy.runtime.errors import ContractError, S2SError, UnknownNameError
 
 ENTRY_POINT_GROUP = "s2s_deploy.plugins"
+BUILTIN_MODULE = "s2s_deploy_plugins."
 
 
 @dataclass(frozen=True)
 class Registered:
     plugin: ArchitecturePlugin
     source: str
+
+    @property
+    def builtin(self) -> bool:
+        return self.source.startswith(f"entry point {BUILTIN_MODULE}")
 
 
 class Registry:
@@ -42,12 +47,17 @@ class Registry:
         if self._entry_points_loaded:
             return
         self._entry_points_loaded = True
-        for ep in entry_points(group=ENTRY_POINT_GROUP):
+        # Built-ins first, so a third party reusing a name is the one refused; a broken or clashing
+        # third-party plugin disables itself alone, with a warning, never every architecture.
+        found = sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: not ep.value.startswith(BUILTIN_MODULE))
+        for ep in found:
             try:
-                obj = ep.load()
-            except Exception as exc:  # a broken third-party plugin must not take the CLI down
-                raise ContractError(f"plugin entry point {ep.name!r} ({ep.value}) failed to load: {exc}") from exc
-            self.register(obj, f"entry point {ep.value}")
+                self.register(ep.load(), f"entry point {ep.value}")
+            except Exception as exc:  # any failure of foreign code disables that plugin only
+                if ep.value.startswith(BUILTIN_MODULE):
+                    raise ContractError(f"built-in plugin {ep.name!r} ({ep.value}) failed to load: {exc}") from exc
+                print(f"warning: plugin entry point {ep.name!r} ({ep.value}) disabled: "
+                      f"{' '.join(str(exc).split())[:200]}", file=sys.stderr)
 
     def load_file(self, path: str | Path) -> list[str]:
         """Import a plugin file and register every plugin instance or class it exposes as PLUGIN."""

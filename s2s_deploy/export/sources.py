@@ -45,7 +45,10 @@ def bundled_checkpoint(plugin: ArchitecturePlugin) -> Path | None:
 
 def load_source(plugin: ArchitecturePlugin, checkpoint: str | Path | None, preset: str | None = None,
                 workdir: Path | None = None) -> ModelSource:
-    path = Path(checkpoint) if checkpoint else bundled_checkpoint(plugin)
+    if preset is not None and checkpoint is not None:
+        raise S2SError("--preset applies only without --checkpoint (a checkpoint carries its config)")
+    # A preset asks for seeded random weights of that config, even where a bundled checkpoint exists.
+    path = Path(checkpoint) if checkpoint else None if preset is not None else bundled_checkpoint(plugin)
     if path is None:
         return _random_source(plugin, preset, workdir or Path(tempfile.mkdtemp(prefix="s2s-random-")))
     loaded = load_checkpoint(path)

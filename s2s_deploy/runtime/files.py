@@ -15,6 +15,7 @@ the same bytes.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -33,6 +34,7 @@ from s2s_deploy.runtime.manifest import MANIFEST_NAME, Manifest, sha256_of
 from s2s_deploy.runtime.translator import Translator, unknown_tokens
 
 CHUNK_LINES = 10_000
+SAVE_SECONDS = 30.0  # a chunk's finished batches are saved this often, so Ctrl-C keeps them too
 ON_LONG = ("truncate", "skip", "error")
 ERRORS = ("strict", "replace")
 STATE_FORMAT = "s2s-deploy-partial/1"
@@ -99,13 +101,26 @@ class FileSummary:
                 f"{c.skipped} skipped{resumed}) in {self.seconds:.1f} s, {self.lines_per_second:.0f} lines/s")
 
 
+@dataclass(frozen=True)
+class Pending:
+    """The first ``batches`` batches of a chunk that is not yet committed: their lines by offset."""
+
+    batches: int
+    lines: dict[int, str]
+
+
 class TranslationInterrupted(S2SError):
     """Ctrl-C: the message says what was kept and how to continue."""
 
 
 def translate_chunk(translator: Translator, data: bytes, first_line: int, options: FileOptions,
-                    on_batch: Callable[[int], None] | None = None) -> ChunkResult:
-    """One output line per line of ``data``; depends on its arguments alone, so every machine writes the same."""
+                    on_batch: Callable[[int], None] | None = None, pending: Pending | None = None,
+                    on_pending: Callable[[Pending], None] | None = None) -> ChunkResult:
+    """One output line per line of ``data``; depends on its arguments alone, so every machine writes the same.
+
+    ``pending`` holds the lines of this chunk's first batches from an interrupted run: they are
+    not translated again, and the rest of the batches are the ones an uninterrupted run makes.
+    ``on_pending`` is told after each batch what is done, for time-based resume points."""
     raw = data.split(b"\n")
     if raw[-1] == b"":
         raw.pop()
@@ -137,7 +152,14 @@ def translate_chunk(translator: Translator, data: bytes, first_line: int, option
     if on_batch and blank + skipped:
         on_batch(blank + skipped)
     todo.sort(key=lambda item: len(item[1]))
-    for start in range(0, len(todo), options.batch_size):
+    done = Pending(0, {}) if pending is None else pending
+    for offset, text in done.lines.items():
+        out[offset] = text
+    if on_batch and done.batches:
+        on_batch(len(done.lines))
+    for number, start in enumerate(range(0, len(todo), options.batch_size)):
+        if number < done.batches:
+            continue
         batch = todo[start : start + options.batch_size]
         src, src_len = _pad([ids for _, ids in batch], vocab.pad_id)
         for (offset, _), hyps in zip(batch, translator.engine.search(src, src_len, config), strict=True):
@@ -145,6 +167,9 @@ def translate_chunk(translator: Translator, data: bytes, first_line: int, option
             # A target vocabulary may hold a newline; it must not split an output line.
             text = manifest.tgt_vocab.decode(best.tokens).replace("\r", " ").replace("\n", " ")
             out[offset] = f"{best.score:.4f}\t{text}" if options.scores else text
+        if on_pending:
+            done = Pending(number + 1, {**done.lines, **{offset: out[offset] for offset, _ in batch}})
+            on_pending(done)
         if on_batch:
             on_batch(len(batch))
     return ChunkResult("".join(f"{line}\n" for line in out).encode("utf-8"),
@@ -207,6 +232,10 @@ class FileJob:
         self.input_bytes = 0
         self.output_bytes = 0
         self.digest = hashlib.sha256()
+        self.pending: Pending | None = None
+        self.pending_sha256 = ""
+        self.pending_saved = 0
+        self.saved_at = time.monotonic()
         self.sink: IO[bytes] | None = None
         self.bar: Any = None
         if self.to_stdout:
@@ -216,16 +245,26 @@ class FileJob:
             return
         if not Path(output_path).parent.is_dir():
             raise S2SError(f"cannot write {output_path}: folder {Path(output_path).parent} does not exist")
+        refuse_same_file(input_path, output_path, self.part, self.sidecar)
+        self.sink = _open_locked(self.part, output_path)
+        try:
+            self._open(resume)
+        except BaseException:
+            self.close()
+            raise
+
+    def _open(self, resume: bool) -> None:
+        assert self.sink is not None
         state = self._load_state()
         if state is not None and not resume:
             raise S2SError(f"{self.part} holds {state['counts']['lines']} lines from an earlier run: pass --resume "
                            "to continue it, or delete it to start over")
         if state is None:
-            try:
-                self.sidecar.unlink(missing_ok=True)
-                self.sink = open(self.part, "wb")  # noqa: SIM115 - lives as long as the job
-            except OSError as exc:  # name the output the user gave, not our part file
-                raise S2SError(f"cannot write {output_path}: {exc.strerror}") from exc
+            if resume:
+                raise S2SError(f"--resume: no interrupted run to continue ({self.sidecar} not found); run without "
+                               "--resume to start")
+            self.sidecar.unlink(missing_ok=True)
+            self.sink.truncate(0)
         else:
             self._take_over(state)
 
@@ -249,6 +288,22 @@ class FileJob:
         """The next ``chunk_lines`` lines as raw bytes; empty at the end of the input."""
         return b"".join(islice(self.source, self.options.chunk_lines))
 
+    def resume_point(self, data: bytes) -> Pending | None:
+        """What an interrupted run finished of this chunk, if the chunk is the one it was working on."""
+        pending, self.pending = self.pending, None
+        if pending is None or hashlib.sha256(data).hexdigest() != self.pending_sha256:
+            return None
+        lines = data.count(b"\n") + (not data.endswith(b"\n"))
+        return pending if all(0 <= offset < lines for offset in pending.lines) else None
+
+    def save_pending(self, data: bytes, pending: Pending) -> None:
+        """Record the chunk's finished batches, at most every SAVE_SECONDS: a time-based resume point."""
+        if self.to_stdout or time.monotonic() - self.saved_at < SAVE_SECONDS:
+            return
+        self._save_state({"batches": pending.batches, "sha256": hashlib.sha256(data).hexdigest(),
+                          "lines": {str(k): v for k, v in pending.lines.items()}})
+        self.pending_saved = len(pending.lines)
+
     def commit(self, data: bytes, result: ChunkResult) -> None:
         """Append one chunk's output (the chunk after the last committed one) and record it durably."""
         assert self.sink is not None
@@ -258,6 +313,7 @@ class FileJob:
         self.input_bytes += len(data)
         self.output_bytes += len(result.text)
         self.counts += result.counts
+        self.pending_saved = 0
         if not self.to_stdout:
             os.fsync(self.sink.fileno())
             self._save_state()
@@ -265,8 +321,8 @@ class FileJob:
     def finish(self, started: float) -> FileSummary:
         if not self.to_stdout:
             assert self.sink is not None
+            os.replace(self.part, self.output)  # still holding the lock
             self.sink.close()
-            os.replace(self.part, self.output)
             self.sidecar.unlink(missing_ok=True)
         self.close()
         return FileSummary(self.output, self.counts, self.resumed, time.perf_counter() - started)
@@ -275,29 +331,34 @@ class FileJob:
         """Leave a resumable part file, or none at all when not even one chunk was recorded."""
         if self.bar is not None:
             self.bar.close()
-        if self.sink is not None and not self.to_stdout:
-            self.sink.close()
+        if self.sink is not None and not self.to_stdout and not self.sink.closed:
             if self.part.exists() and not self.sidecar.exists():
-                self.part.unlink()
+                self.part.unlink()  # before the lock goes with the close
+            self.sink.close()
 
     def interrupted(self) -> str:
         if self.to_stdout:
             return f"interrupted after {self.lines} lines; output to stdout cannot be resumed"
         if not self.sidecar.exists():
             return f"interrupted before the first {self.options.chunk_lines} lines were done; nothing to resume"
-        return (f"interrupted: {self.lines} lines are safe in {self.part}; run the same command with --resume "
-                "to continue")
+        kept = f"{self.lines} lines" + (f" (and {self.pending_saved} of the next chunk)" if self.pending_saved else "")
+        return f"interrupted: {kept} are safe in {self.part}; run the same command with --resume to continue"
 
     def _load_state(self) -> dict[str, Any] | None:
         if not (self.sidecar.is_file() and self.part.is_file()):
             return None
+        import jsonschema
+
         try:
+            if self.sidecar.is_symlink() or self.sidecar.stat().st_size > 1 << 20:
+                raise ValueError("not a plain sidecar file")
             state = json.loads(self.sidecar.read_text(encoding="utf-8"))
-            if state.get("format") != STATE_FORMAT:
-                raise ValueError(state.get("format"))
+            jsonschema.validate(state, _SIDECAR)
             return state
-        except (ValueError, UnicodeDecodeError) as exc:
-            raise S2SError(f"{self.sidecar} is corrupt ({exc}); delete it and {self.part} to start over") from exc
+        except (ValueError, UnicodeDecodeError, RecursionError, jsonschema.ValidationError) as exc:
+            reason = getattr(exc, "message", None) or str(exc)
+            raise S2SError(f"{self.sidecar} is corrupt ({' '.join(reason.split())[:120]}); delete it and {self.part} "
+                           "to start over") from exc
 
     def _take_over(self, state: dict[str, Any]) -> None:
         done = state["counts"]["lines"]
@@ -322,20 +383,78 @@ class FileJob:
         if self.part.stat().st_size < state["output_bytes"]:
             raise S2SError(f"{refuse}it is shorter than its sidecar records; delete it to start over")
         self.counts = Counts(**state["counts"])
+        if "pending" in state:
+            lines = state["pending"]["lines"]
+            self.pending = Pending(state["pending"]["batches"], {int(k): v for k, v in lines.items()})
+            self.pending_sha256 = state["pending"]["sha256"]
+            done += len(lines)
         self.resumed = done
         self.input_bytes = state["input_bytes"]
         self.output_bytes = state["output_bytes"]
-        self.sink = open(self.part, "r+b")  # noqa: SIM115 - lives as long as the job
+        assert self.sink is not None
         self.sink.truncate(self.output_bytes)
         self.sink.seek(self.output_bytes)
 
-    def _save_state(self) -> None:
+    def _save_state(self, pending: dict[str, Any] | None = None) -> None:
         state = {"format": STATE_FORMAT, **self.identity, "counts": asdict(self.counts),
                  "input_bytes": self.input_bytes, "input_sha256": self.digest.hexdigest(),
                  "output_bytes": self.output_bytes}
+        if pending is not None:
+            state["pending"] = pending
+        self.saved_at = time.monotonic()
         temporary = self.sidecar.with_name(self.sidecar.name + ".tmp")
         temporary.write_text(json.dumps(state, indent=1) + "\n", encoding="utf-8")
         os.replace(temporary, self.sidecar)
+
+
+_COUNT = {"type": "integer", "minimum": 0}
+_SIDECAR = {
+    "type": "object",
+    "required": ["format", "input", "model", "options", "counts", "input_bytes", "input_sha256", "output_bytes"],
+    "properties": {
+        "format": {"const": STATE_FORMAT}, "input": {"type": "string"}, "model": {"type": "object"},
+        "options": {"type": "object"}, "input_bytes": _COUNT, "output_bytes": _COUNT,
+        "input_sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"},
+        "counts": {"type": "object", "required": [f.name for f in fields(Counts)], "additionalProperties": False,
+                   "properties": {f.name: _COUNT for f in fields(Counts)}},
+        "pending": {"type": "object", "required": ["batches", "sha256", "lines"], "properties": {
+            "batches": _COUNT, "sha256": {"type": "string"},
+            "lines": {"type": "object", "propertyNames": {"pattern": "^[0-9]{1,9}$"},
+                      "additionalProperties": {"type": "string"}}}},
+    },
+}
+
+
+def refuse_same_file(input_path: str, output_path: str, *others: Path) -> None:
+    """The output, its part file and sidecar must never be the input (hard or symbolic links included)."""
+    if input_path == "-":
+        return
+    source = Path(input_path)
+    for target in (Path(output_path), *others):
+        same = source.resolve() == target.resolve()
+        with contextlib.suppress(OSError):
+            same = same or os.path.samefile(source, target)
+        if same:
+            raise S2SError(f"--output {output_path} would overwrite the input {input_path}; choose another file")
+
+
+def _open_locked(part: Path, output_path: str) -> IO[bytes]:
+    """Open the part file without following a symlink planted there, and lock it: a second run
+    writing the same output stops at once instead of interleaving its lines."""
+    import fcntl
+
+    try:
+        fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0), 0o666)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise S2SError(f"{part} is a symbolic link; refusing to write through it") from exc
+        raise
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        os.close(fd)
+        raise S2SError(f"another run is writing {output_path} (its {part} is locked)") from exc
+    return os.fdopen(fd, "r+b")
 
 
 def _shown(value: object) -> str:
@@ -365,5 +484,7 @@ def translate_file(translator: Translator, input_path: str, output_path: str, op
         visible = sys.stderr.isatty() if progress is None else progress
         job.start_progress(visible, count_lines(input_path) if visible and input_path != "-" else None)
         while data := job.read_chunk():
-            job.commit(data, translate_chunk(translator, data, job.lines + 1, options, job.advance))
+            result = translate_chunk(translator, data, job.lines + 1, options, job.advance, job.resume_point(data),
+                                     lambda pending, data=data: job.save_pending(data, pending))
+            job.commit(data, result)
         return job.finish(started)

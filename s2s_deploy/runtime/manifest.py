@@ -13,6 +13,16 @@ from pathlib import Path
 from typing import Any
 
 from s2s_deploy.runtime.errors import ManifestError
+from s2s_deploy.runtime.manifest_schema import (
+    all_files,
+    check_graph,
+    check_ids,
+    check_specs,
+    check_vocab_sizes,
+    contained,
+    read_manifest_json,
+    validate_manifest,
+)
 from s2s_deploy.runtime.names import init_name, past_name, present_name
 from s2s_deploy.runtime.vocab import Vocabulary
 
@@ -129,17 +139,18 @@ def load_manifest(directory: str | Path, verify_hashes: bool = True) -> Manifest
         raise ManifestError(not_an_export(directory))
     if not path.is_file():
         raise ManifestError(f"no {MANIFEST_NAME} in {directory}: is it an s2s-deploy export?")
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ManifestError(f"{path} is not valid JSON: {exc}") from exc
-    if not isinstance(raw, dict) or raw.get("format") != FORMAT:
-        found = raw.get("format") if isinstance(raw, dict) else type(raw).__name__
-        raise ManifestError(f"{path} has format {found!r}; expected {FORMAT!r}")
+    raw = read_manifest_json(path)
+    if not isinstance(raw, dict):
+        raise ManifestError(f"{path} has format {type(raw).__name__!r}; expected {FORMAT!r}")
+    validate_manifest(raw, path)
+    for name in all_files(raw):
+        contained(directory, name)
+    check_ids(raw, path)
     try:
         manifest = _parse(directory, raw)
     except (KeyError, TypeError, ValueError) as exc:
         raise ManifestError(f"{path} is incomplete or corrupt: {exc!r}") from exc
+    graphs = []
     for graph in (manifest.encoder, manifest.decoder):
         graph_path = manifest.graph_path(graph)
         if not graph_path.is_file():
@@ -156,6 +167,9 @@ def load_manifest(directory: str | Path, verify_hashes: bool = True) -> Manifest
             ort_path = directory / graph.ort_file
             if not ort_path.is_file() or sha256_of(ort_path) != graph.ort_sha256:
                 raise ManifestError(f"{ort_path} is missing or does not match the sha256 in the manifest")
+        graphs.append(check_graph(graph_path, directory, graph.inputs, graph.outputs))
+    check_specs(path, raw, manifest.memory, manifest.state, manifest.encoder, manifest.decoder)
+    check_vocab_sizes(raw, path, *graphs)
     return manifest
 
 

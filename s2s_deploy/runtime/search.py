@@ -18,6 +18,13 @@ from typing import Protocol
 import numpy as np
 
 from s2s_deploy.runtime.backend import Backend
+from s2s_deploy.runtime.errors import S2SError
+
+NON_FINITE = "the decoder returned NaN log-probs: the model's weights or graph are broken (re-export it)"
+
+
+class NonFiniteError(S2SError):
+    """The model, not the input, is at fault: no hypothesis can be ranked."""
 
 NARROW_FIRST_STEP_FROM = 8
 """Sentences from which beam search runs its first step on one row per sentence. Measured
@@ -141,6 +148,8 @@ def greedy(backend: Backend, src: np.ndarray, src_len: np.ndarray, config: Searc
             if ended and done.all():
                 steps = t + 1
                 break
+    if np.isnan(picked_lp[:, :steps]).any():
+        raise NonFiniteError(NON_FINITE)
     is_eos = picked[:, :steps] == eos
     length = np.where(cut, limits if limits is not None else steps, np.where(done, is_eos.argmax(axis=1) + 1, steps))
     results = []
@@ -197,7 +206,7 @@ def beam_search(
 ) -> list[list[Hypothesis]]:
     batch, k, eos = src.shape[0], config.beam_size, backend.eos_id
     if k >= backend.vocab_size:
-        raise ValueError(f"beam size {k} must be smaller than the vocabulary ({backend.vocab_size})")
+        raise S2SError(f"beam size {k} must be smaller than the vocabulary ({backend.vocab_size})")
     rows = batch * k
     row_base = (np.arange(batch) * k)[:, None]
     # costs are negated scores, so one ascending stable sort ranks best first, ties to the lower beam, then id
@@ -273,7 +282,11 @@ def beam_search(
                 active[stopping] = False
                 if not active.any():
                     break
+    if np.isnan(costs).any():
+        raise NonFiniteError(NON_FINITE)
     # still searching at max_len: live beams end as they stand
     _end_live_beams(endings, costs, np.nonzero(active)[0], k, len(trail.steps) - 1, config.alpha)
+    if not all(endings):
+        raise NonFiniteError(NON_FINITE)
     return [[trail.hypothesis(e) for e in sorted(ends, key=lambda e: -e.score)[: config.n_best]]
             for ends in endings]

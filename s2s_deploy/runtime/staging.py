@@ -1,7 +1,13 @@
-"""Output folders appear whole or not at all: build beside the target, then swap it in."""
+"""Output folders appear whole or not at all: build beside the target, then swap it in.
+
+A staging folder's name carries the id of the process that made it, so the next run finds the
+leftovers of a killed one (its process gone) and removes them. ``--force`` replaces only an
+earlier output of ours, recognised by its manifest, never an arbitrary folder.
+"""
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -10,20 +16,80 @@ from pathlib import Path
 
 from s2s_deploy.runtime.errors import S2SError
 
+MANIFEST_NAME = "manifest.json"
+
+
+def umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_leftovers(parent: Path, prefix: str) -> None:
+    """Remove ``prefix<pid>-*`` folders in ``parent`` whose process no longer runs."""
+    try:
+        candidates = list(parent.iterdir())
+    except OSError:
+        return
+    for path in candidates:
+        if not path.name.startswith(prefix) or path.is_symlink() or not path.is_dir():
+            continue
+        pid = path.name[len(prefix):].split("-", 1)[0]
+        if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def staging_prefix(name: str) -> str:
+    return f".{name}.tmp-"
+
+
+def check_replaceable(out_dir: Path, force: bool) -> None:
+    """Refuse what --force must never delete: a symlink, the current folder or one above it,
+    a file, or a non-empty folder that holds no manifest of ours."""
+    if out_dir.is_symlink():
+        raise S2SError(f"{out_dir} is a symbolic link; give the folder it points to, or another name")
+    if not out_dir.exists():
+        return
+    if not force:
+        raise S2SError(f"{out_dir} already exists; pass --force to replace it")
+    here = Path.cwd().resolve()
+    resolved = out_dir.resolve()
+    if resolved == here or resolved in here.parents:
+        raise S2SError(f"{out_dir} is the current folder or holds it; refusing to replace it")
+    if not out_dir.is_dir():
+        raise S2SError(f"{out_dir} is a file, not an earlier export; refusing to replace it")
+    if any(out_dir.iterdir()) and not (out_dir / MANIFEST_NAME).is_file():
+        raise S2SError(f"{out_dir} is not an earlier s2s-deploy output (no {MANIFEST_NAME}); refusing to replace it "
+                       "with --force: remove it yourself or choose another --out")
+
 
 @contextmanager
 def staged_directory(out_dir: Path, force: bool) -> Iterator[Path]:
     """Yield an empty folder on the same filesystem as ``out_dir``. If the block succeeds it
     replaces ``out_dir`` (which must not exist unless ``force``); if it fails it is removed."""
-    if out_dir.exists() and not force:
-        raise S2SError(f"{out_dir} already exists; pass --force to replace it")
+    out_dir = Path(os.path.abspath(out_dir))
+    check_replaceable(out_dir, force)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f".{out_dir.name}.tmp-"))
+    prefix = staging_prefix(out_dir.name)
+    remove_leftovers(out_dir.parent, prefix)
+    work = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f"{prefix}{os.getpid()}-"))
     try:
+        os.chmod(work, 0o777 & ~umask())  # mkdtemp's 0700 would ignore the user's umask
         yield work
         if out_dir.exists():
-            old = out_dir.with_name(f".{out_dir.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
+            check_replaceable(out_dir, force)  # it may have appeared while we worked
+            old = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=f"{prefix}{os.getpid()}-old-"))
+            os.rmdir(old)
             out_dir.rename(old)
             work.rename(out_dir)
             shutil.rmtree(old)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -62,9 +63,13 @@ def translate(
 
 
 def check_inputs(texts: Sequence[str]) -> None:
+    if isinstance(texts, (str, bytes)) or not isinstance(texts, Sequence):
+        raise S2SError(f"expected a list of sentences, got {type(texts).__name__}")
     if not texts:
         raise S2SError("no input to translate")
     for number, text in enumerate(texts, 1):
+        if not isinstance(text, str):
+            raise S2SError(f"input {number} is a {type(text).__name__}, not a str: {text!r:.40}")
         if not text.strip():
             raise S2SError(f"input {number} is empty")
 
@@ -104,15 +109,27 @@ def default_search_config(manifest: Manifest, beam: int = 1, n_best: int = 1, ma
                           max_len_b: int | None = None) -> SearchConfig:
     """A SearchConfig whose unset options come from the export: its length penalty, its position
     table's limit, and the relative length limit its training data measured (a loop guard)."""
+    for name, value in (("beam", beam), ("n-best", n_best), ("max-len", max_len or 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise S2SError(f"{name} must be a whole number of at least 1, not {value!r}")
     if n_best > beam:
         raise S2SError(f"n-best {n_best} cannot exceed the beam size {beam}")
+    if beam >= len(manifest.tgt_vocab):
+        raise S2SError(f"beam {beam} must be smaller than the target vocabulary ({len(manifest.tgt_vocab)} tokens)")
+    limit = manifest.max_target_length
+    if max_len is not None and limit is not None and max_len > limit:
+        raise S2SError(f"max-len {max_len} exceeds the model's limit of {limit} target tokens (its position table)")
+    for name, value in (("alpha", alpha), ("max-len-a", max_len_a), ("max-len-b", max_len_b)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)
+                                  or not math.isfinite(value) or value < 0):
+            raise S2SError(f"{name} must be a finite number >= 0, not {value!r}")
     defaults = manifest.raw.get("search", {})
     try:
         return SearchConfig(
-            beam_size=beam, n_best=n_best, max_len=max_len or manifest.max_target_length or 256,
-            alpha=defaults.get("length_penalty_alpha", 0.75) if alpha is None else alpha,
-            max_len_a=defaults.get("max_len_a", 0.0) if max_len_a is None else max_len_a,
-            max_len_b=defaults.get("max_len_b", 0) if max_len_b is None else max_len_b,
+            beam_size=beam, n_best=n_best, max_len=max_len or limit or 256,
+            alpha=float(defaults.get("length_penalty_alpha", 0.75) if alpha is None else alpha),
+            max_len_a=float(defaults.get("max_len_a", 0.0) if max_len_a is None else max_len_a),
+            max_len_b=int(defaults.get("max_len_b", 0) if max_len_b is None else max_len_b),
         )
     except (TypeError, ValueError) as exc:
         raise S2SError(f"bad search options: {exc}") from exc
@@ -156,8 +173,11 @@ class Translator:
     def __call__(self, texts: Sequence[str], beam: int = 1, n_best: int = 1, max_len: int | None = None,
                  alpha: float | None = None, batch_size: int = 32, max_len_a: float | None = None,
                  max_len_b: int | None = None) -> list[Translation]:
+        if isinstance(texts, str):  # one sentence, not one per character
+            texts = [texts]
         config = self.search_config(beam, n_best, max_len, alpha, max_len_a, max_len_b)
         manifest = self.manifest
+        check_inputs(texts)
         self.unknown.update(unknown_tokens(texts, manifest.src_vocab))
         return translate(self.engine, texts, manifest.src_vocab, manifest.tgt_vocab, config, batch_size,
                          manifest.max_source_length)

@@ -1,0 +1,254 @@
+"""What a manifest may hold, checked before anything reads it: an export folder is untrusted input.
+
+One JSON Schema (``SCHEMA``) validated with ``jsonschema``, then the checks a schema cannot say:
+every path it names stays inside the folder, and the vocabularies, special ids and I/O names agree
+with the graphs. Known keys are strict; unknown keys are allowed at the top level and in
+``search`` so that newer writers stay readable. To add a key, add it to ``PROPERTIES`` (or to
+``SEARCH_PROPERTIES``); a new format version goes in ``FORMATS``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from s2s_deploy.runtime.errors import ManifestError
+
+FORMATS = ("s2s-deploy-manifest/2", "s2s-deploy-manifest/3")
+MAX_MANIFEST_BYTES = 64 << 20  # a vocabulary of a million tokens fits; a crafted 1 GB file does not
+MAX_DEPTH = 32
+MAX_VOCAB = 10_000_000
+ROLES = ("source_tokens", "source_lengths", "memory", "state_init", "previous_tokens", "step_index", "beam_reorder",
+         "state_in", "state_out", "log_probs", "cross_attention", "top_k", "top_log_probs", "top_ids")
+
+_NAME = {"type": "string", "minLength": 1, "maxLength": 256}
+_ID = {"type": "integer", "minimum": 0, "maximum": MAX_VOCAB}
+_AXIS = {"type": "integer", "minimum": 0, "maximum": 16}
+_DIM = {"anyOf": [{"type": "integer", "minimum": 0}, {"type": "string", "minLength": 1, "maxLength": 64}]}
+_FILE = {"type": "string", "minLength": 1, "maxLength": 4096}
+_SHA = {"type": "string", "pattern": "^[0-9a-f]{64}$"}
+_IO = {
+    "type": "object", "required": ["name", "role"],
+    "properties": {"name": _NAME, "role": {"enum": list(ROLES)}, "dtype": {"type": "string"},
+                   "shape": {"type": "array", "maxItems": 16, "items": _DIM}},
+}
+_GRAPH = {
+    "type": "object", "required": ["file", "sha256", "inputs", "outputs"],
+    "properties": {"file": _FILE, "sha256": _SHA, "ort_file": _FILE, "ort_sha256": _SHA,
+                   "inputs": {"type": "array", "minItems": 1, "maxItems": 4096, "items": _IO},
+                   "outputs": {"type": "array", "minItems": 1, "maxItems": 4096, "items": _IO}},
+}
+_VOCAB = {
+    "type": "object", "required": ["tokens"],
+    "properties": {"level": {"enum": ["char", "word"]},
+                   "tokens": {"type": "array", "minItems": 5, "maxItems": MAX_VOCAB, "items": {"type": "string"}}},
+}
+_LIMIT = {"anyOf": [{"type": "integer", "minimum": 1, "maximum": 1 << 20}, {"type": "null"}]}
+SEARCH_PROPERTIES: dict[str, Any] = {
+    "length_penalty_alpha": {"type": "number", "minimum": 0, "maximum": 10},
+}
+PROPERTIES: dict[str, Any] = {
+    "format": {"enum": list(FORMATS)},
+    "plugin": {"type": "object", "required": ["name", "version"],
+               "properties": {"name": _NAME, "version": {"type": "string", "maxLength": 64},
+                              "description": {"type": "string"}}},
+    "exporter": {"type": "string"},
+    "opset": {"type": "integer", "minimum": 1, "maximum": 1000},
+    "graphs": {"type": "object", "required": ["encoder", "decoder"],
+               "properties": {"encoder": _GRAPH, "decoder": _GRAPH},
+               "additionalProperties": {"type": "object", "properties": {"file": _FILE, "sha256": _SHA}}},
+    "memory": {"type": "array", "maxItems": 4096, "items": {
+        "type": "object", "required": ["name", "batch_axis", "dtype"],
+        "properties": {"name": _NAME, "batch_axis": _AXIS, "dtype": {"type": "string"}}}},
+    "state": {"type": "array", "maxItems": 4096, "items": {
+        "type": "object", "required": ["name", "batch_axis", "init", "shape", "grow_axis", "dtype"],
+        "properties": {"name": _NAME, "batch_axis": _AXIS, "init": {"enum": ["encoder", "zeros"]},
+                       "shape": {"type": "array", "maxItems": 16, "items": _DIM},
+                       "grow_axis": {"anyOf": [_AXIS, {"type": "null"}]}, "dtype": {"type": "string"}}}},
+    "special_tokens": {"type": "object", "required": ["eos", "decoder_start"],
+                       "additionalProperties": _ID},
+    "vocab": {"type": "object", "required": ["source", "target"],
+              "properties": {"source": _VOCAB, "target": _VOCAB}},
+    "limits": {"type": "object", "properties": {"max_source_length": _LIMIT, "max_target_length": _LIMIT}},
+    "search": {"type": "object", "required": ["length_penalty_alpha"], "properties": SEARCH_PROPERTIES},
+    "checkpoint": {"type": "object", "required": ["file", "sha256"], "properties": {"file": _FILE, "sha256": _SHA}},
+    "quantization": {"type": "object", "required": ["kind"], "properties": {"kind": {"enum": ["int8", "fp16"]}}},
+    "samples": {"type": "array", "maxItems": 100_000, "items": {"type": "string", "maxLength": 100_000}},
+}
+SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "type": "object",
+    "required": ["format", "plugin", "graphs", "memory", "state", "special_tokens", "vocab", "search"],
+    "properties": PROPERTIES,
+}
+
+
+def read_manifest_json(path: Path) -> dict[str, Any]:
+    """Bounded read and parse: size first, then nesting, so a crafted file costs neither memory nor a RecursionError."""
+    try:
+        size = path.stat().st_size
+        if size > MAX_MANIFEST_BYTES:
+            raise ManifestError(f"{path} is {size:,} bytes, over the {MAX_MANIFEST_BYTES:,} a manifest may have")
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ManifestError(f"{path} is not valid UTF-8 (byte {exc.start})") from exc
+    except OSError as exc:
+        raise ManifestError(f"cannot read {path}: {exc.strerror}") from exc
+    depth = deepest = 0
+    for char in text:  # brackets inside strings count too: an over-estimate is safe
+        if char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    if deepest > MAX_DEPTH:
+        raise ManifestError(f"{path} nests {deepest} levels deep, over the {MAX_DEPTH} a manifest may have")
+    try:
+        raw = json.loads(text, parse_constant=_refuse_constant)
+    except (json.JSONDecodeError, ValueError, RecursionError) as exc:
+        raise ManifestError(f"{path} is not valid JSON: {exc}") from exc
+    return raw
+
+
+def _refuse_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def validate_manifest(raw: Any, path: Path) -> None:
+    """Schema check; the message names the first offending key as a dotted path."""
+    import jsonschema
+
+    if isinstance(raw, dict) and raw.get("format") not in FORMATS:
+        found = raw.get("format")
+        raise ManifestError(f"{path} has format {found!r}; expected {FORMATS[0]!r}")
+    validator = jsonschema.Draft202012Validator(SCHEMA)
+    error = jsonschema.exceptions.best_match(validator.iter_errors(raw))
+    if error is not None:
+        where = ".".join(str(part) for part in error.absolute_path) or "(top level)"
+        message = error.message if len(error.message) < 200 else error.message[:200] + "..."
+        raise ManifestError(f"{path} is incomplete or corrupt: key {where}: {message}")
+    for entry in all_files(raw):
+        if entry.startswith("/") or "\\" in entry or "\x00" in entry:
+            raise ManifestError(f"{path}: file {entry!r} must be a relative path inside the export folder")
+    alpha = raw["search"].get("length_penalty_alpha")
+    if alpha is not None and not math.isfinite(alpha):
+        raise ManifestError(f"{path}: key search.length_penalty_alpha: must be finite")
+
+
+def all_files(raw: dict[str, Any]) -> list[str]:
+    files = []
+    for graph in raw["graphs"].values():
+        files += [graph[key] for key in ("file", "ort_file") if isinstance(graph.get(key), str)]
+    if isinstance(raw.get("checkpoint"), dict):
+        files.append(raw["checkpoint"]["file"])
+    for entry in raw.get("tokenizers", {}).values() if isinstance(raw.get("tokenizers"), dict) else ():
+        if isinstance(entry, dict):
+            files += [f["file"] if isinstance(f, dict) else f for f in entry.get("files", ())
+                      if isinstance(f, (str, dict)) and (isinstance(f, str) or isinstance(f.get("file"), str))]
+    return files
+
+
+def contained(directory: Path, name: str) -> Path:
+    """``directory / name`` if it resolves inside ``directory`` (symlinks followed), else refused."""
+    root = directory.resolve()
+    target = (directory / name).resolve()
+    if target != root and root not in target.parents:
+        raise ManifestError(f"{directory}: {name!r} resolves to {target}, outside the export folder; refused")
+    return directory / name
+
+
+def check_graph(path: Path, directory: Path, inputs: tuple[str, ...], outputs: tuple[str, ...]) -> Any:
+    """Parse a graph without its external data; every external-data location must stay in the folder,
+    and the manifest's input/output names must be the graph's. Returns the ModelProto's graph."""
+    import onnx
+
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # protobuf raises its own DecodeError, and onnx wraps others
+        raise ManifestError(f"{path} is not a readable ONNX graph: {str(exc).splitlines()[0] if str(exc) else exc}") \
+            from exc
+    graph = model.graph
+    for tensor in [*graph.initializer, *(a.t for n in graph.node for a in n.attribute if a.HasField("t"))]:
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            location = next((e.value for e in tensor.external_data if e.key == "location"), "")
+            if not location or os.path.isabs(location):
+                raise ManifestError(f"{path}: tensor {tensor.name!r} names external data {location!r} outside "
+                                    "the export folder; refused")
+            contained(path.parent, location)
+    names_in = {i.name for i in graph.input}
+    names_out = {o.name for o in graph.output}
+    missing = [n for n in inputs if n not in names_in] + [n for n in outputs if n not in names_out]
+    if missing:
+        raise ManifestError(f"{path} has no input/output {missing[0]!r} that the manifest lists for it "
+                            f"(graph swapped or manifest edited?)")
+    defaults = {t.name for t in graph.initializer}
+    unlisted = sorted(names_in - set(inputs) - defaults)
+    if unlisted:
+        raise ManifestError(f"{path} needs input {unlisted[0]!r}, which the manifest does not list")
+    return graph
+
+
+def check_specs(path: Path, raw: dict[str, Any], memory: Any, state: Any, encoder: Any, decoder: Any) -> None:
+    """Each memory and state entry must be wired through the graphs as its role says, and each
+    graph input or output with a memory or state role must belong to an entry."""
+    owners = {"memory": {m.name for m in memory}, "state_in": {s.decoder_input for s in state},
+              "state_out": {s.decoder_output for s in state},
+              "state_init": {s.encoder_output for s in state if s.encoder_output}}
+    for role_graph in ("encoder", "decoder"):
+        for kind in ("inputs", "outputs"):
+            for io in raw["graphs"][role_graph][kind]:
+                if io["role"] in owners and io["name"] not in owners[io["role"]]:
+                    raise ManifestError(f"{path}: key graphs.{role_graph}.{kind}: {io['name']!r} has role "
+                                        f"{io['role']!r} but no memory/state entry owns it")
+    wanted = [(m.name, encoder.outputs, "encoder output") for m in memory]
+    wanted += [(m.name, decoder.inputs, "decoder input") for m in memory]
+    for s in state:
+        wanted += [(s.decoder_input, decoder.inputs, "decoder input"),
+                   (s.decoder_output, decoder.outputs, "decoder output")]
+        if s.encoder_output is not None:
+            wanted.append((s.encoder_output, encoder.outputs, "encoder output"))
+        if s.grow_axis is not None and not 0 <= s.grow_axis < len(s.shape):
+            raise ManifestError(f"{path}: key state: {s.name!r} grows along axis {s.grow_axis} of a "
+                                f"{len(s.shape)}-axis shape")
+    for name, names, what in wanted:
+        if name not in names:
+            raise ManifestError(f"{path}: key graphs: the {what} {name!r} is not listed (memory/state and graphs "
+                                "disagree)")
+
+
+def graph_dim(graph: Any, name: str, axis: int, kind: str = "output") -> int | None:
+    """A static dimension of a named graph input or output, or None when it is symbolic or absent."""
+    for value in getattr(graph, kind):
+        if value.name == name:
+            dims = value.type.tensor_type.shape.dim
+            if axis < len(dims) and dims[axis].HasField("dim_value"):
+                return dims[axis].dim_value
+    return None
+
+
+def check_ids(raw: dict[str, Any], path: Path) -> None:
+    """Special ids must index the target vocabulary."""
+    size = len(raw["vocab"]["target"]["tokens"])
+    for key, value in raw["special_tokens"].items():
+        if isinstance(value, int) and value >= size:
+            raise ManifestError(f"{path}: key special_tokens.{key}: id {value} is outside the target "
+                                f"vocabulary of {size} tokens")
+
+
+def check_vocab_sizes(raw: dict[str, Any], path: Path, encoder: Any, decoder: Any) -> None:
+    """The target vocabulary must match the decoder's log-prob width, and the source vocabulary an
+    embedding table read straight from ``src`` (when the graph has one as a plain initializer)."""
+    target = len(raw["vocab"]["target"]["tokens"])
+    width = graph_dim(decoder, "log_probs", 1)
+    if width is not None and width != target:
+        raise ManifestError(f"{path}: key vocab.target: {target} tokens, but the decoder scores {width}")
+    source = len(raw["vocab"]["source"]["tokens"])
+    tables = {t.name: tuple(t.dims) for t in encoder.initializer}
+    for node in encoder.node:
+        if node.op_type == "Gather" and len(node.input) == 2 and node.input[1] == "src" and node.input[0] in tables:
+            rows = tables[node.input[0]][0]
+            if rows != source:
+                raise ManifestError(f"{path}: key vocab.source: {source} tokens, but the encoder embeds {rows}")
