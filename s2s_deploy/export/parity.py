@@ -12,7 +12,10 @@ from pathlib import Path
 import numpy as np
 
 from s2s_deploy.export.checkpoint import build_model, load_checkpoint
+from s2s_deploy.export.checks import forward_step_comparison
+from s2s_deploy.export.contract import Seq2SeqModel
 from s2s_deploy.export.registry import get_plugin
+from s2s_deploy.export.tolerance import NO_DIFF, StepDiff, StepTolerance, plugin_tolerance
 from s2s_deploy.export.torch_backend import TorchBackend
 from s2s_deploy.runtime.backend import Backend
 from s2s_deploy.runtime.errors import CheckpointError
@@ -36,21 +39,38 @@ class SearchAgreement:
 
 @dataclass(frozen=True)
 class ParityReport:
-    """``atol`` is None for a quantised export: it is judged on token agreement alone."""
+    """``tolerance`` is None for a quantised export: it is judged on token agreement alone.
+    ``forward_step`` compares the PyTorch model's teacher-forced ``forward`` with its own
+    step-by-step ``decode_step`` (a cached step that forgets a layer fails here, not in users' hands)."""
 
-    atol: float | None
-    step_max_abs_diff: float
+    tolerance: StepTolerance | None
+    step: StepDiff
     searches: tuple[SearchAgreement, ...]
     inputs: int
     min_token_agreement: float = 1.0
+    forward_step: StepDiff | None = None
+    forward_tolerance: StepTolerance | None = None
+
+    @property
+    def atol(self) -> float | None:
+        return None if self.tolerance is None else self.tolerance.atol
+
+    @property
+    def step_max_abs_diff(self) -> float:
+        return self.step.max_abs_diff
 
     @property
     def log_probs_ok(self) -> bool:
-        return self.atol is None or self.step_max_abs_diff <= self.atol
+        return self.tolerance is None or self.step.worst <= 1.0
+
+    @property
+    def forward_ok(self) -> bool:
+        return self.forward_step is None or self.forward_step.worst <= 1.0
 
     @property
     def passed(self) -> bool:
-        return self.log_probs_ok and all(s.agreement >= self.min_token_agreement for s in self.searches)
+        return (self.log_probs_ok and self.forward_ok
+                and all(s.agreement >= self.min_token_agreement for s in self.searches))
 
 
 def torch_backend_for(
@@ -71,13 +91,18 @@ def torch_backend_for(
 
 def check_parity(
     manifest: Manifest, reference: Backend, candidate: Backend, sources: Sequence[str], *,
-    beam_size: int = 4, max_len: int = 64, atol: float | None = None, batch_size: int = 16,
+    beam_size: int = 4, max_len: int = 64, atol: float | None = None, rtol: float | None = None,
+    batch_size: int = 16,
 ) -> ParityReport:
     validation = manifest.raw["validation"]
-    atol = validation["atol"] if atol is None else atol
+    plugin = get_plugin(manifest.plugin)
+    quantised = "quantization" in manifest.raw
+    tolerance = None if quantised and atol is None and rtol is None else plugin_tolerance(plugin, atol, rtol)
+    forward_tolerance = plugin_tolerance(plugin, atol, rtol)
     modes = [("greedy", SearchConfig(1, 1, max_len)), (f"beam{beam_size}", SearchConfig(beam_size, 1, max_len))]
     agreements = {name: [0, 0.0, []] for name, _ in modes}
-    step_diff = 0.0
+    step_diff, forward_diff = NO_DIFF, NO_DIFF
+    model = getattr(reference, "model", None)  # a PyTorch reference: check its step against its forward
     for start in range(0, len(sources), batch_size):
         chunk = list(sources[start : start + batch_size])
         src, src_len = encode_batch(chunk, manifest.src_vocab, manifest.max_source_length)
@@ -93,19 +118,33 @@ def check_parity(
                     tally[2].append((text, decode(w[0].tokens), decode(g[0].tokens)))
             if name == "greedy":
                 forced = [h[0].tokens for h in want]
-                step_diff = max(step_diff, forced_step_diff(reference, candidate, src, src_len, forced))
+                step_diff = step_diff.merge(
+                    forced_step_comparison(reference, candidate, src, src_len, forced, tolerance or forward_tolerance))
+                if isinstance(model, Seq2SeqModel):
+                    forward_diff = forward_diff.merge(
+                        forward_step_comparison(model, reference, src, src_len, forced, forward_tolerance))
     searches = tuple(
         SearchAgreement(name, len(sources), tally[0], tally[1], tuple(tally[2]))
         for name, tally in agreements.items()
     )
-    return ParityReport(atol, step_diff, searches, len(sources), validation.get("min_token_agreement", 1.0))
+    return ParityReport(tolerance, step_diff, searches, len(sources), validation.get("min_token_agreement", 1.0),
+                        forward_diff if isinstance(model, Seq2SeqModel) else None, forward_tolerance)
 
 
 def forced_step_diff(
     reference: Backend, candidate: Backend, src: np.ndarray, src_len: np.ndarray,
     targets: Sequence[Sequence[int]],
 ) -> float:
-    """Teacher-force the same tokens through both backends; max |Δ log p| over every step."""
+    """Max |Δ log p| where a search can act, teacher-forcing the same tokens through both."""
+    return forced_step_comparison(reference, candidate, src, src_len, targets, StepTolerance()).max_abs_diff
+
+
+def forced_step_comparison(
+    reference: Backend, candidate: Backend, src: np.ndarray, src_len: np.ndarray,
+    targets: Sequence[Sequence[int]], tolerance: StepTolerance,
+) -> StepDiff:
+    """Teacher-force the same tokens through both backends; compare every step's log-probs
+    where a search can act (``StepTolerance``)."""
     batch = src.shape[0]
     steps = max(len(t) for t in targets) + 1
     forced = np.full((batch, steps), reference.eos_id, dtype=np.int64)
@@ -113,9 +152,9 @@ def forced_step_diff(
     for row, tokens in enumerate(targets):
         forced[row, 1 : 1 + len(tokens)] = tokens
     reorder = np.arange(batch, dtype=np.int64)
-    worst = 0.0
+    worst = NO_DIFF
     with reference.start(src, src_len) as first, candidate.start(src, src_len) as second:
         for t in range(steps):
             a, b = first.step(forced[:, t], reorder), second.step(forced[:, t], reorder)
-            worst = max(worst, float(np.max(np.abs(a.astype(np.float64) - b))))
+            worst = worst.merge(tolerance.compare(a, b))
     return worst
