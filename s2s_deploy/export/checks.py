@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -93,19 +93,10 @@ def check_batch_axes(
     declared axes. ``encoder`` and ``decoder`` are ONNX Runtime sessions."""
     rng = np.random.default_rng(0)
     batch, perm = AXIS_BATCH, _PERMUTATION
-    src = rng.integers(4, src_vocab, (batch, 8)).astype(np.int64)
-    src_len = np.array([8, 7, 6, 8, 5], dtype=np.int64)
     enc_names = [o.name for o in encoder.get_outputs()]
-
-    def encode(rows: np.ndarray) -> dict[str, np.ndarray]:
-        return dict(zip(enc_names, encoder.run(enc_names, {"src": src[rows], "src_len": src_len[rows]}), strict=True))
-
-    plain, permuted = encode(np.arange(batch)), encode(perm)
-    declared = [("memory", m.name, m.name, m.batch_axis) for m in memory]
-    declared += [("state", s.name, init_name(s.name), s.batch_axis) for s in state if s.init == "encoder"]
-    for kind, name, output, axis in declared:
-        _follows(f"{kind} {name!r}", "the encoder's output", plain[output], permuted[output], axis, perm)
-
+    plain, permuted = check_encoder_axes(
+        lambda src, src_len: dict(zip(enc_names, encoder.run(enc_names, {"src": src, "src_len": src_len}),
+                                      strict=True)), memory, state, src_vocab)
     accepted = {i.name for i in decoder.get_inputs()}
     dec_names = ["log_probs", *(present_name(s.name) for s in state)]
 
@@ -140,6 +131,34 @@ def check_batch_axes(
         if not np.allclose(gathered[name], moved[name], rtol=1e-3, atol=1e-4):
             raise ExportAxisError(f"{name}: a step fed reorder=p differs from one fed its state permuted by p along "
                                   "the declared batch axes: reorder does not gather along them")
+
+
+def check_encoder_axes(
+    encode: Callable[[np.ndarray, np.ndarray], dict[str, np.ndarray]], memory: Sequence[MemorySpec],
+    state: Sequence[StateSpec], src_vocab: int,
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Every encoder output's declared batch axis has the batch's size and permutes with the
+    sentences. Run on the PyTorch encoder before tracing too: a wrong state axis would
+    otherwise fail inside the exporter's trace, with a traceback instead of a line."""
+    rng = np.random.default_rng(0)
+    src = rng.integers(4, src_vocab, (AXIS_BATCH, 8)).astype(np.int64)
+    src_len = np.array([8, 7, 6, 8, 5], dtype=np.int64)
+    plain, permuted = encode(src, src_len), encode(src[_PERMUTATION], src_len[_PERMUTATION])
+    declared = [("memory", m.name, m.name, m.batch_axis) for m in memory]
+    declared += [("state", s.name, init_name(s.name), s.batch_axis) for s in state if s.init == "encoder"]
+    for kind, name, output, axis in declared:
+        _follows(f"{kind} {name!r}", "the encoder's output", plain[output], permuted[output], axis, _PERMUTATION)
+    return plain, permuted
+
+
+@torch.no_grad()
+def check_encoder_axes_torch(encoder: torch.nn.Module, names: Sequence[str], memory: Sequence[MemorySpec],
+                             state: Sequence[StateSpec], src_vocab: int) -> None:
+    def encode(src: np.ndarray, src_len: np.ndarray) -> dict[str, np.ndarray]:
+        outputs = encoder(torch.from_numpy(src), torch.from_numpy(src_len))
+        return {name: value.numpy() for name, value in zip(names, outputs, strict=True)}
+
+    check_encoder_axes(encode, memory, state, src_vocab)
 
 
 def _axes(memory: Sequence[MemorySpec], state: Sequence[StateSpec]) -> str:

@@ -22,7 +22,7 @@ import numpy as np
 import onnx
 import torch
 
-from s2s_deploy.export.checks import run_export_checks
+from s2s_deploy.export.checks import check_encoder_axes_torch, run_export_checks
 from s2s_deploy.export.contract import ArchitecturePlugin, Seq2SeqModel, StateSpec
 from s2s_deploy.export.graphs import EncoderGraph, GraphIO, StepGraph, io_names
 from s2s_deploy.export.tolerance import DEFAULT_RTOL, NO_DIFF, StepTolerance, plugin_tolerance
@@ -100,6 +100,7 @@ def export_model(
     step = StepGraph(model, memory, state, with_attention).eval()
 
     with staged_directory(out_dir, force) as work:
+        check_encoder_axes_torch(encoder, specs.io.encoder_outputs, memory, state, len(src_vocab))
         enc_args = _encoder_inputs(len(src_vocab), _EXAMPLE)
         dec_args = _decoder_inputs(encoder, specs, len(tgt_vocab), _EXAMPLE)
         enc_axes = _dynamic_axes(encoder, enc_args, _encoder_inputs(len(src_vocab), _PROBE))
