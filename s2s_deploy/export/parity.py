@@ -50,6 +50,8 @@ class ParityReport:
     min_token_agreement: float = 1.0
     forward_step: StepDiff | None = None
     forward_tolerance: StepTolerance | None = None
+    batch: SearchAgreement | None = None
+    batch_must_agree: bool = True
 
     @property
     def atol(self) -> float | None:
@@ -69,7 +71,8 @@ class ParityReport:
 
     @property
     def passed(self) -> bool:
-        return (self.log_probs_ok and self.forward_ok
+        batch_ok = self.batch is None or not self.batch_must_agree or self.batch.identical == self.batch.total
+        return (self.log_probs_ok and self.forward_ok and batch_ok
                 and all(s.agreement >= self.min_token_agreement for s in self.searches))
 
 
@@ -127,8 +130,30 @@ def check_parity(
         SearchAgreement(name, len(sources), tally[0], tally[1], tuple(tally[2]))
         for name, tally in agreements.items()
     )
+    per_tensor = manifest.raw.get("quantization", {}).get("activations") == "per-tensor"  # batch-dependent by choice
     return ParityReport(tolerance, step_diff, searches, len(sources), validation.get("min_token_agreement", 1.0),
-                        forward_diff if isinstance(model, Seq2SeqModel) else None, forward_tolerance)
+                        forward_diff if isinstance(model, Seq2SeqModel) else None, forward_tolerance,
+                        batch_agreement(manifest, candidate, sources, max_len), not per_tensor)
+
+
+BATCH_ROWS = 32
+
+
+def batch_agreement(manifest: Manifest, backend: Backend, sources: Sequence[str], max_len: int) -> SearchAgreement:
+    """Greedy tokens of ``backend`` in batches of 32 against one sentence at a time: a
+    sentence's translation must not depend on its batchmates."""
+    config, identical, mismatches = SearchConfig(1, 1, max_len), 0, []
+    for start in range(0, len(sources), BATCH_ROWS):
+        chunk = list(sources[start : start + BATCH_ROWS])
+        together = search(backend, *encode_batch(chunk, manifest.src_vocab, manifest.max_source_length), config)
+        for text, hyps in zip(chunk, together, strict=True):
+            alone = search(backend, *encode_batch([text], manifest.src_vocab, manifest.max_source_length), config)
+            if alone[0][0].tokens == hyps[0].tokens:
+                identical += 1
+            else:
+                decode = manifest.tgt_vocab.decode
+                mismatches.append((text, decode(alone[0][0].tokens), decode(hyps[0].tokens)))
+    return SearchAgreement(f"batch {BATCH_ROWS}", len(sources), identical, 0.0, tuple(mismatches))
 
 
 def forced_step_diff(
