@@ -85,7 +85,8 @@ def check_forward_step(
 
 
 def check_batch_axes(
-    encoder, decoder, memory: Sequence[MemorySpec], state: Sequence[StateSpec], src_vocab: int, tgt_vocab: int,
+    encoder: ort.InferenceSession, decoder: ort.InferenceSession, memory: Sequence[MemorySpec],
+    state: Sequence[StateSpec], src_vocab: int, tgt_vocab: int,
 ) -> None:
     """Run the ONNX graphs on ``AXIS_BATCH`` distinct sentences, then on the same sentences
     permuted: every declared batch axis must have the batch's size and permute with it, and a
