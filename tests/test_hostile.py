@@ -23,8 +23,8 @@ from safetensors.torch import load_file, save_file
 from s2s_deploy.cli import main
 from s2s_deploy.export.checkpoint import load_checkpoint
 from s2s_deploy.export.exporter import _record, export_model
-from s2s_deploy.export.parity import _worse
 from s2s_deploy.export.registry import Registry
+from s2s_deploy.export.tolerance import StepTolerance
 from s2s_deploy.runtime import files, staging
 from s2s_deploy.runtime.backend import Backend, DecodeRun
 from s2s_deploy.runtime.errors import ContractError, S2SError
@@ -182,7 +182,7 @@ def test_parity_tolerance_never_comes_from_the_manifest(exports, tmp_path: Path)
 # --- NaN ---------------------------------------------------------------------------------------
 
 def test_nan_never_passes_as_no_difference() -> None:
-    assert _worse(0.0, float("nan")) == float("inf")
+    assert StepTolerance().compare(np.zeros((1, 3)), np.full((1, 3), np.nan)).max_abs_diff == float("inf")
     with pytest.raises(S2SError, match="not finite"):
         _record({}, ("log_probs",), (torch.full((2, 3), float("nan")),), (np.full((2, 3), np.nan, np.float32),), "x")
 

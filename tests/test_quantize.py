@@ -65,3 +65,42 @@ def test_fp16_that_crashes_onnxruntime_is_refused_cleanly(exports, tmp_path: Pat
     with pytest.raises(S2SError, match="do not run in ONNX Runtime on CPU"):
         quantize_export(manifest, "fp16", tmp_path / "gru-fp16")
     assert not (tmp_path / "gru-fp16").exists()
+
+
+def first_step_rows(manifest: Manifest, texts: list[str]):
+    """Log-probs of a first and a second decoder step for ``texts`` run together, and each alone."""
+    import numpy as np
+
+    from s2s_deploy.runtime.translator import encode_batch
+
+    backend = OrtBackend(manifest, device="cpu", threads=1)
+
+    def two_steps(batch: list[str]):
+        src, src_len = encode_batch(batch, manifest.src_vocab, manifest.max_source_length)
+        rows = np.arange(len(batch), dtype=np.int64)
+        start = np.full(len(batch), backend.decoder_start_id, dtype=np.int64)
+        with backend.start(src, src_len) as run:
+            first = run.step(start, rows).copy()
+            return first, run.step(first.argmax(axis=1), rows).copy()
+
+    together = two_steps(texts)
+    alone = [two_steps([text]) for text in texts]
+    return together, alone
+
+
+@pytest.mark.parametrize("arch", ["transformer", "bahdanau"])
+def test_int8_per_row_is_batch_invariant_and_per_tensor_is_not(exports, tmp_path: Path, arch: str) -> None:
+    """A sentence's int8 log-probs alone and among 32 differ no more than fp32's do (padding to
+    the batch's longest source changes fp32 reductions by ~4e-6; per-row activation scales add
+    nothing); ONNX Runtime's per-tensor scales, kept as an explicit option, move them by 0.06-17."""
+    import numpy as np
+
+    _, manifest = exports.get(arch)
+    texts = [*manifest.samples[:16], *(text.upper() for text in manifest.samples[:16])]  # varied ranges
+    for mode in ("per-row", "per-tensor"):
+        quantised = load_manifest(quantize_export(manifest, "int8", tmp_path / mode, activations=mode).directory)
+        assert quantised.raw["quantization"]["activations"] == mode
+        together, alone = first_step_rows(quantised, texts)
+        diff = max(float(np.abs(together[step][i] - alone[i][step][0]).max())
+                   for i in range(len(texts)) for step in (0, 1))
+        assert (diff < 1e-4) if mode == "per-row" else (diff > 1e-2), (mode, diff)

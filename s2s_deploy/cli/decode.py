@@ -182,7 +182,9 @@ def _translate_file(export_dir: str, input_path: str, output_path: str, options:
               help="Sentences to check, one per line [default: the samples stored at export].")
 @click.option("--beam", type=click.IntRange(2), default=4, show_default=True, help="Beam size of the beam check.")
 @click.option("--max-len", type=click.IntRange(1), default=64, show_default=True, help="Most target tokens.")
-@click.option("--atol", type=float, default=None, help="Log-prob tolerance [default: the plugin's, from the manifest].")
+@click.option("--atol", type=click.FloatRange(0), default=None,
+              help="Per-step log-prob tolerance, atol + rtol*|log p| [default: the plugin's].")
+@click.option("--rtol", type=click.FloatRange(0), default=None, help="See --atol [default: the plugin's].")
 @click.option("--checkpoint", type=click.Path(dir_okay=False), default=None,
               help="The PyTorch original [default: the checkpoint stored in the export].")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
@@ -190,7 +192,7 @@ def _translate_file(export_dir: str, input_path: str, output_path: str, options:
 @device_option
 @plugin_option
 def parity_command(export_dir: str, input_path: str | None, beam: int, max_len: int, atol: float | None,
-                   checkpoint: str | None, as_json: bool, ort_format: bool, device: str,
+                   rtol: float | None, checkpoint: str | None, as_json: bool, ort_format: bool, device: str,
                    plugin_files: tuple[str, ...]) -> None:
     """Check that ONNX Runtime decodes exactly like PyTorch.
 
@@ -212,12 +214,19 @@ def parity_command(export_dir: str, input_path: str | None, beam: int, max_len: 
     reference = torch_backend_for(manifest, checkpoint)
     candidate = OrtBackend(manifest, device=device, graph_format="ort" if ort_format else "onnx")
     echo_device(candidate.choice.notice(), candidate.choice.provider)
-    report = check_parity(manifest, reference, candidate, sources, beam_size=beam, max_len=max_len, atol=atol)
+    report = check_parity(manifest, reference, candidate, sources, beam_size=beam, max_len=max_len, atol=atol,
+                          rtol=rtol)
+    tol = report.forward_tolerance
     if as_json:
         click.echo(json.dumps({
             "passed": report.passed, "inputs": report.inputs, "atol": report.atol,
+            "rtol": None if report.tolerance is None else report.tolerance.rtol,
             "min_token_agreement": report.min_token_agreement,
-            "step_max_abs_diff": report.step_max_abs_diff,
+            "step_max_abs_diff": report.step_max_abs_diff, "step_worst_ratio": report.step.worst,
+            "forward_step_max_abs_diff": None if report.forward_step is None else report.forward_step.max_abs_diff,
+            "forward_step_ok": report.forward_ok,
+            "batch_agreement": None if report.batch is None else {
+                "identical": report.batch.identical, "total": report.batch.total, "rows": report.batch.mode},
             "searches": [{"mode": s.mode, "identical": s.identical, "total": s.total,
                           "agreement": s.agreement, "max_score_diff": s.max_score_diff,
                           "mismatches": [dict(zip(("source", "pytorch", "onnx"), m, strict=True))
@@ -229,7 +238,16 @@ def parity_command(export_dir: str, input_path: str | None, beam: int, max_len: 
                        f"tokens must agree on >= {report.min_token_agreement:.0%} of inputs)")
         else:
             ok = "ok" if report.log_probs_ok else "FAIL"
-            click.echo(f"per-step log-prob max |diff| {report.step_max_abs_diff:.2e} (atol {report.atol:g}) {ok}")
+            click.echo(f"per-step log-prob max |diff| {report.step_max_abs_diff:.2e} where a search can act "
+                       f"(atol {report.atol:g} + rtol {report.tolerance.rtol:g}*|log p|) {ok}")
+        if report.forward_step is not None:
+            ok = "ok" if report.forward_ok else "FAIL"
+            click.echo(f"PyTorch decode_step vs teacher-forced forward: max |diff| "
+                       f"{report.forward_step.max_abs_diff:.2e} (atol {tol.atol:g} + rtol {tol.rtol:g}*|log p|) {ok}")
+        if report.batch is not None:
+            b = report.batch
+            ok = "ok" if b.identical == b.total else "FAIL"
+            click.echo(f"ONNX Runtime {b.mode} vs one at a time: tokens identical {b.identical}/{b.total} {ok}")
         for s in report.searches:
             verdict = "ok" if s.agreement >= report.min_token_agreement else "FAIL"
             click.echo(f"{s.mode:<8} tokens identical {s.identical}/{s.total} ({s.agreement:.1%}), "

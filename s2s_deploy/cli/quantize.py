@@ -19,13 +19,16 @@ MAX_EXACT_MATCH_DROP = 2.0
 @click.option("--int8", "kind", flag_value="int8", help="Dynamic int8 quantisation of MatMul/Gemm weights (CPU).")
 @click.option("--fp16", "kind", flag_value="fp16", help="float16 weights and compute, I/O and softmax/norms kept fp32 "
               "(for CUDA).")
+@click.option("--int8-activations", "activations", type=click.Choice(["per-row", "per-tensor"]), default="per-row",
+              show_default=True, help="int8 activation scales: per-row keeps a sentence's output independent of its "
+              "batchmates; per-tensor is ONNX Runtime's default, batch-dependent.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Output folder [default: EXPORT_DIR-int8 or EXPORT_DIR-fp16].")
 @click.option("--force", is_flag=True, help="Replace an existing output folder.")
 @click.option("--limit", type=click.IntRange(1), default=None, help="Evaluate on the first N test pairs only.")
 @click.option("--no-evaluate", is_flag=True, help="Skip the before/after BLEU and exact-match comparison.")
-def quantize_command(export_dir: str, kind: str | None, out_dir: str | None, force: bool, limit: int | None,
-                     no_evaluate: bool) -> None:
+def quantize_command(export_dir: str, kind: str | None, activations: str, out_dir: str | None, force: bool,
+                     limit: int | None, no_evaluate: bool) -> None:
     """Write an int8 or fp16 copy of an export.
 
     Reports sizes and task accuracy before and after.
@@ -41,7 +44,7 @@ def quantize_command(export_dir: str, kind: str | None, out_dir: str | None, for
     source = manifest.directory.resolve()
     if destination.resolve() == source or source in destination.resolve().parents:
         raise S2SError(f"--out {destination} is the export being quantised (or inside it); choose another folder")
-    report = quantize_export(manifest, kind, destination, force)
+    report = quantize_export(manifest, kind, destination, force, activations)
     click.echo(f"wrote {report.directory}/ ({kind})")
     for name in dict.fromkeys([*report.bytes_before, *report.bytes_after]):
         before, after = report.bytes_before.get(name, 0), report.bytes_after.get(name, 0)

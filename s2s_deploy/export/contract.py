@@ -105,6 +105,9 @@ class ArchitecturePlugin(ABC):
     default_preset: ClassVar[str] = "small"
     exporter: ClassVar[str] = "dynamo"
     parity_atol: ClassVar[float] = 1e-4
+    parity_rtol: ClassVar[float] = 1e-5
+    """Per-step log-probs agree within ``parity_atol + parity_rtol * |log p|`` where a search can
+    act (``export/tolerance.py``; the margins behind the defaults are in docs/parity.md)."""
     special_tokens: ClassVar[SpecialTokens] = SpecialTokens()
     has_attention: ClassVar[bool] = False
 
@@ -189,6 +192,8 @@ def validate_plugin(plugin: object) -> None:
         raise ContractError(f"plugin {label}: exporter must be one of {', '.join(EXPORTERS)}")
     if not (isinstance(plugin.parity_atol, float) and 0 < plugin.parity_atol < 1):
         raise ContractError(f"plugin {label}: parity_atol must be a float in (0, 1)")
+    if not (isinstance(plugin.parity_rtol, float) and 0 <= plugin.parity_rtol < 1):
+        raise ContractError(f"plugin {label}: parity_rtol must be a float in [0, 1)")
     for preset_name, config in plugin.presets.items():
         _validate_specs(label, preset_name, plugin.memory_specs(config), plugin.state_specs(config))
 

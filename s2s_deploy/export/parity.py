@@ -5,7 +5,6 @@ Token disagreement is a failure, never a warning: it is what users would see.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,7 +12,10 @@ from pathlib import Path
 import numpy as np
 
 from s2s_deploy.export.checkpoint import build_model, load_checkpoint
+from s2s_deploy.export.checks import forward_step_comparison
+from s2s_deploy.export.contract import Seq2SeqModel
 from s2s_deploy.export.registry import get_plugin
+from s2s_deploy.export.tolerance import NO_DIFF, StepDiff, StepTolerance, plugin_tolerance
 from s2s_deploy.export.torch_backend import TorchBackend
 from s2s_deploy.runtime.backend import Backend
 from s2s_deploy.runtime.errors import CheckpointError
@@ -21,9 +23,6 @@ from s2s_deploy.runtime.manifest import Manifest, sha256_of
 from s2s_deploy.runtime.search import SearchConfig, search
 from s2s_deploy.runtime.translator import encode_batch
 from s2s_deploy.tools.quantize import MIN_TOKEN_AGREEMENT
-
-SEARCHABLE_TOP = 16
-SEARCHABLE_FLOOR = -10.0
 
 
 @dataclass(frozen=True)
@@ -41,21 +40,41 @@ class SearchAgreement:
 
 @dataclass(frozen=True)
 class ParityReport:
-    """``atol`` is None for a quantised export: it is judged on token agreement alone."""
+    """``tolerance`` is None for a quantised export: it is judged on token agreement alone.
+    ``forward_step`` compares the PyTorch model's teacher-forced ``forward`` with its own
+    step-by-step ``decode_step`` (a cached step that forgets a layer fails here, not in users' hands)."""
 
-    atol: float | None
-    step_max_abs_diff: float
+    tolerance: StepTolerance | None
+    step: StepDiff
     searches: tuple[SearchAgreement, ...]
     inputs: int
     min_token_agreement: float = 1.0
+    forward_step: StepDiff | None = None
+    forward_tolerance: StepTolerance | None = None
+    batch: SearchAgreement | None = None
+    batch_must_agree: bool = True
+
+    @property
+    def atol(self) -> float | None:
+        return None if self.tolerance is None else self.tolerance.atol
+
+    @property
+    def step_max_abs_diff(self) -> float:
+        return self.step.max_abs_diff
 
     @property
     def log_probs_ok(self) -> bool:
-        return self.atol is None or self.step_max_abs_diff <= self.atol
+        return self.tolerance is None or self.step.worst <= 1.0
+
+    @property
+    def forward_ok(self) -> bool:
+        return self.forward_step is None or self.forward_step.worst <= 1.0
 
     @property
     def passed(self) -> bool:
-        return self.log_probs_ok and all(s.agreement >= self.min_token_agreement for s in self.searches)
+        batch_ok = self.batch is None or not self.batch_must_agree or self.batch.identical == self.batch.total
+        return (self.log_probs_ok and self.forward_ok and batch_ok
+                and all(s.agreement >= self.min_token_agreement for s in self.searches))
 
 
 def torch_backend_for(
@@ -79,16 +98,17 @@ def torch_backend_for(
 
 def check_parity(
     manifest: Manifest, reference: Backend, candidate: Backend, sources: Sequence[str], *,
-    beam_size: int = 4, max_len: int = 64, atol: float | None = None, batch_size: int = 16,
+    beam_size: int = 4, max_len: int = 64, atol: float | None = None, rtol: float | None = None,
+    batch_size: int = 16,
 ) -> ParityReport:
-    # The gate's tolerance comes from the plugin or the user, never from the manifest under test.
-    quantized = manifest.raw.get("quantization")
-    if atol is None and not quantized:
-        atol = get_plugin(manifest.plugin).parity_atol
-    min_agreement = MIN_TOKEN_AGREEMENT[quantized["kind"]] if quantized else 1.0
+    plugin = get_plugin(manifest.plugin)
+    quantised = "quantization" in manifest.raw
+    tolerance = None if quantised and atol is None and rtol is None else plugin_tolerance(plugin, atol, rtol)
+    forward_tolerance = plugin_tolerance(plugin, atol, rtol)
     modes = [("greedy", SearchConfig(1, 1, max_len)), (f"beam{beam_size}", SearchConfig(beam_size, 1, max_len))]
     agreements = {name: [0, 0.0, []] for name, _ in modes}
-    step_diff = 0.0
+    step_diff, forward_diff = NO_DIFF, NO_DIFF
+    model = getattr(reference, "model", None)  # a PyTorch reference: check its step against its forward
     for start in range(0, len(sources), batch_size):
         chunk = list(sources[start : start + batch_size])
         src, src_len = encode_batch(chunk, manifest.src_vocab, manifest.max_source_length)
@@ -98,33 +118,63 @@ def check_parity(
             for text, w, g in zip(chunk, want, got, strict=True):
                 if w[0].tokens == g[0].tokens:
                     tally[0] += 1
-                    tally[1] = _worse(tally[1], abs(w[0].score - g[0].score))
+                    tally[1] = max(tally[1], abs(w[0].score - g[0].score))
                 else:
                     decode = manifest.tgt_vocab.decode
                     tally[2].append((text, decode(w[0].tokens), decode(g[0].tokens)))
             if name == "greedy":
                 forced = [h[0].tokens for h in want]
-                step_diff = _worse(step_diff, forced_step_diff(reference, candidate, src, src_len, forced))
+                step_diff = step_diff.merge(
+                    forced_step_comparison(reference, candidate, src, src_len, forced, tolerance or forward_tolerance))
+                if isinstance(model, Seq2SeqModel):
+                    forward_diff = forward_diff.merge(
+                        forward_step_comparison(model, reference, src, src_len, forced, forward_tolerance))
     searches = tuple(
         SearchAgreement(name, len(sources), tally[0], tally[1], tuple(tally[2]))
         for name, tally in agreements.items()
     )
-    return ParityReport(atol, step_diff, searches, len(sources), min_agreement)
+    per_tensor = manifest.raw.get("quantization", {}).get("activations") == "per-tensor"  # batch-dependent by choice
+    # the token agreement a quantised copy must keep comes from its kind, not from the manifest under test
+    min_agreement = MIN_TOKEN_AGREEMENT[manifest.raw["quantization"]["kind"]] if quantised else 1.0
+    return ParityReport(tolerance, step_diff, searches, len(sources), min_agreement,
+                        forward_diff if isinstance(model, Seq2SeqModel) else None, forward_tolerance,
+                        batch_agreement(manifest, candidate, sources, max_len), not per_tensor)
 
 
-def _worse(a: float, b: float) -> float:
-    """max() that keeps NaN: ``max(0.0, nan)`` is 0.0, which would let a NaN model pass."""
-    return math.inf if math.isnan(a) or math.isnan(b) else max(a, b)
+BATCH_ROWS = 32
+
+
+def batch_agreement(manifest: Manifest, backend: Backend, sources: Sequence[str], max_len: int) -> SearchAgreement:
+    """Greedy tokens of ``backend`` in batches of 32 against one sentence at a time: a
+    sentence's translation must not depend on its batchmates."""
+    config, identical, mismatches = SearchConfig(1, 1, max_len), 0, []
+    for start in range(0, len(sources), BATCH_ROWS):
+        chunk = list(sources[start : start + BATCH_ROWS])
+        together = search(backend, *encode_batch(chunk, manifest.src_vocab, manifest.max_source_length), config)
+        for text, hyps in zip(chunk, together, strict=True):
+            alone = search(backend, *encode_batch([text], manifest.src_vocab, manifest.max_source_length), config)
+            if alone[0][0].tokens == hyps[0].tokens:
+                identical += 1
+            else:
+                decode = manifest.tgt_vocab.decode
+                mismatches.append((text, decode(alone[0][0].tokens), decode(hyps[0].tokens)))
+    return SearchAgreement(f"batch {BATCH_ROWS}", len(sources), identical, 0.0, tuple(mismatches))
 
 
 def forced_step_diff(
     reference: Backend, candidate: Backend, src: np.ndarray, src_len: np.ndarray,
     targets: Sequence[Sequence[int]],
 ) -> float:
-    """Teacher-force the same tokens through both backends; max |Δ log p| over every step, where a
-    search can act: each side's best ``SEARCHABLE_TOP`` tokens and every token at log p >=
-    ``SEARCHABLE_FLOOR``. A log-prob near -35 differs by ~1e-4 between CPUs' kernels through float32
-    rounding alone and no search ever picks it (docs/parity.md). A NaN on either side is an infinite diff."""
+    """Max |Δ log p| where a search can act, teacher-forcing the same tokens through both."""
+    return forced_step_comparison(reference, candidate, src, src_len, targets, StepTolerance()).max_abs_diff
+
+
+def forced_step_comparison(
+    reference: Backend, candidate: Backend, src: np.ndarray, src_len: np.ndarray,
+    targets: Sequence[Sequence[int]], tolerance: StepTolerance,
+) -> StepDiff:
+    """Teacher-force the same tokens through both backends; compare every step's log-probs
+    where a search can act (``StepTolerance``)."""
     batch = src.shape[0]
     steps = max(len(t) for t in targets) + 1
     forced = np.full((batch, steps), reference.eos_id, dtype=np.int64)
@@ -132,24 +182,9 @@ def forced_step_diff(
     for row, tokens in enumerate(targets):
         forced[row, 1 : 1 + len(tokens)] = tokens
     reorder = np.arange(batch, dtype=np.int64)
-    worst = 0.0
+    worst = NO_DIFF
     with reference.start(src, src_len) as first, candidate.start(src, src_len) as second:
         for t in range(steps):
             a, b = first.step(forced[:, t], reorder), second.step(forced[:, t], reorder)
-            worst = _worse(worst, searchable_diff(a, b))
+            worst = worst.merge(tolerance.compare(a, b))
     return worst
-
-
-def searchable_diff(a: np.ndarray, b: np.ndarray) -> float:
-    """max |a - b| over the entries either side could rank: see ``forced_step_diff``."""
-    a, b = a.astype(np.float64), b.astype(np.float64)
-    if not (np.isfinite(a) | np.isneginf(a)).all() or not (np.isfinite(b) | np.isneginf(b)).all():
-        return float("inf")
-    top = min(SEARCHABLE_TOP, a.shape[-1])
-    mask = (a >= SEARCHABLE_FLOOR) | (b >= SEARCHABLE_FLOOR)
-    for side in (a, b):
-        np.put_along_axis(mask, np.argpartition(-side, top - 1, axis=-1)[..., :top], True, axis=-1)
-    with np.errstate(invalid="ignore"):
-        diff = np.abs(np.where(mask & (a != b), a - b, 0.0))
-    diff[np.isnan(diff)] = np.inf  # -inf on one side only
-    return float(diff.max()) if diff.size else 0.0

@@ -45,9 +45,15 @@ class QuantizeReport:
     generate: str | None = None  # what became of the source's generate.onnx, when it had one
 
 
-def quantize_export(manifest: Manifest, kind: str, out_dir: Path, force: bool = False) -> QuantizeReport:
+def quantize_export(manifest: Manifest, kind: str, out_dir: Path, force: bool = False,
+                    activations: str = "per-row") -> QuantizeReport:
+    """``activations`` (int8 only): ``per-row`` scales make a sentence's output independent of
+    its batchmates; ``per-tensor`` is ONNX Runtime's default dynamic quantisation, faster where
+    it fuses, but batch-dependent (docs/performance.md has the cost)."""
     if kind not in KINDS:
         raise S2SError(f"unknown quantisation {kind!r}; known: {', '.join(KINDS)}")
+    if activations not in ACTIVATION_MODES:
+        raise S2SError(f"unknown int8 activation mode {activations!r}; known: {', '.join(ACTIVATION_MODES)}")
     if manifest.raw.get("quantization"):
         raise S2SError(f"{manifest.directory} is already quantised ({manifest.raw['quantization']['kind']})")
     raw = copy.deepcopy(manifest.raw)
@@ -55,7 +61,10 @@ def quantize_export(manifest: Manifest, kind: str, out_dir: Path, force: bool = 
         for role, graph in (("encoder", manifest.encoder), ("decoder", manifest.decoder)):
             source = manifest.graph_path(graph)
             target = work / graph.file
-            (_int8 if kind == "int8" else _fp16)(source, target)
+            if kind == "int8":
+                _int8(source, target, activations)
+            else:
+                _fp16(source, target)
             _restore_outputs(source, target)
             raw["graphs"][role].pop("ort_file", None)  # .ort copies are of the fp32 graphs
             raw["graphs"][role].pop("ort_sha256", None)
@@ -72,6 +81,8 @@ def quantize_export(manifest: Manifest, kind: str, out_dir: Path, force: bool = 
             shutil.copyfile(checkpoint, work / checkpoint.name)
         raw["graphs"].pop("generate", None)  # a fused graph embeds the fp32 decoder: fuse the copy anew
         raw["quantization"] = {"kind": kind, "source": str(manifest.directory)}
+        if kind == "int8":
+            raw["quantization"]["activations"] = activations
         raw["validation"] = {"atol": None, "min_token_agreement": MIN_TOKEN_AGREEMENT[kind],
                              "fp32_max_abs_diff": raw["validation"]["max_abs_diff"]}
         write_manifest(work, raw)
@@ -119,7 +130,58 @@ def _smoke_test(folder: Path, kind: str) -> None:
                        "nothing was written")
 
 
-def _int8(source: Path, target: Path) -> None:
+ACTIVATION_MODES = ("per-row", "per-tensor")
+
+
+def _per_row_activations(model: onnx.ModelProto) -> None:
+    """Make dynamic int8 batch-invariant: ``DynamicQuantizeLinear`` takes one scale for a whole
+    activation tensor, so a sentence's int8 output changed with its batchmates. Each becomes a
+    quantisation with one scale per row (the last axis reduced), in standard ops: symmetric,
+    stored as uint8 around a fixed zero point of 128, so ``MatMulInteger`` keeps ONNX Runtime's
+    fast uint8 x int8 kernels, and the quantiser's ``scale_x * scale_w`` products broadcast the
+    ``(..., 1)`` scales over the output columns."""
+    opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+    graph, nodes = model.graph, []
+    c = {name: f"s2s_int8/{name}" for name in ("last_axis", "levels", "low", "high", "tiny", "offset", "zero")}
+    graph.initializer.extend([
+        onnx.numpy_helper.from_array(np.array([-1], dtype=np.int64), c["last_axis"]),
+        onnx.numpy_helper.from_array(np.array(127.0, dtype=np.float32), c["levels"]),
+        onnx.numpy_helper.from_array(np.array(1.0, dtype=np.float32), c["low"]),
+        onnx.numpy_helper.from_array(np.array(255.0, dtype=np.float32), c["high"]),
+        onnx.numpy_helper.from_array(np.array(np.finfo(np.float32).tiny, dtype=np.float32), c["tiny"]),
+        onnx.numpy_helper.from_array(np.array(128.0, dtype=np.float32), c["offset"]),
+        onnx.numpy_helper.from_array(np.array(128, dtype=np.uint8), c["zero"]),
+    ])
+    zero_points = set()
+    for node in graph.node:
+        if node.op_type != "DynamicQuantizeLinear":
+            nodes.append(node)
+            continue
+        x, (quantised, scale, zero_point) = node.input[0], node.output
+        zero_points.add(zero_point)
+        p = f"{quantised}/row"
+        reduce = (onnx.helper.make_node("ReduceMax", [f"{p}/abs", c["last_axis"]], [f"{p}/max"], keepdims=1)
+                  if opset >= 18 else
+                  onnx.helper.make_node("ReduceMax", [f"{p}/abs"], [f"{p}/max"], axes=[-1], keepdims=1))
+        nodes += [
+            onnx.helper.make_node("Abs", [x], [f"{p}/abs"]),
+            reduce,
+            onnx.helper.make_node("Max", [f"{p}/max", c["tiny"]], [f"{p}/nonzero"]),
+            onnx.helper.make_node("Div", [f"{p}/nonzero", c["levels"]], [scale]),
+            onnx.helper.make_node("Div", [x, scale], [f"{p}/scaled"]),
+            onnx.helper.make_node("Round", [f"{p}/scaled"], [f"{p}/rounded"]),
+            onnx.helper.make_node("Add", [f"{p}/rounded", c["offset"]], [f"{p}/shifted"]),
+            onnx.helper.make_node("Clip", [f"{p}/shifted", c["low"], c["high"]], [f"{p}/clipped"]),
+            onnx.helper.make_node("Cast", [f"{p}/clipped"], [quantised], to=onnx.TensorProto.UINT8),
+        ]
+    for node in nodes:
+        if node.op_type == "MatMulInteger" and len(node.input) > 2 and node.input[2] in zero_points:
+            node.input[2] = c["zero"]
+    del graph.node[:]
+    graph.node.extend(nodes)
+
+
+def _int8(source: Path, target: Path, activations: str = "per-row") -> None:
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     model = onnx.load(str(source))
@@ -133,9 +195,11 @@ def _int8(source: Path, target: Path) -> None:
                          weight_type=QuantType.QInt8, per_channel=False)
     finally:
         root.setLevel(level)
-    quantized = onnx.load(str(target))
-    _quantize_embeddings(quantized.graph)
-    onnx.save(quantized, str(target))
+    quantised = onnx.load(str(target))
+    _quantize_embeddings(quantised.graph)
+    if activations == "per-row":
+        _per_row_activations(quantised)
+    onnx.save(quantised, str(target))
 
 
 def _quantize_embeddings(graph: onnx.GraphProto) -> None:
