@@ -106,7 +106,7 @@
       feeds.tokens = this.tensor('int64', ...int64(tokens, [tokens.length]));
       feeds.reorder = this.tensor('int64', ...int64(reorder, [reorder.length]));
       if (this.inputs.has('step')) feeds.step = this.tensor('int64', ...int64([t], []));
-      if (this.decoder.inputNames.includes('top_k')) feeds.top_k = this.tensor('int64', ...int64([k], [1]));
+      if (this.inputs.has('top_k')) feeds.top_k = this.tensor('int64', ...int64([k], [1]));
       const fetches = ['top_log_probs', 'top_ids', ...this.manifest.state.map((s) => `present_${s.name}`)];
       if (attention) fetches.push('attention');
       const out = await this.decoder.run(feeds, fetches);
