@@ -74,7 +74,8 @@ def test_node_example_matches_translate(exports, arch: str, beam: int) -> None:
     result = subprocess.run(["node", "translate.js", str(manifest.directory), "--beam", str(beam), *texts],
                             cwd=NODE_DIR, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines() == [t.text for t in Translator(manifest.directory, device="cpu")(texts, beam=beam)]
+    translations = Translator(manifest.directory, device="cpu")(texts, beam=beam)
+    assert result.stdout.splitlines() == [t.text for t in translations]
 
 
 @pytest.mark.skipif(shutil.which("node") is None, reason="Node.js is not installed")
