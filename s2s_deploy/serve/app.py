@@ -95,7 +95,8 @@ def create_app(config: ServeConfig) -> Starlette:
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        translator = Translator(config.export_dir, device=config.device, threads=config.threads)
+        # The event loop parses requests while a batch runs: idle decoder threads must not spin.
+        translator = Translator(config.export_dir, device=config.device, threads=config.threads, spin=False)
         batcher = Batcher(translator, config.limits)
         batcher.start()
         state.update(translator=translator, batcher=batcher)
