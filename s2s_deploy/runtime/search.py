@@ -4,10 +4,13 @@
 
 Scores follow the seeds: a hypothesis of L tokens (its EOS included when it has one) scores
 ``log P / L**alpha``. Beam search keeps K live beams per sentence; an EOS candidate ranked
-within the top K of a step becomes a finished hypothesis. A sentence stops when the best
-candidate of a step is EOS and it holds at least n-best finished hypotheses (OpenNMT's rule:
-stopping at K finished would let short, poor EOS candidates end the search before the best
-hypothesis finishes), or at ``max_len``, where its live beams are finished as they stand.
+within the top K of a step becomes a finished hypothesis. A sentence stops (Hugging Face's
+default, ``early_stopping=False``) once it holds K finished hypotheses and the K-th best of
+them scores at least the best live beam's ``log P / (t+1)**alpha``; or at ``max_len``, where
+its live beams are finished as they stand. The rule never reads n-best, so the 1-best is the
+same for every n-best; every finished hypothesis is kept and ranked, so the answer is never
+worse than one it held (docs/manifest.md has the algorithm as pseudo-code, docs/parity.md
+the measurements behind the choice).
 """
 
 from __future__ import annotations
@@ -175,6 +178,8 @@ def beam_search(
     trail = _Trail()
     endings: list[list[_Ending]] = [[] for _ in range(batch)]
     finished_count = np.zeros(batch, dtype=np.int64)
+    kth_best = np.full(batch, -np.inf)  # the K-th best finished score, once K have finished
+    any_full = False
     active = np.ones(batch, dtype=bool)
     width = min(2 * k, backend.vocab_size)
     sentence = np.arange(batch)[:, None]
@@ -215,18 +220,22 @@ def beam_search(
                     score = float(normalised(-top_costs[i, j], t + 1, config.alpha))
                     endings[i].append(_Ending(score, t - 1, int(origin[i, j]), float(top_lps[i, j])))
                     finished_count[i] += 1
+                    if finished_count[i] >= k:
+                        kth_best[i] = sorted((e.score for e in endings[i]), reverse=True)[k - 1]
+                        any_full = True
                 keep = np.argsort(is_eos, axis=1, kind="stable")[:, :k]  # first K non-EOS candidates, in rank order
                 top_costs, origin, top_ids, top_lps = (a[sentence, keep] for a in (top_costs, origin, top_ids, top_lps))
-                active &= ~(is_eos[:, 0] & (finished_count >= config.n_best))
                 costs[:] = top_costs.ravel()
                 reorder, tokens, lps = origin.ravel(), top_ids.ravel(), top_lps.ravel()
-                if not active.any():
-                    trail.steps.append((reorder, tokens, lps))
-                    break
             else:
                 candidates.take(flat, out=costs, mode="clip")  # "clip": no buffering, and flat is in range
                 lps, reorder = values.take(flat), flat // per_row
             trail.steps.append((reorder, tokens, lps))
+            if any_full:  # K finished: stop once no live beam's score at its length beats the K-th best
+                best_live = normalised(-costs.reshape(batch, k).min(axis=1), t + 1, config.alpha)
+                active &= ~(kth_best >= best_live)
+                if not active.any():
+                    break
     steps = len(trail.steps)
     costs = costs.reshape(batch, k)
     for i in np.nonzero(active)[0]:  # still searching at max_len: live beams end as they stand

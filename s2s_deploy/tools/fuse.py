@@ -464,6 +464,7 @@ class _Fuser:
             _Carried("reorder", "int64", 1, self.arange(g, rows)),
             _Carried("scores", "float64", 2, g("Expand", g("Where", first, c(0.0, "float64"), minus_inf), batch_k)),
             _Carried("fin_count", "int64", 1, g("Expand", c(0), batch)),
+            _Carried("kept", "float64", 2, g("Expand", minus_inf, batch_k)),  # best K finished scores
             _Carried("active", "bool", 1, g("Expand", c(True, "bool"), batch)),
             *records.values(),
             *self.state_carried(state),
@@ -498,9 +499,15 @@ class _Fuser:
         scores = b("GatherElements", top_scores, keep, axis=1)
         reorder = b("Reshape", b("Add", base, b("GatherElements", origin, keep, axis=1)), flat)
         tokens = b("Reshape", b("GatherElements", token, keep, axis=1), flat)
-        # done once the best candidate is EOS and n-best hypotheses have finished (as search.py)
-        top_is_eos = b("Squeeze", b("Slice", is_eos, c([0]), c([1]), c([1])), c([1]))
-        active = b("And", n["active"], b("Not", b("And", top_is_eos, b("GreaterOrEqual", count, "n_best"))))
+        # done once K have finished and the K-th best scores at least the best live beam at its
+        # length (Hugging Face's early_stopping=False, as search.py)
+        penalty = self.length_penalty(b, b("Add", iteration, c(1)))
+        finish = b("Where", finishing, b("Div", head(top_scores), penalty), minus_inf)
+        kept = b("TopK", b("Concat", n["kept"], finish, axis=1), k, axis=1, outs=2)[0]
+        kth = b("Squeeze", b("Slice", kept, b("Sub", k, c([1])), k, c([1])), c([1]))
+        best_live = b("Div", b("ReduceMax", scores, c([1]), keepdims=0), penalty)
+        stop = b("And", b("GreaterOrEqual", count, b("Squeeze", k, c([0]))), b("GreaterOrEqual", kth, best_live))
+        active = b("And", n["active"], b("Not", stop))
         cond = b("Greater", b("ReduceSum", b("Cast", active, to=TensorProto.INT64), keepdims=0), c(0))
         step_records = {
             "parents": reorder, "tokens": tokens,
@@ -510,12 +517,12 @@ class _Fuser:
             "eos_lps": b("Reshape", head(token_lp), flat),
         }
         grown = [b("Concat", n[records[name].key], value, axis=0) for name, value in step_records.items()]
-        final = self.loop(g, b, carried, n, [tokens, reorder, scores, count, active, *grown, *next_state],
+        final = self.loop(g, b, carried, n, [tokens, reorder, scores, count, kept, active, *grown, *next_state],
                           iteration, cond_in, cond, trips)
         by_beam = post("Concat", flat, batch_k, axis=0)
-        parents, kept_tokens, kept_lps = (post("Reshape", value, shapes.by_row) for value in final[5:8])
-        eos_scores, eos_rows, eos_lps = (post("Reshape", value, by_beam) for value in final[8:11])
-        return self.n_best(post, shapes, final[2], final[4], parents, kept_tokens, kept_lps, eos_scores,
+        parents, kept_tokens, kept_lps = (post("Reshape", value, shapes.by_row) for value in final[6:9])
+        eos_scores, eos_rows, eos_lps = (post("Reshape", value, by_beam) for value in final[9:12])
+        return self.n_best(post, shapes, final[2], final[5], parents, kept_tokens, kept_lps, eos_scores,
                            eos_rows, eos_lps)
 
     def n_best(self, g: _Scope, shapes: _BeamShapes, scores: str, active: str, parents: str, kept_tokens: str,
