@@ -48,6 +48,9 @@
       this.manifest = manifest;
       this.encoder = encoder;
       this.decoder = decoder;
+      if (!decoder.inputNames.includes('top_k')) { // an input with a default: onnxruntime's JS bindings drop it
+        throw new Error('this decoder takes top_k as an optional input, which onnxruntime-web cannot feed: export it again');
+      }
       this.special = manifest.special_tokens;
       this.src = manifest.vocab.source;
       this.tgt = manifest.vocab.target;
@@ -106,7 +109,7 @@
       feeds.tokens = this.tensor('int64', ...int64(tokens, [tokens.length]));
       feeds.reorder = this.tensor('int64', ...int64(reorder, [reorder.length]));
       if (this.inputs.has('step')) feeds.step = this.tensor('int64', ...int64([t], []));
-      if (this.inputs.has('top_k')) feeds.top_k = this.tensor('int64', ...int64([k], [1]));
+      feeds.top_k = this.tensor('int64', ...int64([k], [1])); // required (docs/manifest.md)
       const fetches = ['top_log_probs', 'top_ids', ...this.manifest.state.map((s) => `present_${s.name}`)];
       if (attention) fetches.push('attention');
       const out = await this.decoder.run(feeds, fetches);
@@ -163,7 +166,7 @@
       return { tokens, score: logProb / Math.pow(length, alpha), finished, attention: withMaps ? maps : null };
     }
 
-    // Beam search as in docs/manifest.md (s2s_deploy/runtime/search.py is the reference).
+    // Beam search as docs/manifest.md's "Search, exactly" has it, for one sentence (K rows), n-best 1.
     async beamSearch(ids, k, maxLen, alpha, withMaps) {
       const vocab = this.tgt.tokens.length;
       if (k >= vocab) throw new Error(`beam size ${k} must be smaller than the vocabulary (${vocab})`);
@@ -194,13 +197,17 @@
             endings.push({ score, lastStep: t - 1, row: origin[j], eosLogProb: out.values[top[j]], eosMap });
           }
           kept = top.filter((_, j) => !isEos[j]).slice(0, k); // the first K non-EOS candidates, in rank order
-          if (isEos[0] && endings.length >= 1) active = false; // n-best is 1 here
         }
         const parents = kept.map((i) => Math.floor(i / perRow));
         costs = kept.map((i) => candidates[i]);
         tokens = kept.map((i) => out.ids[i]);
         reorder = parents;
         trail.push({ parents, tokens, lps: kept.map((i) => out.values[i]), maps: withMaps ? parents.map((p) => out.maps[p]) : null });
+        if (endings.length >= k) { // Hugging Face's early_stopping=False: the K-th best finished beats every live beam
+          const kth = endings.map((e) => e.score).sort((a, b) => b - a)[k - 1];
+          const bestLive = -Math.min(...costs) / Math.pow(t + 1, alpha);
+          if (kth >= bestLive) active = false;
+        }
       }
       if (active) { // max_len reached: live beams end as they stand
         for (let j = 0; j < k; j += 1) {
