@@ -24,7 +24,7 @@ from starlette.testclient import TestClient
 from s2s_deploy.cli.serve import split_threads
 from s2s_deploy.runtime.errors import S2SError
 from s2s_deploy.runtime.translator import Translator
-from s2s_deploy.serve.app import ServeConfig, create_app
+from s2s_deploy.serve.app import MAX_BODY_BYTES, ServeConfig, create_app
 from s2s_deploy.serve.batcher import BatchLimits
 
 
@@ -90,6 +90,9 @@ def test_oversized_requests_get_413(exports) -> None:
     assert too_long.status_code == 413 and f"limit is {limit}" in too_long.json()["error"]
     assert too_many.status_code == 413 and "batch limit of 4" in too_many.json()["error"]
     assert too_wide.status_code == 413 and "padded tokens" in too_wide.json()["error"]
+    with client(transformer) as http:
+        huge = http.post("/translate", content=b" " * (MAX_BODY_BYTES + 1))
+    assert huge.status_code == 413 and "at most" in huge.json()["error"]
 
 
 def concurrently(manifest, limits: BatchLimits, texts: list[str]) -> tuple[list[tuple[int, dict]], dict]:

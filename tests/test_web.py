@@ -113,3 +113,17 @@ def test_web_bundle_copies_the_page_and_refuses_to_overwrite(exports, tmp_path: 
     (dist / ORT_FILES[-1]).unlink()
     with pytest.raises(S2SError, match=f"lacks onnxruntime-web's {ORT_FILES[-1]}"):
         write_web_bundle(folder, dist, force=True)
+
+
+def test_web_command_says_what_is_missing_in_one_line(exports, tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from s2s_deploy.cli import main
+
+    _, manifest = exports.get("gru")
+    folder = tmp_path / "gru"
+    shutil.copytree(manifest.directory, folder)
+    result = CliRunner().invoke(main, ["web", str(folder), "--ort-web", str(tmp_path / "nowhere")])
+    assert result.exit_code == 1
+    assert result.output.strip() == f"error: {tmp_path / 'nowhere'} lacks onnxruntime-web's {ORT_FILES[0]}"
+    assert not (folder / "index.html").exists()

@@ -29,6 +29,8 @@ CONFIG_ENV = "S2S_DEPLOY_SERVE_CONFIG"
 """How ``--workers N`` hands the settings to each worker process (uvicorn imports the factory)."""
 
 OPTIONS = ("beam", "n_best", "alpha", "max_len")
+MAX_BODY_BYTES = 1 << 20
+"""A larger body is refused (413) before it is read."""
 
 
 @dataclass(frozen=True)
@@ -105,6 +107,9 @@ def create_app(config: ServeConfig) -> Starlette:
 
     async def translate_endpoint(request: Request) -> JSONResponse:
         translator, batcher = state["translator"], state["batcher"]
+        declared = request.headers.get("content-length", "0")
+        if not declared.isdigit() or int(declared) > MAX_BODY_BYTES:
+            return _error(413, f"the body must be at most {MAX_BODY_BYTES} bytes with a Content-Length")
         try:
             body = await request.json()
         except (json.JSONDecodeError, UnicodeDecodeError):
