@@ -136,12 +136,16 @@ def test_a_batch_respects_the_sentence_limit(gru) -> None:
 
 
 def test_threads_and_workers_never_oversubscribe() -> None:
-    assert split_threads(1, None, 2) == 2
+    assert split_threads(1, None, 2) == 1  # a core for the event loop
+    assert split_threads(1, None, 16) == 15
+    assert split_threads(2, None, 16) == 7
     assert split_threads(2, None, 2) == 1
-    assert split_threads(3, None, 2) == 1  # a worker has at least one thread
+    assert split_threads(2, None, 3) == 1  # a worker has at least one thread
     assert split_threads(2, 1, 2) == 1
     with pytest.raises(S2SError, match="exceed the 2 available cores"):
         split_threads(2, 2, 2)
+    with pytest.raises(S2SError, match="--workers 3 exceed the 2 available cores"):
+        split_threads(3, None, 2)
 
 
 def _free_port() -> int:
@@ -204,7 +208,7 @@ def test_uvicorn_two_workers_and_sigterm_lets_requests_finish(gru) -> None:
     finally:
         if process.poll() is None:
             process.kill()
-    assert f"2 worker(s) × {max(1, len(os.sched_getaffinity(0)) // 2)} thread(s)" in process.stderr.read()
+    assert f"2 worker(s) × {split_threads(2, None, len(os.sched_getaffinity(0)))} thread(s)" in process.stderr.read()
 
 
 def test_serve_refuses_oversubscription_and_a_bad_folder(tmp_path: Path, gru) -> None:

@@ -16,9 +16,14 @@ def available_cores() -> int:
 
 def split_threads(workers: int, threads: int | None, cores: int) -> int:
     """Each worker process runs one batch at a time on ``threads`` ONNX Runtime threads, so the
-    server uses workers × threads cores; by default the cores are shared out, and more is refused."""
+    server uses workers × threads cores, and more is refused. By default each worker leaves one of
+    its share of the cores to its event loop (HTTP, JSON): on 2 cores, an intra-op pool whose idle
+    threads may not spin waited seconds per batch for its sleeping threads to wake (measured,
+    docs/performance.md), one thread did not."""
+    if workers > cores:
+        raise S2SError(f"--workers {workers} exceed the {cores} available cores")
     if threads is None:
-        return max(1, cores // workers)
+        return max(1, cores // workers - 1)
     if workers * threads > cores:
         raise S2SError(f"--workers {workers} × --threads {threads} = {workers * threads} threads exceed the "
                        f"{cores} available cores")
@@ -32,8 +37,8 @@ def split_threads(workers: int, threads: int | None, cores: int) -> int:
 @click.option("--workers", type=click.IntRange(1), default=1, show_default=True,
               help="Processes, each with its own model and batcher.")
 @click.option("--threads", type=click.IntRange(1), default=None,
-              help="ONNX Runtime threads per worker [default: available cores / workers]; workers × threads "
-                   "may not exceed the cores.")
+              help="ONNX Runtime threads per worker [default: available cores / workers - 1, at least 1]; "
+                   "workers × threads may not exceed the cores.")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="cpu", show_default=True)
 @click.option("--window-ms", type=click.FloatRange(0), default=5.0, show_default=True,
               help="How long a batch waits for more requests after its first one.")
