@@ -3,7 +3,7 @@ client counts, against one sequential client; counts errors, checks every answer
 ``s2s-deploy translate`` and watches the server's memory. Bounded in requests and in time.
 
 usage: python benchmarks/serve_load.py EXPORT_DIR [--clients 1,8,64] [--requests 512] [--seconds 60]
-                                        [--beam 1] [--workers 1] [--threads N] [--window-ms 5]
+                                        [--repeat 2] [--beam 1] [--workers 1] [--threads N] [--window-ms 5]
 """
 
 from __future__ import annotations
@@ -127,6 +127,7 @@ def main() -> None:
     parser.add_argument("--clients", default="1,8,64", help="client counts; 1 is the sequential baseline")
     parser.add_argument("--requests", type=int, default=512, help="requests per client count (at most)")
     parser.add_argument("--seconds", type=float, default=60, help="time limit per client count")
+    parser.add_argument("--repeat", type=int, default=2, help="runs of the last client count")
     parser.add_argument("--beam", type=int, default=1)
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--threads", type=int, default=None)
@@ -146,7 +147,7 @@ def main() -> None:
         baseline = None
         failed = 0
         counts = [int(c) for c in args.clients.split(",")]
-        for clients in [*counts, counts[-1]]:  # the last count twice: memory must not keep growing
+        for clients in counts + [counts[-1]] * (args.repeat - 1):  # repeats: memory must not keep growing
             before = rss_mib(process.pid)
             row = asyncio.run(level(url, clients, texts, expected, args.beam, args.requests, args.seconds))
             after = rss_mib(process.pid)
