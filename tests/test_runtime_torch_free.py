@@ -93,3 +93,27 @@ def test_node_generate_example_matches_translate(exports, tmp_path: Path, beam: 
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines() == [t.text for t in Translator(folder, device="cpu")(texts, beam=beam)]
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="Node.js is not installed")
+@pytest.mark.skipif(not (NODE_DIR / "node_modules" / "onnxruntime-node").is_dir(),
+                    reason="run `npm install --ignore-scripts` in examples/node first (.ci/run does)")
+@pytest.mark.parametrize("arch", ["transformer", "gru", "lstm", "bahdanau", "rnnsearch", "convs2s"])
+def test_node_beam_written_from_the_doc_matches_translate(exports, arch: str) -> None:
+    """beam.js follows docs/manifest.md's pseudo-code alone; its n-best lists and scores must be
+    what the engine prints, for every n-best (the 1-best never depends on it), and with a
+    length penalty and max_len that make the stopping rule matter."""
+    _, manifest = exports.get(arch)
+    texts = [*manifest.samples[:6], "twenty-three thousand four hundred and five", "2064"]
+    translator = Translator(manifest.directory, device="cpu")
+    runs = [(n, []) for n in (1, 2, 3, 4)] + [(4, ["--alpha", "1", "--max-len", "12"])]
+    for n_best, options in runs:
+        alpha = float(options[1]) if options else None
+        max_len = int(options[3]) if options else None
+        want = [f"{score:.4f}\t{text}" for result in translator(texts, beam=4, n_best=n_best, alpha=alpha,
+                                                                 max_len=max_len)
+                for text, score in result.hypotheses]
+        result = subprocess.run(["node", "beam.js", str(manifest.directory), "4", str(n_best), "--scores", *options,
+                                 *texts], cwd=NODE_DIR, capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.splitlines() == want, (n_best, options)

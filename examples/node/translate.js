@@ -46,8 +46,9 @@ async function main() {
     for (let step = 0; step < maxLen; step += 1) {
       feeds.tokens = int64([token], [1]);
       feeds.reorder = int64([0], [1]);
+      feeds.top_k = int64([1], [1]); // required: greedy wants each row's best candidate
       if (decoderInputs.has('step')) feeds.step = int64([step], []);
-      const fetches = ['top_ids', ...manifest.state.map((s) => `present_${s.name}`)]; // top_k defaults to 1
+      const fetches = ['top_ids', ...manifest.state.map((s) => `present_${s.name}`)];
       const result = await decoder.run(feeds, fetches);
       for (const s of manifest.state) feeds[`past_${s.name}`] = result[`present_${s.name}`];
       token = Number(result.top_ids.data[0]);

@@ -38,10 +38,11 @@ for text in sys.argv[2:]:
         feeds[f"past_{s['name']}"] = initial
     token, output = special["decoder_start"], []
     for step in range(max_len):
-        feeds.update(tokens=np.array([token], dtype=np.int64), reorder=np.zeros(1, dtype=np.int64))
+        feeds.update(tokens=np.array([token], dtype=np.int64), reorder=np.zeros(1, dtype=np.int64),
+                     top_k=np.ones(1, dtype=np.int64))  # greedy: each row's best candidate
         if "step" in decoder_inputs:
             feeds["step"] = np.array(step, dtype=np.int64)
-        names = ["top_ids"] + [f"present_{s['name']}" for s in manifest["state"]]  # top_k defaults to 1
+        names = ["top_ids"] + [f"present_{s['name']}" for s in manifest["state"]]
         top_ids, *state = decoder.run(names, feeds)
         feeds.update({f"past_{s['name']}": value for s, value in zip(manifest["state"], state, strict=True)})
         token = int(top_ids[0, 0])

@@ -252,14 +252,13 @@ def _group_varargs(module: torch.nn.Module, per_arg: list[Any]) -> tuple[Any, ..
 def _add_top_k(path: Path) -> None:
     """Append a TopK over ``log_probs``: a search then fetches K candidates per row instead of
     the whole vocabulary, which at 32k tokens is most of a small step's copying and numpy work.
-    ``top_k`` is an input with a default (an initializer of the same name), so callers that
-    only want ``log_probs`` need not feed it."""
+    ``top_k`` is a required input: an input backed by an initializer (a default) is dropped
+    from ``inputNames`` and ignored by onnxruntime-node, so a portable graph has none."""
     model = onnx.load(str(path))
     graph = model.graph
     log_probs = next(o for o in graph.output if o.name == "log_probs")
     rows = log_probs.type.tensor_type.shape.dim[0]
     rows_dim = rows.dim_param or rows.dim_value
-    graph.initializer.append(onnx.numpy_helper.from_array(np.array([1], dtype=np.int64), TOP_K))
     graph.input.append(onnx.helper.make_tensor_value_info(TOP_K, onnx.TensorProto.INT64, [1]))
     graph.node.append(onnx.helper.make_node("TopK", ["log_probs", TOP_K], list(TOP_OUTPUTS), axis=-1,
                                             largest=1, sorted=1, name="search/TopK"))

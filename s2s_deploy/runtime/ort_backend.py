@@ -237,7 +237,7 @@ class _StepBuffers:
         self.host_outputs: dict[tuple[tuple[str, ...], int | None], list[tuple[np.ndarray, ort.OrtValue]]] = {}
 
     def top_k_value(self, k: int) -> ort.OrtValue:
-        """``top_k`` has a default, so it binds only as an OrtValue: one per k, kept."""
+        """``top_k`` binds as an OrtValue: one per k, kept."""
         if k not in self.top_k:
             self.top_k[k] = ort.OrtValue.ortvalue_from_numpy(np.array([k], dtype=np.int64))
         return self.top_k[k]
@@ -408,7 +408,7 @@ class _OrtRun(DecodeRun):
         return head
 
     def step(self, tokens: np.ndarray, reorder: np.ndarray) -> np.ndarray:
-        return self._run(tokens, reorder, ("log_probs",))[0]
+        return self._run(tokens, reorder, ("log_probs",), 1)[0]  # top_k is a required input
 
     def step_top(self, tokens: np.ndarray, reorder: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         values, ids = self._run(tokens, reorder, TOP_OUTPUTS, k)

@@ -306,15 +306,15 @@ class _Fuser:
         inputs; initializers go to the outer graph. Returns wanted name -> new name."""
         graph = model.graph
         inits = {i.name for i in graph.initializer}
-        free = [i.name for i in graph.input if i.name not in inits and i.name not in bound]
-        if free:
-            raise S2SError(f"graph {graph.name!r} input(s) {', '.join(free)} have no value in generate.onnx")
 
         def rename(name: str) -> str:
             return bound.get(name, prefix + name) if name else name
 
         nodes = _needed(graph.node, set(wanted))
         used = {n for node in nodes for n in _consumed(node)}
+        free = [i.name for i in graph.input if i.name in used and i.name not in inits and i.name not in bound]
+        if free:  # an input only unused outputs read (the decoder's top_k) needs no value
+            raise S2SError(f"graph {graph.name!r} input(s) {', '.join(free)} have no value in generate.onnx")
         hoisted = {i.name for i in self.initializers}  # a graph inlined twice shares its weights
         for init in graph.initializer:
             if init.name in used and init.name not in bound and rename(init.name) not in hoisted:
