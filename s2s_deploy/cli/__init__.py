@@ -98,4 +98,4 @@ def list_command(plugin_files: tuple[str, ...]) -> None:
 
 
 # Each module adds its commands to ``main``; they import heavy libraries only when a command runs.
-from s2s_deploy.cli import attention, bench, decode, export, fuse, quantize, train  # noqa: E402, F401
+from s2s_deploy.cli import attention, bench, decode, export, fuse, quantize, serve, train, web  # noqa: E402, F401

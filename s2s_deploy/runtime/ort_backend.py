@@ -132,12 +132,12 @@ class OrtBackend(Backend):
     """Row counts whose step buffers are kept for reuse after their run ends."""
 
     def __init__(self, manifest: Manifest, device: str = "auto", threads: int | None = None,
-                 graph_format: str = "onnx") -> None:
+                 graph_format: str = "onnx", spin: bool = True) -> None:
         self.manifest = manifest
         self.encoder, self.choice = _create(manifest.graph_path(manifest.encoder, graph_format), device, threads,
                                             spin=False)
         self.device = "cuda" if self.choice.provider == CUDA else "cpu"
-        self.decoder, _ = _create(manifest.graph_path(manifest.decoder, graph_format), self.device, threads)
+        self.decoder, _ = _create(manifest.graph_path(manifest.decoder, graph_format), self.device, threads, spin)
         self.decoder_start_id = manifest.decoder_start_id
         self.eos_id = manifest.eos_id
         self.vocab_size = len(manifest.tgt_vocab)

@@ -139,10 +139,11 @@ class Translator:
     """The embedding API: ``Translator("exported/transformer")(["..."], beam=4)``.
 
     ``engine="loop"`` runs the search in Python over the step decoder; ``engine="graph"`` makes one
-    call per batch to the fused generate.onnx (``s2s-deploy fuse``)."""
+    call per batch to the fused generate.onnx (``s2s-deploy fuse``). ``spin=False`` stops the step
+    decoder's idle threads from spin-waiting, for a process that needs its cores between steps (serve)."""
 
     def __init__(self, export_dir: str | Path, device: str = "auto", threads: int | None = None,
-                 engine: str = "loop") -> None:
+                 engine: str = "loop", spin: bool = True) -> None:
         from s2s_deploy.runtime.ort_backend import OrtBackend
 
         if engine not in ENGINES:
@@ -156,7 +157,7 @@ class Translator:
             self.provider = self.engine.provider
             self.notice = f"onnxruntime: generate.onnx on {self.provider}"
         else:
-            self.backend = OrtBackend(self.manifest, device=device, threads=threads)
+            self.backend = OrtBackend(self.manifest, device=device, threads=threads, spin=spin)
             self.engine = StepLoop(self.backend)
             self.provider = self.backend.choice.provider
             self.notice = self.backend.choice.notice()

@@ -1,0 +1,73 @@
+"""``s2s-deploy serve``: the HTTP service (needs the ``[serve]`` extra)."""
+
+from __future__ import annotations
+
+import os
+
+import click
+
+from s2s_deploy.cli import main
+from s2s_deploy.runtime.errors import S2SError
+
+
+def available_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def split_threads(workers: int, threads: int | None, cores: int) -> int:
+    """Each worker process runs one batch at a time on ``threads`` ONNX Runtime threads, so the
+    server uses workers × threads cores, and more is refused. By default each worker leaves one of
+    its share of the cores to its event loop (HTTP, JSON): on 2 cores, an intra-op pool whose idle
+    threads may not spin waited seconds per batch for its sleeping threads to wake (measured,
+    docs/performance.md), one thread did not."""
+    if workers > cores:
+        raise S2SError(f"--workers {workers} exceed the {cores} available cores")
+    if threads is None:
+        return max(1, cores // workers - 1)
+    if workers * threads > cores:
+        raise S2SError(f"--workers {workers} × --threads {threads} = {workers * threads} threads exceed the "
+                       f"{cores} available cores")
+    return threads
+
+
+@main.command("serve")
+@click.argument("export_dir", type=click.Path())
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
+@click.option("--workers", type=click.IntRange(1), default=1, show_default=True,
+              help="Processes, each with its own model and batcher.")
+@click.option("--threads", type=click.IntRange(1), default=None,
+              help="ONNX Runtime threads per worker [default: available cores / workers - 1, at least 1]; "
+                   "workers × threads may not exceed the cores.")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="cpu", show_default=True)
+@click.option("--window-ms", type=click.FloatRange(0), default=5.0, show_default=True,
+              help="How long a batch waits for more requests after its first one.")
+@click.option("--max-batch", type=click.IntRange(1), default=64, show_default=True, help="Sentences per batch.")
+@click.option("--max-tokens", type=click.IntRange(1), default=16384, show_default=True,
+              help="Per batch: sentences × longest source (tokens) × beam; a larger request gets 413.")
+@click.option("--max-queue", type=click.IntRange(1), default=1024, show_default=True,
+              help="Sentences waiting per worker; beyond it requests get 503.")
+@click.option("--max-beam", type=click.IntRange(1), default=16, show_default=True)
+def serve_command(export_dir: str, host: str, port: int, workers: int, threads: int | None, device: str,
+                  window_ms: float, max_batch: int, max_tokens: int, max_queue: int, max_beam: int) -> None:
+    """Serve EXPORT_DIR over HTTP: POST /translate, GET /health, GET /metadata (dynamic batching)."""
+    try:
+        import starlette  # noqa: F401
+        import uvicorn
+    except ImportError as exc:
+        raise S2SError(f"serve needs the [serve] extra: pip install \"s2s-deploy[serve]\" ({exc.name} missing)") \
+            from exc
+    from s2s_deploy.runtime.manifest import load_manifest
+    from s2s_deploy.serve.app import CONFIG_ENV, ServeConfig
+    from s2s_deploy.serve.batcher import BatchLimits
+
+    load_manifest(export_dir)  # a bad folder fails here, once, not in every worker
+    cores = available_cores()
+    per_worker = split_threads(workers, threads, cores)
+    config = ServeConfig(str(os.path.abspath(export_dir)), BatchLimits(window_ms, max_batch, max_tokens, max_queue),
+                         device, per_worker, max_beam)
+    os.environ[CONFIG_ENV] = config.to_env()
+    click.echo(f"serving {export_dir} on http://{host}:{port} with {workers} worker(s) × {per_worker} thread(s) "
+               f"({cores} cores)", err=True)
+    uvicorn.run("s2s_deploy.serve.app:app_from_env", factory=True, host=host, port=port, workers=workers,
+                log_level="warning", timeout_graceful_shutdown=30)

@@ -1,0 +1,21 @@
+"""``s2s-deploy web``."""
+
+from __future__ import annotations
+
+import click
+
+from s2s_deploy.cli import main
+
+
+@main.command("web")
+@click.argument("export_dir", type=click.Path())
+@click.option("--ort-web", "dist", type=click.Path(file_okay=False), default=None,
+              help="onnxruntime-web's dist folder [default: ./node_modules/onnxruntime-web/dist].")
+@click.option("--force", is_flag=True, help="Replace a page already there.")
+def web_command(export_dir: str, dist: str | None, force: bool) -> None:
+    """Copy the browser page (index.html, app.js, search.js) and onnxruntime-web beside an export."""
+    from s2s_deploy.web.bundle import write_web_bundle
+
+    written = write_web_bundle(export_dir, dist, force)
+    click.echo(f"wrote {len(written)} files into {export_dir} (page, and onnxruntime-web in ort/); serve the folder "
+               f"with any static server, e.g. python -m http.server -d {export_dir} -b 127.0.0.1, and open index.html")

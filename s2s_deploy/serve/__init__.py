@@ -1,0 +1,1 @@
+"""``s2s-deploy serve``: an HTTP JSON service with dynamic batching (extra ``[serve]``)."""

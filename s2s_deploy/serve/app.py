@@ -1,0 +1,156 @@
+"""The Starlette application: POST /translate, GET /health, GET /metadata.
+
+Status codes: 400 for a malformed request or bad options (one line in ``error``), 413 for a
+request that can never fit one batch, 503 when the queue is full. Uvicorn stops taking
+connections on SIGTERM and lets requests in flight finish before the lifespan closes the batcher.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from s2s_deploy.runtime.errors import S2SError
+from s2s_deploy.runtime.search import SearchConfig
+from s2s_deploy.runtime.translator import Translator
+from s2s_deploy.serve.batcher import Batcher, BatchLimits, QueueFullError, TooLargeError
+
+CONFIG_ENV = "S2S_DEPLOY_SERVE_CONFIG"
+"""How ``--workers N`` hands the settings to each worker process (uvicorn imports the factory)."""
+
+OPTIONS = ("beam", "n_best", "alpha", "max_len")
+MAX_BODY_BYTES = 1 << 20
+"""A larger body is refused (413) before it is read."""
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    export_dir: str
+    limits: BatchLimits = field(default_factory=BatchLimits)
+    device: str = "cpu"
+    threads: int | None = None
+    max_beam: int = 16
+
+    def to_env(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_env(cls) -> ServeConfig:
+        raw = json.loads(os.environ[CONFIG_ENV])
+        return cls(**{**raw, "limits": BatchLimits(**raw["limits"])})
+
+
+class BadRequestError(S2SError):
+    pass
+
+
+def _integer(body: dict[str, Any], key: str, default: int | None, low: int, high: int | None) -> int | None:
+    value = body.get(key, default)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
+        bounds = f"between {low} and {high}" if high is not None else f">= {low}"
+        raise BadRequestError(f"{key!r} must be an integer {bounds}")
+    return value
+
+
+def parse_request(body: Any, translator: Translator, max_beam: int) -> tuple[list[str], SearchConfig]:
+    """texts and a SearchConfig from the JSON body, or a BadRequestError naming the first problem."""
+    if not isinstance(body, dict):
+        raise BadRequestError("the body must be a JSON object with 'texts'")
+    unknown = sorted(set(body) - {"texts", *OPTIONS})
+    if unknown:
+        raise BadRequestError(f"unknown field {unknown[0]!r}; known: texts, {', '.join(OPTIONS)}")
+    texts = body.get("texts")
+    if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+        raise BadRequestError("'texts' must be a non-empty list of strings")
+    for number, text in enumerate(texts, 1):
+        if not text.strip():
+            raise BadRequestError(f"text {number} is empty")
+    manifest = translator.manifest
+    beam = _integer(body, "beam", 1, 1, min(max_beam, len(manifest.tgt_vocab) - 1))
+    n_best = _integer(body, "n_best", 1, 1, beam)
+    max_len = _integer(body, "max_len", None, 1, manifest.max_target_length)
+    alpha = body.get("alpha")
+    if alpha is not None and (isinstance(alpha, bool) or not isinstance(alpha, (int, float))
+                              or not math.isfinite(alpha) or alpha < 0):
+        raise BadRequestError("'alpha' must be a finite number >= 0")
+    return texts, translator.search_config(beam, n_best, max_len, alpha)
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+def create_app(config: ServeConfig) -> Starlette:
+    state: dict[str, Any] = {}
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        # The event loop parses requests while a batch runs: idle decoder threads must not spin.
+        translator = Translator(config.export_dir, device=config.device, threads=config.threads, spin=False)
+        batcher = Batcher(translator, config.limits)
+        batcher.start()
+        state.update(translator=translator, batcher=batcher)
+        yield
+        await batcher.aclose()
+
+    async def translate_endpoint(request: Request) -> JSONResponse:
+        translator, batcher = state["translator"], state["batcher"]
+        declared = request.headers.get("content-length", "0")
+        if not declared.isdigit() or int(declared) > MAX_BODY_BYTES:
+            return _error(413, f"the body must be at most {MAX_BODY_BYTES} bytes with a Content-Length")
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return _error(400, "the body is not valid JSON")
+        try:
+            texts, search = parse_request(body, translator, config.max_beam)
+            results = await batcher.submit(texts, search)
+        except TooLargeError as exc:
+            return _error(413, str(exc))
+        except QueueFullError as exc:
+            return _error(503, str(exc))
+        except S2SError as exc:
+            return _error(400, str(exc))
+        return JSONResponse({"translations": [
+            {"source": r.source, "text": r.text, "score": r.score,
+             "hypotheses": [{"text": text, "score": score} for text, score in r.hypotheses]}
+            for r in results]})
+
+    async def health(request: Request) -> JSONResponse:
+        batcher: Batcher = state["batcher"]
+        return JSONResponse({"status": "ok", "pid": os.getpid(), "queued": batcher.queued,
+                             **asdict(batcher.stats)})
+
+    async def metadata(request: Request) -> JSONResponse:
+        translator: Translator = state["translator"]
+        manifest = translator.manifest
+        return JSONResponse({
+            "plugin": manifest.raw["plugin"],
+            "vocab_size": {"source": len(manifest.src_vocab), "target": len(manifest.tgt_vocab)},
+            "limits": {"max_source_length": manifest.max_source_length,
+                       "max_target_length": manifest.max_target_length, "max_beam": config.max_beam},
+            "batching": asdict(config.limits),
+            "search": manifest.raw["search"],
+            "provider": translator.notice,
+        })
+
+    routes = [Route("/translate", translate_endpoint, methods=["POST"]), Route("/health", health),
+              Route("/metadata", metadata)]
+    return Starlette(routes=routes, lifespan=lifespan)
+
+
+def app_from_env() -> Starlette:
+    """The factory uvicorn imports in each worker process (``--workers N``)."""
+    return create_app(ServeConfig.from_env())

@@ -1,0 +1,233 @@
+// Greedy and beam search over an s2s-deploy export, written from docs/manifest.md alone.
+// Shared by the browser page (a classic <script>: global S2SSearch) and the Node example (require).
+// The caller makes the two ONNX Runtime sessions (onnxruntime-web or onnxruntime-node) and passes
+// its `ort` module, so this file loads no files and imports nothing.
+(function (root, factory) {
+  if (typeof module === 'object' && module.exports) module.exports = factory();
+  else root.S2SSearch = factory();
+})(typeof self !== 'undefined' ? self : this, function () {
+  'use strict';
+
+  // Python's `\w+|[^\w\s]` on str: \w is any letter, digit or underscore, in any script.
+  const WORD = /[\p{L}\p{N}_]+|[^\p{L}\p{N}_\s]/gu;
+  const ARRAYS = { float32: Float32Array, int64: BigInt64Array };
+
+  function split(text, level) {
+    return level === 'char' ? Array.from(text) : text.match(WORD) || [];
+  }
+
+  function int64(values, dims) {
+    return [BigInt64Array.from(values.map(BigInt)), dims];
+  }
+
+  // numpy.repeat of a one-sentence tensor K times along its batch axis.
+  function repeatRows(data, dims, axis, k) {
+    const outer = dims.slice(0, axis).reduce((a, b) => a * b, 1);
+    const inner = dims.slice(axis + 1).reduce((a, b) => a * b, 1);
+    const out = new data.constructor(data.length * k);
+    for (let o = 0; o < outer; o += 1) {
+      const block = data.subarray(o * inner, (o + 1) * inner);
+      for (let r = 0; r < k; r += 1) out.set(block, (o * k + r) * inner);
+    }
+    const shape = dims.slice();
+    shape[axis] = k;
+    return [out, shape];
+  }
+
+  // Stable ascending order of costs: ties keep the lower index (numpy's kind="stable").
+  function argsort(costs) {
+    const order = Array.from(costs, (_, i) => i);
+    return order.sort((a, b) => (costs[a] < costs[b] ? -1 : costs[a] > costs[b] ? 1 : a - b));
+  }
+
+  class Translator {
+    // ort: the onnxruntime module; encoder, decoder: its InferenceSessions over the export's graphs.
+    constructor(ort, manifest, encoder, decoder) {
+      if (manifest.format !== 's2s-deploy-manifest/2') throw new Error(`unsupported manifest format ${manifest.format}`);
+      this.ort = ort;
+      this.manifest = manifest;
+      this.encoder = encoder;
+      this.decoder = decoder;
+      if (!decoder.inputNames.includes('top_k')) { // an input with a default: onnxruntime's JS bindings drop it
+        throw new Error('this decoder takes top_k as an optional input, which onnxruntime-web cannot feed: export it again');
+      }
+      this.special = manifest.special_tokens;
+      this.src = manifest.vocab.source;
+      this.tgt = manifest.vocab.target;
+      this.index = new Map(this.src.tokens.map((token, i) => [token, i]));
+      this.inputs = new Set(manifest.graphs.decoder.inputs.map((io) => io.name));
+      this.hasAttention = manifest.graphs.decoder.outputs.some((io) => io.name === 'attention');
+      this.maxLen = manifest.limits.max_target_length || 256;
+      this.alpha = manifest.search.length_penalty_alpha;
+    }
+
+    tensor(type, data, dims) {
+      return new this.ort.Tensor(type, data, dims);
+    }
+
+    encodeText(text) {
+      const ids = split(text, this.src.level).map((t) => (this.index.has(t) ? this.index.get(t) : this.special.unk));
+      ids.push(this.special.eos);
+      const limit = this.manifest.limits.max_source_length;
+      if (limit && ids.length > limit) throw new Error(`input of ${ids.length} tokens exceeds the model's limit of ${limit}`);
+      return ids;
+    }
+
+    decodeIds(ids) {
+      const words = [];
+      for (const id of ids) {
+        if (id === this.special.eos) break;
+        if (id !== this.special.pad && id !== this.special.bos) words.push(this.tgt.tokens[id] ?? '<unk>');
+      }
+      return words.join(this.tgt.level === 'char' ? '' : ' ');
+    }
+
+    // The decoder's first feeds for `rows` copies of one sentence (manifest steps 2-4).
+    async start(ids, rows) {
+      const encoded = await this.encoder.run({
+        src: this.tensor('int64', ...int64(ids, [1, ids.length])),
+        src_len: this.tensor('int64', ...int64([ids.length], [1])),
+      });
+      const feeds = {};
+      const tile = (tensor, axis) => (rows === 1 ? tensor
+        : this.tensor(tensor.type, ...repeatRows(tensor.data, tensor.dims, axis, rows)));
+      for (const m of this.manifest.memory) if (this.inputs.has(m.name)) feeds[m.name] = tile(encoded[m.name], m.batch_axis);
+      for (const s of this.manifest.state) {
+        if (s.init === 'encoder') {
+          feeds[`past_${s.name}`] = tile(encoded[`init_${s.name}`], s.batch_axis);
+        } else {
+          const dims = s.shape.map((d) => (d === 'batch' ? rows : d));
+          feeds[`past_${s.name}`] = this.tensor(s.dtype, new ARRAYS[s.dtype](dims.reduce((a, b) => a * b, 1)), dims);
+        }
+      }
+      return feeds;
+    }
+
+    // One decoder step: each row's best `k` (log-prob, id), best first, and (if asked) each row's
+    // attention averaged over its maps (layers, heads) as one array of src_len per row.
+    async step(feeds, tokens, reorder, t, k, attention) {
+      feeds.tokens = this.tensor('int64', ...int64(tokens, [tokens.length]));
+      feeds.reorder = this.tensor('int64', ...int64(reorder, [reorder.length]));
+      if (this.inputs.has('step')) feeds.step = this.tensor('int64', ...int64([t], []));
+      feeds.top_k = this.tensor('int64', ...int64([k], [1])); // required (docs/manifest.md)
+      const fetches = ['top_log_probs', 'top_ids', ...this.manifest.state.map((s) => `present_${s.name}`)];
+      if (attention) fetches.push('attention');
+      const out = await this.decoder.run(feeds, fetches);
+      for (const s of this.manifest.state) feeds[`past_${s.name}`] = out[`present_${s.name}`];
+      const values = out.top_log_probs.data;
+      const ids = Array.from(out.top_ids.data, Number);
+      let maps = null;
+      if (attention) {
+        const { data, dims } = out.attention;
+        const srcLen = dims[dims.length - 1];
+        const perRow = data.length / dims[0];
+        const count = perRow / srcLen;
+        maps = [];
+        for (let r = 0; r < dims[0]; r += 1) {
+          const mean = new Float32Array(srcLen);
+          for (let m = 0; m < count; m += 1) {
+            for (let j = 0; j < srcLen; j += 1) mean[j] += data[r * perRow + m * srcLen + j] / count;
+          }
+          maps.push(mean);
+        }
+      }
+      return { values, ids, width: values.length / tokens.length, maps };
+    }
+
+    // One sentence: { text, tokens, score, attention: [[src weights] per output token] | null }.
+    async translate(text, { beam = 1, alpha = this.alpha, maxLen = this.maxLen, attention = false } = {}) {
+      const ids = this.encodeText(text);
+      const withMaps = attention && this.hasAttention;
+      const found = beam === 1 ? await this.greedy(ids, maxLen, alpha, withMaps)
+        : await this.beamSearch(ids, beam, maxLen, alpha, withMaps);
+      return { ...found, text: this.decodeIds(found.tokens), sourceTokens: split(text, this.src.level).concat('<eos>') };
+    }
+
+    async greedy(ids, maxLen, alpha, withMaps) {
+      const feeds = await this.start(ids, 1);
+      const eos = this.special.eos;
+      const tokens = [];
+      const maps = [];
+      let token = this.special.decoder_start;
+      let logProb = 0;
+      let finished = false;
+      for (let t = 0; t < maxLen; t += 1) {
+        const out = await this.step(feeds, [token], [0], t, 1, withMaps);
+        token = out.ids[0];
+        logProb += out.values[0];
+        if (withMaps) maps.push(out.maps[0]);
+        if (token === eos) {
+          finished = true;
+          break;
+        }
+        tokens.push(token);
+      }
+      const length = tokens.length + (finished ? 1 : 0);
+      return { tokens, score: logProb / Math.pow(length, alpha), finished, attention: withMaps ? maps : null };
+    }
+
+    // Beam search as docs/manifest.md's "Search, exactly" has it, for one sentence (K rows), n-best 1.
+    async beamSearch(ids, k, maxLen, alpha, withMaps) {
+      const vocab = this.tgt.tokens.length;
+      if (k >= vocab) throw new Error(`beam size ${k} must be smaller than the vocabulary (${vocab})`);
+      const eos = this.special.eos;
+      const feeds = await this.start(ids, k);
+      const width = Math.min(2 * k, vocab);
+      let costs = Array.from({ length: k }, (_, r) => (r === 0 ? 0 : Infinity)); // only row 0 may extend at first
+      let tokens = new Array(k).fill(this.special.decoder_start);
+      let reorder = Array.from({ length: k }, (_, r) => r);
+      const trail = []; // per step: { parents, tokens, lps, maps }
+      const endings = [];
+      let active = true;
+      for (let t = 0; t < maxLen && active; t += 1) {
+        const out = await this.step(feeds, tokens, reorder, t, width, withMaps);
+        const perRow = out.width;
+        const candidates = new Float64Array(k * perRow);
+        for (let i = 0; i < candidates.length; i += 1) candidates[i] = costs[Math.floor(i / perRow)] - out.values[i];
+        const ranked = argsort(candidates);
+        const top = ranked.slice(0, 2 * k);
+        const origin = top.map((i) => Math.floor(i / perRow));
+        const isEos = top.map((i) => out.ids[i] === eos && Number.isFinite(candidates[i]));
+        let kept = top.slice(0, k);
+        if (kept.some((i) => out.ids[i] === eos)) {
+          for (let j = 0; j < k; j += 1) {
+            if (!isEos[j]) continue;
+            const score = -candidates[top[j]] / Math.pow(t + 1, alpha);
+            const eosMap = withMaps ? out.maps[origin[j]] : null;
+            endings.push({ score, lastStep: t - 1, row: origin[j], eosLogProb: out.values[top[j]], eosMap });
+          }
+          kept = top.filter((_, j) => !isEos[j]).slice(0, k); // the first K non-EOS candidates, in rank order
+        }
+        const parents = kept.map((i) => Math.floor(i / perRow));
+        costs = kept.map((i) => candidates[i]);
+        tokens = kept.map((i) => out.ids[i]);
+        reorder = parents;
+        trail.push({ parents, tokens, lps: kept.map((i) => out.values[i]), maps: withMaps ? parents.map((p) => out.maps[p]) : null });
+        if (endings.length >= k) { // Hugging Face's early_stopping=False: the K-th best finished beats every live beam
+          const kth = endings.map((e) => e.score).sort((a, b) => b - a)[k - 1];
+          const bestLive = -Math.min(...costs) / Math.pow(t + 1, alpha);
+          if (kth >= bestLive) active = false;
+        }
+      }
+      if (active) { // max_len reached: live beams end as they stand
+        for (let j = 0; j < k; j += 1) {
+          if (Number.isFinite(costs[j])) endings.push({ score: -costs[j] / Math.pow(trail.length, alpha), lastStep: trail.length - 1, row: j, eosLogProb: null, eosMap: null });
+        }
+      }
+      const best = endings.slice().sort((a, b) => b.score - a.score)[0];
+      const path = [];
+      const maps = [];
+      for (let step = best.lastStep, row = best.row; step >= 0; step -= 1) {
+        path.push(trail[step].tokens[row]);
+        if (withMaps) maps.push(trail[step].maps[row]);
+        row = trail[step].parents[row];
+      }
+      path.reverse();
+      maps.reverse();
+      if (withMaps && best.eosMap) maps.push(best.eosMap);
+      return { tokens: path, score: best.score, finished: best.eosLogProb !== null, attention: withMaps ? maps : null };
+    }
+  }
+
+  return { Translator, split };
+});

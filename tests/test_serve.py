@@ -1,0 +1,233 @@
+"""s2s-deploy serve: the HTTP contract through Starlette's TestClient, dynamic batching, and real
+uvicorn processes on 127.0.0.1 (one worker and two, SIGTERM with a request in flight)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("starlette")
+pytest.importorskip("httpx")
+
+import httpx
+from starlette.testclient import TestClient
+
+from s2s_deploy.cli.serve import split_threads
+from s2s_deploy.runtime.errors import S2SError
+from s2s_deploy.runtime.translator import Translator
+from s2s_deploy.serve.app import MAX_BODY_BYTES, ServeConfig, create_app
+from s2s_deploy.serve.batcher import BatchLimits
+
+
+@pytest.fixture(scope="module")
+def gru(exports):
+    return exports.get("gru")[1]
+
+
+def client(manifest, **limits) -> TestClient:
+    return TestClient(create_app(ServeConfig(str(manifest.directory), BatchLimits(**limits), threads=1)))
+
+
+def test_translate_health_metadata(gru) -> None:
+    texts = list(gru.samples[:3])
+    expected = Translator(gru.directory, device="cpu")(texts, beam=4, n_best=2)
+    with client(gru) as http:
+        response = http.post("/translate", json={"texts": texts, "beam": 4, "n_best": 2})
+        assert response.status_code == 200, response.text
+        got = response.json()["translations"]
+        assert [t["text"] for t in got] == [t.text for t in expected]
+        assert [[h["text"] for h in t["hypotheses"]] for t in got] == [[h[0] for h in t.hypotheses] for t in expected]
+        assert http.get("/health").json()["status"] == "ok"
+        meta = http.get("/metadata").json()
+        assert meta["plugin"]["name"] == "gru"
+        assert meta["vocab_size"] == {"source": len(gru.src_vocab), "target": len(gru.tgt_vocab)}
+        assert meta["limits"]["max_source_length"] == gru.max_source_length
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    ({"texts": []}, "'texts' must be a non-empty list of strings"),
+    ({"texts": ["a", 3]}, "'texts' must be a non-empty list of strings"),
+    ({"texts": ["  "]}, "text 1 is empty"),
+    ({"texts": ["a"], "beam": 0}, "'beam' must be an integer between 1 and"),
+    ({"texts": ["a"], "beam": True}, "'beam' must be an integer"),
+    ({"texts": ["a"], "beam": 2, "n_best": 3}, "'n_best' must be an integer between 1 and 2"),
+    ({"texts": ["a"], "alpha": "x"}, "'alpha' must be a finite number"),
+    ({"texts": ["a"], "max_len": 0}, "'max_len' must be an integer"),
+    ({"texts": ["a"], "temperature": 1}, "unknown field 'temperature'"),
+    (["a"], "the body must be a JSON object"),
+])
+def test_bad_requests_get_400_with_one_line(gru, body, message: str) -> None:
+    with client(gru) as http:
+        response = http.post("/translate", json=body)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error.startswith(message) and "\n" not in error
+
+
+def test_invalid_json_is_400(gru) -> None:
+    with client(gru) as http:
+        response = http.post("/translate", content=b"{not json", headers={"content-type": "application/json"})
+    assert response.status_code == 400 and response.json() == {"error": "the body is not valid JSON"}
+
+
+def test_oversized_requests_get_413(exports) -> None:
+    transformer = exports.get("transformer")[1]
+    limit = transformer.max_source_length
+    assert limit is not None
+    with client(transformer, max_sentences=4, max_tokens=200) as http:
+        too_long = http.post("/translate", json={"texts": ["x" * limit]})  # EOS makes it limit + 1
+        too_many = http.post("/translate", json={"texts": ["one"] * 5})
+        too_wide = http.post("/translate", json={"texts": ["twenty-one weeks"] * 4, "beam": 4})
+    assert too_long.status_code == 413 and f"limit is {limit}" in too_long.json()["error"]
+    assert too_many.status_code == 413 and "batch limit of 4" in too_many.json()["error"]
+    assert too_wide.status_code == 413 and "padded tokens" in too_wide.json()["error"]
+    with client(transformer) as http:
+        huge = http.post("/translate", content=b" " * (MAX_BODY_BYTES + 1))
+    assert huge.status_code == 413 and "at most" in huge.json()["error"]
+
+
+def concurrently(manifest, limits: BatchLimits, texts: list[str]) -> tuple[list[tuple[int, dict]], dict]:
+    """One request per text, all at once, in-process; the answers and /health afterwards."""
+
+    async def scenario() -> tuple[list[tuple[int, dict]], dict]:
+        app = create_app(ServeConfig(str(manifest.directory), limits, threads=1))
+        http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t")
+        async with app.router.lifespan_context(app), http:
+            responses = await asyncio.gather(*(http.post("/translate", json={"texts": [t]}) for t in texts))
+            stats = (await http.get("/health")).json()
+        return [(r.status_code, r.json()) for r in responses], stats
+
+    return asyncio.run(scenario())
+
+
+def test_concurrent_requests_share_batches_and_queue_answers_503(gru) -> None:
+    """Twelve single-sentence requests inside a long window make one or two batches; with a queue
+    of four sentences, the requests beyond it are refused with 503, the others answered."""
+    texts = list(gru.samples[:12])
+    expected = [t.text for t in Translator(gru.directory, device="cpu")(texts)]
+
+    answered, stats = concurrently(gru, BatchLimits(window_ms=500, max_sentences=64), texts)
+    assert [body["translations"][0]["text"] for _, body in answered] == expected
+    assert stats["sentences"] == 12 and stats["batches"] <= 2 and stats["largest"] >= 6
+
+    answered, _ = concurrently(gru, BatchLimits(window_ms=500, max_queue=4), texts)
+    codes = [code for code, _ in answered]
+    assert codes.count(200) >= 4 and codes.count(503) >= 1 and set(codes) == {200, 503}
+    refused = next(body for code, body in answered if code == 503)
+    assert refused["error"].startswith("the queue is full")
+    for (code, body), text in zip(answered, expected, strict=True):
+        if code == 200:
+            assert body["translations"][0]["text"] == text
+
+
+def test_a_batch_respects_the_sentence_limit(gru) -> None:
+    answered, stats = concurrently(gru, BatchLimits(window_ms=300, max_sentences=3), list(gru.samples[:10]))
+    assert {code for code, _ in answered} == {200}
+    assert stats["largest"] == 3 and stats["batches"] >= 4 and stats["sentences"] == 10
+
+
+def test_threads_and_workers_never_oversubscribe() -> None:
+    assert split_threads(1, None, 2) == 1  # a core for the event loop
+    assert split_threads(1, None, 16) == 15
+    assert split_threads(2, None, 16) == 7
+    assert split_threads(2, None, 2) == 1
+    assert split_threads(2, None, 3) == 1  # a worker has at least one thread
+    assert split_threads(2, 1, 2) == 1
+    with pytest.raises(S2SError, match="exceed the 2 available cores"):
+        split_threads(2, 2, 2)
+    with pytest.raises(S2SError, match="--workers 3 exceed the 2 available cores"):
+        split_threads(3, None, 2)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _start(manifest, *args: str) -> tuple[subprocess.Popen, str]:
+    port = _free_port()
+    command = [sys.executable, "-m", "s2s_deploy", "serve", str(manifest.directory), "--port", str(port), *args]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError(f"serve exited {process.returncode}: {process.stderr.read()}")
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return process, url
+        except httpx.TransportError:
+            time.sleep(0.2)
+    process.kill()
+    raise AssertionError("serve did not start within 90 s")
+
+
+def _children(pid: int) -> set[int]:
+    found: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found.update(int(p) for p in (task / "children").read_text().split())
+    return found
+
+
+def test_uvicorn_two_workers_and_sigterm_lets_requests_finish(gru) -> None:
+    """A real server with two worker processes. SIGTERM once the first of 24 concurrent requests is
+    answered: the other requests, queued or running, still get their full answers, and it exits 0."""
+    texts = list(gru.samples[:16])
+    expected = [t.text for t in Translator(gru.directory, device="cpu")(texts, beam=8)]
+    process, url = _start(gru, "--workers", "2")
+    try:
+        workers = {child for child in _children(process.pid)
+                   if "multiprocessing" in Path(f"/proc/{child}/cmdline").read_text()}
+        assert len(workers) >= 2
+
+        async def requests_then_sigterm() -> tuple[list[httpx.Response], int]:
+            async with httpx.AsyncClient(timeout=120) as http:
+                pending = [asyncio.ensure_future(http.post(f"{url}/translate", json={"texts": texts, "beam": 8}))
+                           for _ in range(24)]
+                await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                in_flight = sum(not p.done() for p in pending)
+                os.kill(process.pid, signal.SIGTERM)
+                return list(await asyncio.gather(*pending)), in_flight
+
+        responses, in_flight = asyncio.run(requests_then_sigterm())
+        assert in_flight > 0
+        assert {r.status_code for r in responses} == {200}
+        for response in responses:
+            assert [t["text"] for t in response.json()["translations"]] == expected
+        assert process.wait(timeout=60) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert f"2 worker(s) × {split_threads(2, None, len(os.sched_getaffinity(0)))} thread(s)" in process.stderr.read()
+
+
+def test_serve_refuses_oversubscription_and_a_bad_folder(tmp_path: Path, gru) -> None:
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "s2s_deploy", "serve", *args], capture_output=True, text=True,
+                              timeout=60)
+
+    cores = len(os.sched_getaffinity(0))
+    result = run(str(gru.directory), "--workers", "2", "--threads", str(cores))
+    assert result.returncode == 1 and result.stderr.strip().count("\n") == 0
+    assert "exceed the" in result.stderr
+    result = run(str(tmp_path))
+    assert result.returncode == 1 and "no manifest.json" in result.stderr
+
+
+def test_serve_without_the_extra_names_it(gru) -> None:
+    code = ("import sys; sys.modules['uvicorn'] = None\nfrom s2s_deploy.cli import main\n"
+            f"main(['serve', {str(gru.directory)!r}])")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert result.stderr.strip() == json.loads('"error: serve needs the [serve] extra: pip install '
+                                               '\\"s2s-deploy[serve]\\" (uvicorn missing)"')
