@@ -18,6 +18,7 @@ from typing import Protocol
 import numpy as np
 
 from s2s_deploy.runtime.backend import Backend
+from s2s_deploy.runtime.options import StepOptions, check_options, options_on
 
 NARROW_FIRST_STEP_FROM = 8
 """Sentences from which beam search runs its first step on one row per sentence. Measured
@@ -39,11 +40,28 @@ class Hypothesis:
 
 @dataclass(frozen=True)
 class SearchConfig:
+    """Defaults leave every decoding option off (docs/decoding.md gives each one's semantics).
+    ``prefix`` is one tuple of ids for every sentence, or one tuple per sentence of the batch."""
+
     beam_size: int = 1
     n_best: int = 1
     max_len: int = 256
     alpha: float = 0.75
     min_len: int = 0
+    sampling_topk: int = 1
+    sampling_topp: float = 1.0
+    sampling_temperature: float = 1.0
+    seed: int = 0
+    repetition_penalty: float = 1.0
+    no_repeat_ngram_size: int = 0
+    prefix: tuple[int, ...] | tuple[tuple[int, ...], ...] = ()
+    suppress_tokens: tuple[int, ...] = ()
+    disable_unk: bool = False
+    bad_words_ids: tuple[tuple[int, ...], ...] = ()
+    forced_eos: bool = False
+    max_len_a: float = 0.0
+    max_len_b: int = 0
+    early_stopping: bool = False
 
     def __post_init__(self) -> None:
         if self.beam_size < 1:
@@ -54,6 +72,7 @@ class SearchConfig:
             raise ValueError("max_len must be at least 1")
         if not 0 <= self.min_len <= self.max_len:
             raise ValueError("min_len must be between 0 and max_len")
+        check_options(self)
 
 
 def normalised(log_prob: float | np.ndarray, length: int | np.ndarray, alpha: float) -> float | np.ndarray:
@@ -87,23 +106,33 @@ def search(backend: Backend, src: np.ndarray, src_len: np.ndarray, config: Searc
     return beam_search(backend, src, src_len, config)
 
 
+def step_options(backend: Backend, src: np.ndarray, src_len: np.ndarray, config: SearchConfig) -> StepOptions | None:
+    """The options hook: None (the in-graph TopK path, untouched) unless an option is on."""
+    if not options_on(config):
+        return None
+    return StepOptions(config, src, src_len, backend.eos_id, backend.vocab_size, backend.unk_id)
+
+
 def greedy(backend: Backend, src: np.ndarray, src_len: np.ndarray, config: SearchConfig) -> list[Hypothesis]:
     batch, eos = src.shape[0], backend.eos_id
     rows = np.arange(batch)
     reorder = rows.astype(np.int64)
     tokens = np.full(batch, backend.decoder_start_id, dtype=np.int64)
-    picked = np.zeros((batch, config.max_len), dtype=np.int64)
-    picked_lp = np.zeros((batch, config.max_len), dtype=np.float64)
+    options = step_options(backend, src, src_len, config)
+    max_len = config.max_len if options is None else options.max_len
+    picked = np.zeros((batch, max_len), dtype=np.int64)
+    picked_lp = np.zeros((batch, max_len), dtype=np.float64)
     done = np.zeros(batch, dtype=bool)
-    steps = config.max_len
+    steps = max_len
     with backend.start(src, src_len) as run:
-        for t in range(config.max_len):
+        step_top = run.step_top if options is None else options.bind(run)
+        for t in range(max_len):
             if t < config.min_len:  # EOS may rank first: take the runner-up there
-                values, ids = run.step_top(tokens, reorder, 2)
+                values, ids = step_top(tokens, reorder, 2)
                 column = (ids[:, 0] == eos).astype(np.intp)
                 tokens, picked_lp[:, t] = ids[rows, column], values[rows, column]
             else:
-                values, ids = run.step_top(tokens, reorder, 1)
+                values, ids = step_top(tokens, reorder, 1)
                 tokens, picked_lp[:, t] = ids[:, 0], values[:, 0]
             picked[:, t] = tokens
             if eos in tokens.tolist():  # cheaper than a numpy test in the common step, that ends nothing
@@ -181,8 +210,10 @@ def beam_search(
     chosen = np.empty(rows, dtype=np.intp)  # the chosen candidates' flat positions, K per sentence
     chosen_by_sentence = chosen.reshape(batch, k)
     min_len = config.min_len
+    options = step_options(backend, src, src_len, config)
     with backend.start(src, src_len, expand=k) as run:
-        for t in range(config.max_len):
+        step_top = run.step_top if options is None else options.bind(run)
+        for t in range(config.max_len if options is None else options.max_len):
             # The best 2K of K*V candidates lie among each row's own best 2K: the graph ranks those.
             # Each numpy call costs microseconds here, the model's weights having just evicted
             # numpy from the caches: the common step makes a dozen, into buffers made once.
@@ -195,7 +226,7 @@ def beam_search(
                 candidates = grid.reshape(batch, fed * per_row)
                 offsets = sentence * (fed * per_row)
                 column = np.zeros((batch, 1)) if first_narrow else costs.reshape(rows, 1)
-            values, ids = run.step_top(tokens, reorder, per_row)
+            values, ids = step_top(tokens, reorder, per_row)
             if masked:
                 values = np.where(ids == eos, np.float32(-np.inf), values)
             np.subtract(column, values, out=grid)
