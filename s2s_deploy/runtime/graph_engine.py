@@ -15,6 +15,7 @@ import onnxruntime as ort
 
 from s2s_deploy.runtime.errors import S2SError
 from s2s_deploy.runtime.manifest import Manifest, sha256_of
+from s2s_deploy.runtime.options import options_on
 from s2s_deploy.runtime.ort_backend import CUDA, create_session
 from s2s_deploy.runtime.search import Hypothesis, SearchConfig, normalised
 
@@ -94,6 +95,9 @@ class GraphEngine:
         """n-best hypotheses per sentence, best first; tokens exclude the start token and EOS."""
         if config.beam_size > 1 and not self.beam:
             raise S2SError(f"{self.path.name} was fused with --greedy-only; beam size must be 1")
+        if options_on(config):
+            raise S2SError("generate.onnx does not carry the decoding options asked for: use the step loop "
+                           "(engine 'loop')")
         if config.beam_size >= self.vocab_size:
             raise ValueError(f"beam size {config.beam_size} must be smaller than the vocabulary ({self.vocab_size})")
         started = time.perf_counter()
