@@ -287,3 +287,28 @@ def test_cli_options_score_and_errors(transformer, tmp_path: Path) -> None:
                 ["--stream", "--beam", "2"], ["--sampling-topp", "0"]):
         failed = runner.invoke(main, ["translate", export, text, "--device", "cpu", *bad])
         assert failed.exit_code != 0 and "Traceback" not in failed.output, bad
+
+
+def test_fused_options_match_the_step_loop(transformer, tmp_path: Path) -> None:
+    from s2s_deploy.runtime.graph_engine import GraphEngine
+    from s2s_deploy.tools.fuse import GENERATE_FILE, add_to_manifest, build_generate, fuse_generate
+
+    manifest, ort_backend, _ = transformer
+    plain = {i.name for i in build_generate(manifest, True).graph.input}
+    assert not plain & {"suppress_tokens", "prefix", "forced_eos"}  # off: the plain graph
+    copy = tmp_path / "fused"
+    shutil.copytree(manifest.directory, copy)
+    fused = load_manifest(copy)
+    add_to_manifest(fused, fuse_generate(fused, copy / GENERATE_FILE, options=True), beam=True, options=True)
+    engine = GraphEngine(load_manifest(copy), device="cpu", threads=1)
+    _, src, src_len = batch(manifest)
+    e = ids(manifest, "e")
+    for beam in (1, 3):
+        for config in (SearchConfig(beam, max_len=40), SearchConfig(beam, max_len=40, prefix=ids(manifest, "le ")),
+                       SearchConfig(beam, max_len=40, suppress_tokens=e, disable_unk=True),
+                       SearchConfig(beam, max_len=40, bad_words_ids=(e,)),
+                       SearchConfig(beam, max_len=9, forced_eos=True, min_len=3)):
+            want = tokens_of(search(ort_backend, src, src_len, config))
+            assert tokens_of(engine.search(src, src_len, config)) == want
+    with pytest.raises(S2SError, match="no_repeat_ngram_size"):
+        engine.search(src, src_len, SearchConfig(max_len=40, no_repeat_ngram_size=3))
