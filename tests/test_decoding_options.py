@@ -312,3 +312,19 @@ def test_fused_options_match_the_step_loop(transformer, tmp_path: Path) -> None:
             assert tokens_of(engine.search(src, src_len, config)) == want
     with pytest.raises(S2SError, match="no_repeat_ngram_size"):
         engine.search(src, src_len, SearchConfig(max_len=40, no_repeat_ngram_size=3))
+
+
+def test_beam_options_with_a_narrow_first_step(transformer) -> None:
+    """From NARROW_FIRST_STEP_FROM sentences beam search starts on one row per sentence: the
+    options follow the rows through that step too."""
+    from s2s_deploy.runtime.search import NARROW_FIRST_STEP_FROM
+
+    manifest, ort_backend, torch_backend = transformer
+    texts = (list(manifest.samples) * NARROW_FIRST_STEP_FROM)[:NARROW_FIRST_STEP_FROM + 2]
+    src, src_len = encode_batch(texts, manifest.src_vocab)
+    for config in (SearchConfig(4, 2, max_len=40, prefix=ids(manifest, "le ")),
+                   SearchConfig(4, 2, max_len=40, no_repeat_ngram_size=2, repetition_penalty=1.2)):
+        got = search(ort_backend, src, src_len, config)
+        assert tokens_of(got) == tokens_of(search(torch_backend, src, src_len, config))
+        if config.prefix:
+            assert all(h.tokens[:3] == config.prefix for hyps in got for h in hyps)
