@@ -328,3 +328,21 @@ def test_beam_options_with_a_narrow_first_step(transformer) -> None:
         assert tokens_of(got) == tokens_of(search(torch_backend, src, src_len, config))
         if config.prefix:
             assert all(h.tokens[:3] == config.prefix for hyps in got for h in hyps)
+
+
+def test_cli_fuse_options_flag(transformer, tmp_path: Path) -> None:
+    manifest, _, _ = transformer
+    copy = tmp_path / "export"
+    shutil.copytree(manifest.directory, copy)
+    result = CliRunner().invoke(main, ["fuse", str(copy), "--greedy-only", "--options"])
+    assert result.exit_code == 0, result.output
+    entry = load_manifest(copy).raw["graphs"]["generate"]
+    assert "options" in entry and {"suppress_tokens", "prefix", "forced_eos"} <= {i["name"] for i in entry["inputs"]}
+    text = manifest.samples[0]
+    graph = CliRunner().invoke(main, ["translate", str(copy), text, "--engine", "graph", "--prefix", "le ",
+                                      "--device", "cpu"])
+    loop = CliRunner().invoke(main, ["translate", str(copy), text, "--prefix", "le ", "--device", "cpu"])
+    assert graph.exit_code == 0 and graph.stdout == loop.stdout and graph.stdout.startswith("le ")
+    refused = CliRunner().invoke(main, ["translate", str(copy), text, "--engine", "graph", "--repetition-penalty",
+                                        "1.2", "--device", "cpu"])
+    assert refused.exit_code != 0 and "repetition_penalty" in refused.output
