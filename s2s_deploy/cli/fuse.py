@@ -10,7 +10,10 @@ from s2s_deploy.cli import main
 @main.command("fuse")
 @click.argument("export_dir", type=click.Path())
 @click.option("--greedy-only", is_flag=True, help="Fuse greedy search only (a smaller loop body, no beam inputs).")
-def fuse_command(export_dir: str, greedy_only: bool) -> None:
+@click.option("--options", "with_options", is_flag=True,
+              help="Also carry the decoding options a Loop can: suppressed tokens, a shared prefix, forced EOS "
+                   "(three more inputs; docs/generate.md).")
+def fuse_command(export_dir: str, greedy_only: bool, with_options: bool) -> None:
     """Write generate.onnx: the whole search in one graph.
 
     The encoder, then greedy or beam search in an ONNX Loop.
@@ -20,7 +23,7 @@ def fuse_command(export_dir: str, greedy_only: bool) -> None:
 
     manifest = load_manifest(export_dir)
     beam = not greedy_only
-    path = fuse_generate(manifest, manifest.directory / GENERATE_FILE, beam=beam)
-    add_to_manifest(manifest, path, beam=beam)
+    path = fuse_generate(manifest, manifest.directory / GENERATE_FILE, beam=beam, options=with_options)
+    add_to_manifest(manifest, path, beam=beam, options=with_options)
     click.echo(f"wrote {path} ({path.stat().st_size / 1e6:.2f} MB, {'beam' if beam else 'greedy'} search); "
                f"checked: onnx checker (full), default-domain ops only; manifest graphs.generate updated")

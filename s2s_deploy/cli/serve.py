@@ -32,14 +32,15 @@ def split_threads(workers: int, threads: int | None, cores: int) -> int:
 
 @main.command("serve")
 @click.argument("export_dir", type=click.Path())
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=click.IntRange(0, 65535), default=8000, show_default=True, help="Port to listen on.")
 @click.option("--workers", type=click.IntRange(1), default=1, show_default=True,
               help="Processes, each with its own model and batcher.")
 @click.option("--threads", type=click.IntRange(1), default=None,
               help="ONNX Runtime threads per worker [default: available cores / workers - 1, at least 1]; "
                    "workers × threads may not exceed the cores.")
-@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="cpu", show_default=True)
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="cpu", show_default=True,
+              help="ONNX Runtime device; auto uses CUDA only if it works.")
 @click.option("--window-ms", type=click.FloatRange(0), default=5.0, show_default=True,
               help="How long a batch waits for more requests after its first one.")
 @click.option("--max-batch", type=click.IntRange(1), default=64, show_default=True, help="Sentences per batch.")
@@ -47,10 +48,14 @@ def split_threads(workers: int, threads: int | None, cores: int) -> int:
               help="Per batch: sentences × longest source (tokens) × beam; a larger request gets 413.")
 @click.option("--max-queue", type=click.IntRange(1), default=1024, show_default=True,
               help="Sentences waiting per worker; beyond it requests get 503.")
-@click.option("--max-beam", type=click.IntRange(1), default=16, show_default=True)
+@click.option("--max-beam", type=click.IntRange(1), default=16, show_default=True,
+              help="Largest beam a request may ask for.")
 def serve_command(export_dir: str, host: str, port: int, workers: int, threads: int | None, device: str,
                   window_ms: float, max_batch: int, max_tokens: int, max_queue: int, max_beam: int) -> None:
-    """Serve EXPORT_DIR over HTTP: POST /translate, GET /health, GET /metadata (dynamic batching)."""
+    """Serve an export over HTTP, with dynamic batching.
+
+    POST /translate, GET /health, GET /metadata.
+    """
     try:
         import starlette  # noqa: F401
         import uvicorn

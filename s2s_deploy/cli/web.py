@@ -13,7 +13,10 @@ from s2s_deploy.cli import main
               help="onnxruntime-web's dist folder [default: ./node_modules/onnxruntime-web/dist].")
 @click.option("--force", is_flag=True, help="Replace a page already there.")
 def web_command(export_dir: str, dist: str | None, force: bool) -> None:
-    """Copy the browser page (index.html, app.js, search.js) and onnxruntime-web beside an export."""
+    """Write the browser page beside an export.
+
+    Copies index.html, app.js, search.js and onnxruntime-web's files, for any static server.
+    """
     from s2s_deploy.web.bundle import write_web_bundle
 
     written = write_web_bundle(export_dir, dist, force)

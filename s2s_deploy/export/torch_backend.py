@@ -37,6 +37,7 @@ class TorchBackend(Backend):
         self.decoder_start_id = tgt_vocab.tokens.index(plugin.special_tokens.decoder_start)
         self.eos_id = tgt_vocab.eos_id
         self.vocab_size = len(tgt_vocab)
+        self.unk_id = tgt_vocab.unk_id
 
     def describe(self) -> dict[str, Any]:
         return {"backend": self.name, "device": str(self.device), "torch": torch.__version__}

@@ -49,6 +49,8 @@ class Backend(ABC):
     eos_id: int
     vocab_size: int
     runtime_seconds: float = 0.0
+    unk_id: int | None = None
+    """The target vocabulary's unknown token, for ``disable_unk``."""
 
     @abstractmethod
     def start(self, src: np.ndarray, src_len: np.ndarray, expand: int = 1, keep_attention: bool = False) -> DecodeRun:

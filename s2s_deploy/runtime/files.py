@@ -126,8 +126,8 @@ def translate_chunk(translator: Translator, data: bytes, first_line: int, option
         raw.pop()
     manifest = translator.manifest
     vocab, limit = manifest.src_vocab, manifest.max_source_length
-    config = translator.search_config(options.beam, 1, options.max_len, options.alpha, options.max_len_a,
-                                      options.max_len_b)
+    config = translator.search_config(options.beam, 1, options.max_len, options.alpha,
+                                     max_len_a=options.max_len_a, max_len_b=options.max_len_b)
     out = [""] * len(raw)
     todo: list[tuple[int, list[int]]] = []
     blank = truncated = skipped = 0

@@ -16,6 +16,7 @@ import onnxruntime as ort
 
 from s2s_deploy.runtime.errors import S2SError
 from s2s_deploy.runtime.manifest import Manifest, sha256_of
+from s2s_deploy.runtime.options import options_on, prefixes_of
 from s2s_deploy.runtime.ort_backend import CUDA, create_session
 from s2s_deploy.runtime.search import Hypothesis, SearchConfig, normalised
 
@@ -41,6 +42,28 @@ def generate_feeds(src: np.ndarray, src_len: np.ndarray, config: SearchConfig, b
         feeds["beam_size"] = np.array(config.beam_size, dtype=np.int64)
         feeds["n_best"] = np.array(config.n_best, dtype=np.int64)
     return feeds
+
+
+def option_feeds(config: SearchConfig, unk_id: int) -> dict[str, np.ndarray]:
+    """The inputs of a generate.onnx fused with ``--options``; S2SError for an option that only
+    the step loop runs (docs/generate.md says why)."""
+    prefixes = prefixes_of(config)
+    loop_only = {
+        "sampling": config.sampling_topk != 1, "repetition_penalty": config.repetition_penalty != 1.0,
+        "no_repeat_ngram_size": config.no_repeat_ngram_size > 0,
+        "bad_words_ids of several tokens": any(len(w) > 1 for w in config.bad_words_ids),
+        "per-sentence prefixes": len(prefixes) > 1,
+    }
+    asked = [name for name, on in loop_only.items() if on]
+    if asked:
+        raise S2SError(f"generate.onnx does not carry {asked[0]}: use the step loop (engine 'loop')")
+    suppressed = {*config.suppress_tokens, *(w[0] for w in config.bad_words_ids)} | ({unk_id} if config.disable_unk
+                                                                                      else set())
+    return {
+        "suppress_tokens": np.array(sorted(suppressed), dtype=np.int64),
+        "prefix": np.array(prefixes[0] if prefixes else (), dtype=np.int64),
+        "forced_eos": np.array(config.forced_eos),
+    }
 
 
 def hypotheses(outputs: dict[str, np.ndarray], eos_id: int, config: SearchConfig) -> list[list[Hypothesis]]:
@@ -80,6 +103,7 @@ class GraphEngine:
         self.manifest = manifest
         self.path = Path(path)
         self.beam = entry.get("search") == "beam"
+        self.options = "options" in entry
         self.session = create_session(path, device, threads)
         self.provider = self.session.get_providers()[0]
         self.device = "cuda" if self.provider == CUDA else "cpu"
@@ -112,7 +136,13 @@ class GraphEngine:
 
     def _run(self, src: np.ndarray, src_len: np.ndarray, config: SearchConfig) -> list[list[Hypothesis]]:
         started = time.perf_counter()
-        values = self.session.run(None, generate_feeds(src, src_len, config, self.beam))
+        feeds = generate_feeds(src, src_len, config, self.beam)
+        if self.options:
+            feeds.update(option_feeds(config, self.manifest.tgt_vocab.unk_id))
+        elif options_on(config):
+            raise S2SError(f"{self.path.name} carries no decoding options: run `s2s-deploy fuse --options`, "
+                           "or use the step loop (engine 'loop')")
+        values = self.session.run(None, feeds)
         self.runtime_seconds += time.perf_counter() - started
         names = [o.name for o in self.session.get_outputs()]
         return hypotheses(dict(zip(names, values, strict=True)), self.eos_id, config)

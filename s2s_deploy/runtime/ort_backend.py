@@ -141,6 +141,7 @@ class OrtBackend(Backend):
         self.decoder_start_id = manifest.decoder_start_id
         self.eos_id = manifest.eos_id
         self.vocab_size = len(manifest.tgt_vocab)
+        self.unk_id = manifest.tgt_vocab.unk_id
         self.layout = _StepLayout.of(manifest)
         self._idle: dict[int, _StepBuffers] = {}
 

@@ -22,6 +22,7 @@ import numpy as np
 
 from s2s_deploy.runtime.backend import Backend
 from s2s_deploy.runtime.errors import S2SError
+from s2s_deploy.runtime.options import StepOptions, check_options, options_on
 
 NON_FINITE = "the decoder returned NaN log-probs: the model's weights or graph are broken (re-export it)"
 
@@ -49,16 +50,31 @@ class Hypothesis:
 
 @dataclass(frozen=True)
 class SearchConfig:
+    """Defaults leave every decoding option off (docs/decoding.md gives each one's semantics).
+    ``prefix`` is one tuple of ids for every sentence, or one tuple per sentence of the batch."""
+
     beam_size: int = 1
     n_best: int = 1
     max_len: int = 256
     alpha: float = 0.75
     min_len: int = 0
+    sampling_topk: int = 1
+    sampling_topp: float = 1.0
+    sampling_temperature: float = 1.0
+    seed: int = 0
+    repetition_penalty: float = 1.0
+    no_repeat_ngram_size: int = 0
+    prefix: tuple[int, ...] | tuple[tuple[int, ...], ...] = ()
+    suppress_tokens: tuple[int, ...] = ()
+    disable_unk: bool = False
+    bad_words_ids: tuple[tuple[int, ...], ...] = ()
+    forced_eos: bool = False
     max_len_a: float = 0.0
     max_len_b: int = 0
     """With either set, a sentence of ``n`` source tokens (its EOS included) stops after
     ``min(max_len, ceil(max_len_a * n + max_len_b))`` tokens, as fairseq's ``--max-len-a/b``: a
     looping model stops near its input's length instead of at ``max_len``."""
+    early_stopping: bool = False
 
     def __post_init__(self) -> None:
         if self.beam_size < 1:
@@ -71,6 +87,7 @@ class SearchConfig:
             raise ValueError("min_len must be between 0 and max_len")
         if not (np.isfinite(self.max_len_a) and self.max_len_a >= 0 and self.max_len_b >= 0):
             raise ValueError("max_len_a and max_len_b must be finite and non-negative")
+        check_options(self)
 
     def sentence_limits(self, src_len: np.ndarray) -> np.ndarray | None:
         """Each sentence's own maximum length, or None when only ``max_len`` applies."""
@@ -118,26 +135,36 @@ def search(backend: Backend, src: np.ndarray, src_len: np.ndarray, config: Searc
     return beam_search(backend, src, src_len, config)
 
 
+def step_options(backend: Backend, src: np.ndarray, src_len: np.ndarray, config: SearchConfig) -> StepOptions | None:
+    """The options hook: None (the in-graph TopK path, untouched) unless an option is on."""
+    if not options_on(config):
+        return None
+    return StepOptions(config, src, src_len, backend.eos_id, backend.vocab_size, backend.unk_id)
+
+
 def greedy(backend: Backend, src: np.ndarray, src_len: np.ndarray, config: SearchConfig) -> list[Hypothesis]:
     batch, eos = src.shape[0], backend.eos_id
     rows = np.arange(batch)
     reorder = rows.astype(np.int64)
     tokens = np.full(batch, backend.decoder_start_id, dtype=np.int64)
-    picked = np.zeros((batch, config.max_len), dtype=np.int64)
-    picked_lp = np.zeros((batch, config.max_len), dtype=np.float64)
-    done = np.zeros(batch, dtype=bool)
+    options = step_options(backend, src, src_len, config)
     limits = config.sentence_limits(src_len)
+    max_len = config.max_len if limits is None else int(limits.max())
+    picked = np.zeros((batch, max_len), dtype=np.int64)
+    picked_lp = np.zeros((batch, max_len), dtype=np.float64)
+    done = np.zeros(batch, dtype=bool)
     stops = _stops_by_step(limits)
     cut = np.zeros(batch, dtype=bool)
-    steps = config.max_len if limits is None else int(limits.max())
+    steps = max_len
     with backend.start(src, src_len) as run:
+        step_top = run.step_top if options is None else options.bind(run)
         for t in range(steps):
             if t < config.min_len:  # EOS may rank first: take the runner-up there
-                values, ids = run.step_top(tokens, reorder, 2)
+                values, ids = step_top(tokens, reorder, 2)
                 column = (ids[:, 0] == eos).astype(np.intp)
                 tokens, picked_lp[:, t] = ids[rows, column], values[rows, column]
             else:
-                values, ids = run.step_top(tokens, reorder, 1)
+                values, ids = step_top(tokens, reorder, 1)
                 tokens, picked_lp[:, t] = ids[:, 0], values[:, 0]
             picked[:, t] = tokens
             ended = eos in tokens.tolist()  # cheaper than a numpy test in the common step, that ends nothing
@@ -235,7 +262,9 @@ def beam_search(
     min_len = config.min_len
     limits = config.sentence_limits(src_len)
     stops = _stops_by_step(limits)
+    options = step_options(backend, src, src_len, config)
     with backend.start(src, src_len, expand=k) as run:
+        step_top = run.step_top if options is None else options.bind(run)
         for t in range(config.max_len if limits is None else int(limits.max())):
             # The best 2K of K*V candidates lie among each row's own best 2K: the graph ranks those.
             # Each numpy call costs microseconds here, the model's weights having just evicted
@@ -249,7 +278,7 @@ def beam_search(
                 candidates = grid.reshape(batch, fed * per_row)
                 offsets = sentence * (fed * per_row)
                 column = np.zeros((batch, 1)) if first_narrow else costs.reshape(rows, 1)
-            values, ids = run.step_top(tokens, reorder, per_row)
+            values, ids = step_top(tokens, reorder, per_row)
             if masked:
                 values = np.where(ids == eos, np.float32(-np.inf), values)
             np.subtract(column, values, out=grid)

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import numpy as np
 
 from s2s_deploy.runtime.errors import S2SError
 from s2s_deploy.runtime.manifest import Manifest, load_manifest
+from s2s_deploy.runtime.scoring import Scored
 from s2s_deploy.runtime.search import Hypothesis, SearchConfig, SearchEngine, StepLoop
 from s2s_deploy.runtime.vocab import UNK, Vocabulary, split
 
@@ -46,20 +47,45 @@ def translate(
     batch_size: int = 32,
     max_source_length: int | None = None,
     on_batch: Callable[[int], None] | None = None,
+    max_batch_tokens: int | None = None,
+    prefixes: Sequence[tuple[int, ...]] | None = None,
 ) -> list[Translation]:
-    """Sentences are batched by length for speed and returned in input order; ``on_batch`` hears
-    how many sentences each batch finished (for a progress bar)."""
+    """Sentences are batched by length for speed and returned in input order. A batch holds at
+    most ``batch_size`` sentences and, with ``max_batch_tokens``, at most that many source
+    tokens counted as rows x longest (padding included). ``prefixes``: one per text;
+    ``on_batch`` hears how many sentences each batch finished (for a progress bar)."""
     check_inputs(texts)
+    if prefixes is not None and len(prefixes) != len(texts):
+        raise S2SError(f"{len(prefixes)} prefixes for {len(texts)} inputs")
     order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
     results: list[Translation | None] = [None] * len(texts)
-    for start in range(0, len(order), batch_size):
-        chunk = order[start : start + batch_size]
+    for chunk in _batches(order, texts, src_vocab, batch_size, max_batch_tokens):
         src, src_len = encode_batch([texts[i] for i in chunk], src_vocab, max_source_length)
-        for index, hyps in zip(chunk, engine.search(src, src_len, config), strict=True):
+        chunk_config = config if prefixes is None else replace(config, prefix=tuple(prefixes[i] for i in chunk))
+        for index, hyps in zip(chunk, engine.search(src, src_len, chunk_config), strict=True):
             results[index] = _translation(texts[index], hyps, tgt_vocab)
         if on_batch:
             on_batch(len(chunk))
     return [r for r in results if r is not None]
+
+
+def _batches(order: list[int], texts: Sequence[str], vocab: Vocabulary, batch_size: int,
+             max_batch_tokens: int | None) -> list[list[int]]:
+    if max_batch_tokens is None:
+        return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+    batches: list[list[int]] = []
+    current: list[int] = []
+    longest = 0
+    for index in order:
+        n = len(vocab.encode(texts[index]))
+        widest = max(longest, n)
+        if current and (len(current) == batch_size or widest * (len(current) + 1) > max_batch_tokens):
+            batches.append(current)
+            current, widest = [], n
+        current.append(index)
+        longest = widest
+    batches.append(current)
+    return batches
 
 
 def check_inputs(texts: Sequence[str]) -> None:
@@ -104,35 +130,63 @@ def _translation(source: str, hyps: list[Hypothesis], vocab: Vocabulary) -> Tran
 ENGINES = ("loop", "graph")
 
 
-def default_search_config(manifest: Manifest, beam: int = 1, n_best: int = 1, max_len: int | None = None,
-                          alpha: float | None = None, max_len_a: float | None = None,
-                          max_len_b: int | None = None) -> SearchConfig:
-    """A SearchConfig whose unset options come from the export: its length penalty, its position
-    table's limit, and the relative length limit its training data measured (a loop guard)."""
-    for name, value in (("beam", beam), ("n-best", n_best), ("max-len", max_len or 1)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+def default_search_config(manifest: Manifest, beam: int | None = None, n_best: int | None = None,
+                          max_len: int | None = None, alpha: float | None = None, **options: object) -> SearchConfig:
+    """A SearchConfig from the arguments given (None: not given), then the manifest's ``search``
+    defaults (the model's own settings, and the relative length limit its training data measured),
+    then SearchConfig's own. Token options take ids or strings: a ``prefix`` string is tokenised, a
+    ``suppress_tokens`` string is one vocabulary entry, a ``bad_words_ids`` string is tokenised
+    into one sequence."""
+    unknown = sorted(set(options) - set(OPTION_NAMES))
+    if unknown:
+        raise S2SError(f"unknown decoding option {unknown[0]!r}; known: {', '.join(OPTION_NAMES)}")
+    for name, value in (("beam", beam), ("n-best", n_best), ("max-len", max_len)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             raise S2SError(f"{name} must be a whole number of at least 1, not {value!r}")
-    if n_best > beam:
-        raise S2SError(f"n-best {n_best} cannot exceed the beam size {beam}")
-    if beam >= len(manifest.tgt_vocab):
-        raise S2SError(f"beam {beam} must be smaller than the target vocabulary ({len(manifest.tgt_vocab)} tokens)")
-    limit = manifest.max_target_length
-    if max_len is not None and limit is not None and max_len > limit:
-        raise S2SError(f"max-len {max_len} exceeds the model's limit of {limit} target tokens (its position table)")
-    for name, value in (("alpha", alpha), ("max-len-a", max_len_a), ("max-len-b", max_len_b)):
+    for name, value in (("alpha", alpha), ("max-len-a", options.get("max_len_a")),
+                        ("max-len-b", options.get("max_len_b"))):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)
                                   or not math.isfinite(value) or value < 0):
             raise S2SError(f"{name} must be a finite number >= 0, not {value!r}")
-    defaults = manifest.raw.get("search", {})
+    limit = manifest.max_target_length
+    if max_len is not None and limit is not None and max_len > limit:
+        raise S2SError(f"max-len {max_len} exceeds the model's limit of {limit} target tokens (its position table)")
+    stored = manifest.raw.get("search", {})
+    values: dict[str, object] = {name: stored[name] for name in OPTION_NAMES if name in stored}
+    values.setdefault("alpha", stored.get("length_penalty_alpha", 0.75))
+    values.setdefault("max_len", limit or 256)
+    given = {"beam_size": beam, "n_best": n_best, "max_len": max_len, "alpha": alpha, **options}
+    values.update({name: value for name, value in given.items() if value is not None})
+    vocab = manifest.tgt_vocab
+    if "prefix" in values and not _per_sentence(values["prefix"]):
+        values["prefix"] = _ids(vocab, values["prefix"])
+    values["suppress_tokens"] = tuple(_token_id(vocab, t) for t in values.get("suppress_tokens", ()))  # type: ignore[attr-defined]
+    values["bad_words_ids"] = tuple(_ids(vocab, w) for w in values.get("bad_words_ids", ()))  # type: ignore[attr-defined]
+    if int(values.get("beam_size", 1)) < int(values.get("n_best", 1)):  # type: ignore[call-overload]
+        raise S2SError(f"n-best {values['n_best']} cannot exceed the beam size {values['beam_size']}")
+    if int(values.get("beam_size", 1)) >= len(vocab):  # type: ignore[call-overload]
+        raise S2SError(f"beam {values['beam_size']} must be smaller than the target vocabulary ({len(vocab)} tokens)")
     try:
-        return SearchConfig(
-            beam_size=beam, n_best=n_best, max_len=max_len or limit or 256,
-            alpha=float(defaults.get("length_penalty_alpha", 0.75) if alpha is None else alpha),
-            max_len_a=float(defaults.get("max_len_a", 0.0) if max_len_a is None else max_len_a),
-            max_len_b=int(defaults.get("max_len_b", 0) if max_len_b is None else max_len_b),
-        )
+        config = SearchConfig(**values)  # type: ignore[arg-type]
     except (TypeError, ValueError) as exc:
-        raise S2SError(f"bad search options: {exc}") from exc
+        raise S2SError(f"decoding options: {exc}") from exc
+    if any(not 0 <= i < len(vocab) for i in config.suppress_tokens):
+        raise S2SError(f"a suppressed token id is outside the target vocabulary (0..{len(vocab) - 1})")
+    return config
+
+
+def _ids(vocab: Vocabulary, value: object) -> tuple[int, ...]:
+    if isinstance(value, str):
+        return tuple(vocab.encode(value, add_eos=False))
+    return tuple(int(i) for i in value)  # type: ignore[attr-defined]
+
+
+def _token_id(vocab: Vocabulary, token: object) -> int:
+    if isinstance(token, str):
+        if token not in vocab.tokens:
+            raise S2SError(f"{token!r} is not a token of the target vocabulary")
+        return vocab.tokens.index(token)
+    return int(token)  # type: ignore[call-overload]
 
 
 class Translator:
@@ -165,20 +219,73 @@ class Translator:
     def unknown_notice(self) -> str | None:
         return unknown_notice(self.unknown, self.manifest.src_vocab.level)
 
-    def search_config(self, beam: int = 1, n_best: int = 1, max_len: int | None = None,
-                      alpha: float | None = None, max_len_a: float | None = None,
-                      max_len_b: int | None = None) -> SearchConfig:
-        """Options left at None take the export's defaults (its manifest's ``search`` key)."""
-        return default_search_config(self.manifest, beam, n_best, max_len, alpha, max_len_a, max_len_b)
+    def search_config(self, beam: int | None = None, n_best: int | None = None, max_len: int | None = None,
+                      alpha: float | None = None, **options: object) -> SearchConfig:
+        """See ``default_search_config``."""
+        return default_search_config(self.manifest, beam, n_best, max_len, alpha, **options)
 
-    def __call__(self, texts: Sequence[str], beam: int = 1, n_best: int = 1, max_len: int | None = None,
-                 alpha: float | None = None, batch_size: int = 32, max_len_a: float | None = None,
-                 max_len_b: int | None = None) -> list[Translation]:
+    def __call__(self, texts: Sequence[str], beam: int | None = None, n_best: int | None = None,
+                 max_len: int | None = None, alpha: float | None = None, batch_size: int = 32,
+                 max_batch_tokens: int | None = None, **options: object) -> list[Translation]:
+        """``options``: any SearchConfig field by name (docs/decoding.md). ``prefix`` may be one
+        string or id tuple for every sentence, or a list of strings, one per sentence."""
         if isinstance(texts, str):  # one sentence, not one per character
             texts = [texts]
-        config = self.search_config(beam, n_best, max_len, alpha, max_len_a, max_len_b)
+        prefix = options.get("prefix")
+        prefixes = None
+        if _per_sentence(prefix):
+            prefixes = [_ids(self.manifest.tgt_vocab, p) for p in prefix]  # type: ignore[union-attr]
+            options = {**options, "prefix": None}
+        config = self.search_config(beam, n_best, max_len, alpha, **options)
         manifest = self.manifest
         check_inputs(texts)
         self.unknown.update(unknown_tokens(texts, manifest.src_vocab))
         return translate(self.engine, texts, manifest.src_vocab, manifest.tgt_vocab, config, batch_size,
-                         manifest.max_source_length)
+                         manifest.max_source_length, max_batch_tokens=max_batch_tokens, prefixes=prefixes)
+
+    def stream(self, text: str, max_len: int | None = None, **options: object) -> Iterator[str]:
+        """Pieces of the translation of one sentence as they are produced (greedy or sampled):
+        each is the text the newest token adds, so joining them gives the whole translation."""
+        from s2s_deploy.runtime.scoring import stream_tokens
+
+        if not isinstance(self.engine, StepLoop):
+            raise S2SError("streaming runs the step loop: use engine='loop'")
+        check_inputs([text])
+        config = self.search_config(1, 1, max_len, None, **options)
+        manifest = self.manifest
+        src, src_len = encode_batch([text], manifest.src_vocab, manifest.max_source_length)
+        done: list[int] = []
+        shown = ""
+        for token, _ in stream_tokens(self.backend, src, src_len, config):
+            done.append(token)
+            text_now = manifest.tgt_vocab.decode(done)
+            if text_now.startswith(shown) and len(text_now) > len(shown):
+                yield text_now[len(shown):]
+                shown = text_now
+
+    def score(self, sources: Sequence[str], targets: Sequence[str], batch_size: int = 32) -> list[Scored]:
+        """Per-token and total log-probs of each target given its source, teacher-forced
+        through the step decoder (the closing EOS is the last value)."""
+        from s2s_deploy.runtime.scoring import score
+
+        if not isinstance(self.engine, StepLoop):
+            raise S2SError("scoring runs the step decoder: use engine='loop'")
+        if len(sources) != len(targets):
+            raise S2SError(f"{len(sources)} sources but {len(targets)} targets")
+        check_inputs(sources)
+        manifest = self.manifest
+        found: list[Scored] = []
+        for start in range(0, len(sources), batch_size):
+            src, src_len = encode_batch(sources[start : start + batch_size], manifest.src_vocab,
+                                        manifest.max_source_length)
+            ids = [manifest.tgt_vocab.encode(t, add_eos=False) for t in targets[start : start + batch_size]]
+            found.extend(score(self.backend, src, src_len, ids))
+        return found
+
+
+OPTION_NAMES = tuple(f.name for f in fields(SearchConfig))
+
+
+def _per_sentence(prefix: object) -> bool:
+    """A list of strings or of id tuples: one prefix per sentence."""
+    return isinstance(prefix, list | tuple) and len(prefix) > 0 and not isinstance(prefix[0], int)

@@ -34,6 +34,9 @@ GENERATE_FILE = "generate.onnx"
 IR_VERSION = 10  # ONNX Runtime 1.31 reads at most 13; onnx.helper would stamp 14
 MIN_OPSET = 17
 _DEFAULT_DOMAINS = ("", "ai.onnx")
+FUSED_OPTIONS = ("min_len", "max_len", "suppress_tokens", "disable_unk", "bad_words_ids (single tokens)",
+                 "prefix (one for every sentence)", "forced_eos")
+"""What ``fuse --options`` carries; the step loop runs every other option (docs/generate.md)."""
 
 
 @dataclass(frozen=True)
@@ -49,8 +52,9 @@ class GenerateIO:
         return {"name": self.name, "role": self.role, "dtype": self.dtype, "shape": list(self.shape)}
 
 
-def generate_io(beam: bool) -> tuple[tuple[GenerateIO, ...], tuple[GenerateIO, ...]]:
-    """Inputs and outputs of generate.onnx, all inputs required (see docs/generate.md)."""
+def generate_io(beam: bool, options: bool = False) -> tuple[tuple[GenerateIO, ...], tuple[GenerateIO, ...]]:
+    """Inputs and outputs of generate.onnx, all inputs required (see docs/generate.md); ``options``
+    adds the decoding options a Loop carries: suppressed tokens, a shared prefix, forced EOS."""
     n: int | str = "beam_size" if beam else 1
     inputs = [
         GenerateIO("src", "source_tokens", "int64", ("batch", "src_len")),
@@ -62,6 +66,10 @@ def generate_io(beam: bool) -> tuple[tuple[GenerateIO, ...], tuple[GenerateIO, .
     if beam:
         inputs.append(GenerateIO("beam_size", "beam_size", "int64", ()))
         inputs.append(GenerateIO("n_best", "n_best", "int64", ()))
+    if options:
+        inputs.append(GenerateIO("suppress_tokens", "suppress_tokens", "int64", ("suppressed",)))
+        inputs.append(GenerateIO("prefix", "target_prefix", "int64", ("prefix_len",)))
+        inputs.append(GenerateIO("forced_eos", "forced_eos", "bool", ()))
     outputs = (
         GenerateIO("tokens", "hypothesis_tokens", "int64", ("batch", n, "out_len")),
         GenerateIO("scores", "hypothesis_scores", "float32", ("batch", n)),
@@ -71,9 +79,9 @@ def generate_io(beam: bool) -> tuple[tuple[GenerateIO, ...], tuple[GenerateIO, .
     return tuple(inputs), outputs
 
 
-def fuse_generate(manifest: Manifest, out_path: str | Path, beam: bool = True) -> Path:
+def fuse_generate(manifest: Manifest, out_path: str | Path, beam: bool = True, options: bool = False) -> Path:
     """Build and check generate.onnx for an export, and write it to ``out_path``."""
-    model = build_generate(manifest, beam)
+    model = build_generate(manifest, beam, options)
     try:
         onnx.checker.check_model(model, full_check=True)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
@@ -83,16 +91,17 @@ def fuse_generate(manifest: Manifest, out_path: str | Path, beam: bool = True) -
     return out_path
 
 
-def add_to_manifest(manifest: Manifest, path: Path, beam: bool) -> Path:
+def add_to_manifest(manifest: Manifest, path: Path, beam: bool, options: bool = False) -> Path:
     """Record ``graphs.generate`` in manifest.json, replacing the file atomically."""
     if path.resolve().parent != manifest.directory.resolve():
         raise S2SError(f"{path} is not in the export folder {manifest.directory}")
     raw = json.loads((manifest.directory / MANIFEST_NAME).read_text(encoding="utf-8"))
-    inputs, outputs = generate_io(beam)
+    inputs, outputs = generate_io(beam, options)
     raw["graphs"]["generate"] = {
         "file": path.name,
         "sha256": sha256_of(path),
         "search": "beam" if beam else "greedy",
+        **({"options": list(FUSED_OPTIONS)} if options else {}),
         "inputs": [io.entry() for io in inputs],
         "outputs": [io.entry() for io in outputs],
     }
@@ -112,7 +121,7 @@ def _atomic_write(path: Path, data: bytes) -> None:
             os.unlink(temp)
 
 
-def build_generate(manifest: Manifest, beam: bool = True) -> onnx.ModelProto:
+def build_generate(manifest: Manifest, beam: bool = True, options: bool = False) -> onnx.ModelProto:
     """The fused model, unchecked: the encoder inlined once, the decoder inside a Loop."""
     encoder = _load_plain(manifest.graph_path(manifest.encoder))
     decoder = _load_plain(manifest.graph_path(manifest.decoder))
@@ -121,9 +130,9 @@ def build_generate(manifest: Manifest, beam: bool = True) -> onnx.ModelProto:
         raise S2SError(f"encoder and decoder use different opsets ({opset} vs {_opset(decoder)})")
     if opset < MIN_OPSET:
         raise S2SError(f"generate.onnx needs opset {MIN_OPSET} or later; this export has {opset}")
-    fuser = _Fuser(manifest, decoder)
+    fuser = _Fuser(manifest, decoder, options)
     outputs = fuser.build(encoder, beam)
-    inputs, output_io = generate_io(beam)
+    inputs, output_io = generate_io(beam, options)
     graph = helper.make_graph(
         fuser.outer.nodes,
         f"{manifest.plugin}_generate_{'beam' if beam else 'greedy'}",
@@ -231,8 +240,10 @@ class _Scope:
 
 
 class _Fuser:
-    def __init__(self, manifest: Manifest, decoder: onnx.ModelProto) -> None:
+    def __init__(self, manifest: Manifest, decoder: onnx.ModelProto, options: bool = False) -> None:
         self.m = manifest
+        self.options = options
+        self._suppressed: str | None = None
         self.decoder = decoder
         self.counter = [0]
         self.outer = _Scope(self.counter)
@@ -350,6 +361,30 @@ class _Fuser:
         block = body("And", onehot, body("Less", iteration, "min_len"))
         return body("Where", block, self.const(-np.inf, "float32"), log_probs)
 
+    def constrain(self, body: _Scope, iteration: str, log_probs: str) -> str:
+        """min_len, then (fused with options) the suppressed tokens, and a forced token at a
+        prefix step or, with ``forced_eos``, at the last step: as runtime/options.py does, a
+        forced token keeps the model's log-prob and every other token becomes impossible."""
+        masked = self.no_early_eos(body, iteration, log_probs)
+        if not self.options:
+            return masked
+        c, inf = self.const, self.const(-np.inf, "float32")
+        if self._suppressed is None:  # (V,) bool, made once in the outer graph
+            g = self.outer
+            hits = g("Equal", g("Unsqueeze", "suppress_tokens", c([1])), c(np.arange(self.vocab)[None, :]))
+            self._suppressed = g("Greater", g("ReduceSum", g("Cast", hits, to=TensorProto.INT64), c([0]),
+                                              keepdims=0), c(0))
+        masked = body("Where", self._suppressed, inf, masked)
+        prefix_len = body("Squeeze", body("Shape", "prefix"), c([0]))
+        padded = body("Concat", "prefix", c([self.eos]), axis=0)  # never empty; index p is EOS
+        in_prefix = body("Less", iteration, prefix_len)
+        at_end = body("And", "forced_eos", body("Equal", iteration, body("Sub", "max_len", c(1))))
+        token = body("Gather", padded, body("Min", iteration, prefix_len))
+        forced_step = body("Or", in_prefix, at_end)
+        onehot = body("Equal", c(np.arange(self.vocab)), token)
+        forced = body("Where", onehot, log_probs, inf)
+        return body("Where", forced_step, forced, masked)
+
     def loop(self, g: _Scope, body: _Scope, carried: Sequence[_Carried], inputs: dict[str, str],
              outputs: Sequence[str], iteration: str, cond_in: str, cond_out: str, trips: str) -> list[str]:
         """A Loop over ``body`` in scope ``g``: ``inputs`` and ``outputs`` name each carried value
@@ -395,7 +430,7 @@ class _Fuser:
         iteration, cond_in = body.fresh("iter"), body.fresh("cond")
         log_probs, next_state = self.step(body, names["tokens"], iteration, reorder, memory,
                                           [names[f"state{i}"] for i in range(len(state))])
-        log_probs = self.no_early_eos(body, iteration, log_probs)
+        log_probs = self.constrain(body, iteration, log_probs)
         best, best_id = body("TopK", log_probs, c([1]), axis=1, outs=2)  # ties to the lower id, like argmax
         flat = c([-1])
         tokens = body("Reshape", best_id, flat)
@@ -474,7 +509,7 @@ class _Fuser:
         iteration, cond_in = b.fresh("iter"), b.fresh("cond")
         log_probs, next_state = self.step(b, n["tokens"], iteration, n["reorder"], memory,
                                           [n[f"state{i}"] for i in range(len(state))])
-        log_probs = self.no_early_eos(b, iteration, log_probs)
+        log_probs = self.constrain(b, iteration, log_probs)
         # The best 2K of K*V candidates lie among each row's own best 2K: rank those only,
         # beam-major then by rank, so TopK's lower-index ties go to the lower beam, then id.
         row_lp, row_ids = b("TopK", log_probs, width, axis=1, outs=2)

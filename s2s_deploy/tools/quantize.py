@@ -199,6 +199,7 @@ def _int8(source: Path, target: Path, activations: str = "per-row") -> None:
     _quantize_embeddings(quantised.graph)
     if activations == "per-row":
         _per_row_activations(quantised)
+    _unique_node_names(quantised.graph)
     onnx.save(quantised, str(target))
 
 
@@ -328,11 +329,11 @@ def _topological_sort(graph: onnx.GraphProto) -> None:
 
 
 def _unique_node_names(graph: onnx.GraphProto) -> None:
-    """The fp16 converter names the casts it inserts after their node, so a node whose output
-    feeds two blocked ops yields two casts with one name, which ONNX forbids."""
+    """The fp16 converter names the casts it inserts after their node, and the int8 rewrites add
+    unnamed nodes: two nodes of one name are invalid ONNX once fuse prefixes them."""
     seen: dict[str, int] = {}
     for node in graph.node:
-        count = seen.get(node.name, 0)
-        seen[node.name] = count + 1
-        if count:
-            node.name = f"{node.name}_{count}"
+        name = node.name or node.op_type
+        count = seen.get(name, 0)
+        seen[name] = count + 1
+        node.name = f"{name}_{count}" if count else name

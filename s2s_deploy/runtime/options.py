@@ -1,0 +1,205 @@
+"""Every option that changes a step's log-probs or picks its token, applied in one place.
+
+When all options are off the search never builds a ``StepOptions`` and keeps its in-graph TopK
+path untouched. When one is on, a step fetches the full ``log_probs`` (rows, V), and
+``StepOptions.step_top`` applies the options, then ranks (or samples) in numpy, returning what
+``DecodeRun.step_top`` returns: each row's ``k`` best values and ids, ties to the lower id.
+Semantics follow CTranslate2 and Hugging Face; docs/decoding.md says where they differ.
+Imports numpy only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from s2s_deploy.runtime.backend import DecodeRun
+
+if TYPE_CHECKING:
+    from s2s_deploy.runtime.search import SearchConfig
+
+StepTop = Callable[[np.ndarray, np.ndarray, int], tuple[np.ndarray, np.ndarray]]
+
+
+def check_options(config: SearchConfig) -> None:
+    """ValueError for an option out of range; called by ``SearchConfig`` itself."""
+    if config.sampling_topk < 0:
+        raise ValueError("sampling_topk must be 0 (the whole vocabulary) or more")
+    if not 0.0 < config.sampling_topp <= 1.0:
+        raise ValueError("sampling_topp must be in (0, 1]")
+    if config.sampling_temperature <= 0.0:
+        raise ValueError("sampling_temperature must be above 0")
+    if config.sampling_topk != 1 and config.beam_size > 1:
+        raise ValueError("sampling (sampling_topk != 1) needs beam_size 1")
+    if config.repetition_penalty <= 0.0:
+        raise ValueError("repetition_penalty must be above 0")
+    if config.no_repeat_ngram_size < 0:
+        raise ValueError("no_repeat_ngram_size must be 0 (off) or more")
+    if any(len(words) == 0 for words in config.bad_words_ids):
+        raise ValueError("bad_words_ids holds an empty sequence")
+    if any(len(p) >= config.max_len for p in prefixes_of(config)):
+        raise ValueError("a prefix must be shorter than max_len")
+
+
+def prefixes_of(config: SearchConfig) -> tuple[tuple[int, ...], ...]:
+    """The per-sentence prefixes, or one shared prefix as a 1-tuple (empty when none)."""
+    prefix = config.prefix
+    if not prefix:
+        return ()
+    return tuple(tuple(p) for p in prefix) if isinstance(prefix[0], tuple) else (tuple(prefix),)  # type: ignore[arg-type]
+
+
+def options_on(config: SearchConfig) -> bool:
+    """Whether any option needs the full log-probs (``min_len`` alone does not: the search
+    masks EOS among the in-graph top-k)."""
+    return (config.sampling_topk != 1 or config.repetition_penalty != 1.0 or config.no_repeat_ngram_size > 0
+            or any(prefixes_of(config)) or bool(config.suppress_tokens) or config.disable_unk
+            or bool(config.bad_words_ids) or config.forced_eos)
+
+
+def sentence_limits(config: SearchConfig, src_len: np.ndarray) -> np.ndarray:
+    """Each sentence's most target tokens (its EOS included): ``SearchConfig.sentence_limits``,
+    else ``max_len``. The search loop stops a sentence there; ``forced_eos`` makes it end with EOS."""
+    limits = config.sentence_limits(src_len)
+    return np.full(len(src_len), config.max_len, dtype=np.int64) if limits is None else limits
+
+
+def sentence_seeds(seed: int, src: np.ndarray, src_len: np.ndarray) -> list[np.random.Generator]:
+    """One generator per sentence, from the seed and the sentence's own source ids: a sentence
+    samples the same tokens whatever its batch, its place in it, or the backend."""
+    return [np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, *src[i, : int(n)].tolist()])))
+            for i, n in enumerate(src_len)]
+
+
+def top_of(values: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's ``k`` best values and ids, best first, ties to the lower id (as ONNX TopK)."""
+    ids = np.argsort(-values, axis=1, kind="stable")[:, :k]
+    return np.take_along_axis(values, ids, axis=1), ids
+
+
+class StepOptions:
+    """The options of one search over one batch. It follows each row's generated tokens from the
+    ``tokens`` and ``reorder`` fed to every step, so greedy and beam search need no change but
+    calling ``bind(run)`` instead of ``run.step_top``."""
+
+    def __init__(self, config: SearchConfig, src: np.ndarray, src_len: np.ndarray, eos_id: int,
+                 vocab_size: int, unk_id: int | None) -> None:
+        self.config = config
+        self.eos = eos_id
+        self.batch = len(src_len)
+        self.limits = sentence_limits(config, src_len)
+        self.max_len = int(self.limits.max())
+        prefixes = prefixes_of(config)
+        if len(prefixes) not in (0, 1, self.batch):
+            raise ValueError(f"{len(prefixes)} prefixes for a batch of {self.batch} sentences")
+        self.prefixes = prefixes * self.batch if len(prefixes) == 1 else prefixes
+        if any(eos_id in p for p in self.prefixes):
+            raise ValueError("a prefix cannot hold the EOS token")
+        banned = set(config.suppress_tokens) | ({unk_id} if config.disable_unk and unk_id is not None else set())
+        if any(not 0 <= i < vocab_size for i in banned | {i for w in config.bad_words_ids for i in w}):
+            raise ValueError(f"a suppressed or bad-word id is outside the vocabulary (0..{vocab_size - 1})")
+        self.suppressed = np.array(sorted(banned), dtype=np.int64)
+        self.single_bad = np.array(sorted({w[0] for w in config.bad_words_ids if len(w) == 1}), dtype=np.int64)
+        self.long_bad = [w for w in config.bad_words_ids if len(w) > 1]
+        self.sampling = config.sampling_topk != 1
+        self.generators = sentence_seeds(config.seed, src, src_len) if self.sampling else []
+        self.history = np.zeros((0, 0), dtype=np.int64)
+        self.t = 0
+
+    def bind(self, run: DecodeRun) -> StepTop:
+        def step_top(tokens: np.ndarray, reorder: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+            log_probs = run.step(tokens, reorder)
+            return self.rank(self.process(log_probs, tokens, reorder), k)
+
+        return step_top
+
+    def process(self, log_probs: np.ndarray, tokens: np.ndarray, reorder: np.ndarray) -> np.ndarray:
+        """The step's log-probs with every option applied (a new array); advances the history."""
+        t, config = self.t, self.config
+        rows = len(tokens)
+        if t == 0:
+            self.history = np.zeros((rows, 0), dtype=np.int64)
+        else:
+            self.history = np.concatenate([self.history[reorder], tokens[:, None].astype(np.int64)], axis=1)
+        self.t += 1
+        sentence = np.arange(rows) // (rows // self.batch)
+        out = np.array(log_probs, dtype=np.float32)
+        history = self.history
+        if config.repetition_penalty != 1.0 and t > 0:
+            seen = np.take_along_axis(out, history, axis=1)  # log-probs are negative: *penalty lowers them
+            np.put_along_axis(out, history, seen * np.float32(config.repetition_penalty), axis=1)
+        if config.no_repeat_ngram_size > 0:
+            self._ban_ngrams(out, history, config.no_repeat_ngram_size)
+        if self.long_bad:
+            for words in self.long_bad:
+                n = len(words) - 1
+                if t >= n:
+                    hit = (history[:, t - n:] == np.array(words[:-1])).all(axis=1)
+                    out[hit, words[-1]] = -np.inf
+        for banned in (self.suppressed, self.single_bad):
+            if len(banned):
+                out[:, banned] = -np.inf
+        if t < config.min_len:
+            out[:, self.eos] = -np.inf
+        forced = np.full(rows, -1, dtype=np.int64)
+        if self.prefixes:
+            for row in range(rows):
+                p = self.prefixes[sentence[row]]
+                if t < len(p):
+                    forced[row] = p[t]
+        at_limit = self.limits[sentence] - 1 == t
+        if config.forced_eos:
+            forced[at_limit & (forced < 0)] = self.eos
+        where = np.nonzero(forced >= 0)[0]
+        if len(where):  # a forced token keeps the model's own log-prob; every other is impossible
+            kept = np.asarray(log_probs, dtype=np.float32)[where, forced[where]]
+            out[where] = -np.inf
+            out[where, forced[where]] = kept
+        return out
+
+    @staticmethod
+    def _ban_ngrams(out: np.ndarray, history: np.ndarray, n: int) -> None:
+        """No row may repeat an n-gram of its own generated tokens (the start token excluded)."""
+        length = history.shape[1]
+        if length < n - 1 or length == 0:
+            return
+        for row in range(history.shape[0]):
+            seq = history[row].tolist()
+            tail = tuple(seq[length - n + 1:]) if n > 1 else ()
+            banned = [seq[i + n - 1] for i in range(length - n + 1) if tuple(seq[i:i + n - 1]) == tail]
+            if banned:
+                out[row, banned] = -np.inf
+
+    def rank(self, out: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        if not self.sampling:
+            return top_of(out, k)
+        values, ids = top_of(out, max(k, 1))
+        picked = self.sample(out)
+        ids[:, 0] = picked
+        values[:, 0] = out[np.arange(len(out)), picked]
+        return values, ids
+
+    def sample(self, out: np.ndarray) -> np.ndarray:
+        """One token per row from ``softmax(log_probs / temperature)`` over its top-k, then
+        top-p, candidates; one uniform draw per sentence per step, from the sentence's own seed."""
+        config = self.config
+        rows, vocab = out.shape
+        order = np.argsort(-out, axis=1, kind="stable")
+        if config.sampling_topk > 0:
+            order = order[:, : min(config.sampling_topk, vocab)]
+        scaled = np.take_along_axis(out, order, axis=1).astype(np.float64) / config.sampling_temperature
+        scaled -= scaled[:, :1]
+        probs = np.exp(scaled)
+        probs /= probs.sum(axis=1, keepdims=True)
+        if config.sampling_topp < 1.0:  # keep the smallest head whose mass reaches p (at least one)
+            before = np.cumsum(probs, axis=1) - probs
+            probs = np.where(before < config.sampling_topp, probs, 0.0)
+            probs /= probs.sum(axis=1, keepdims=True)
+        per_sentence = rows // self.batch
+        draws = np.repeat([g.random() for g in self.generators], per_sentence)
+        cumulative = np.cumsum(probs, axis=1)
+        # the first column whose cumulative mass reaches the draw: never a zero-probability one
+        column = np.minimum((cumulative < draws[:, None] * cumulative[:, -1:]).sum(axis=1), order.shape[1] - 1)
+        return order[np.arange(rows), column]
