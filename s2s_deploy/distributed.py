@@ -14,13 +14,16 @@ driver: on a cluster both must be readable on every node (docs/distributed.md).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from itertools import islice
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import numpy as np
 
@@ -115,21 +118,53 @@ def translate_dataset(export_dir: str | Path, input_path: str | Path, output_pat
     manifest = load_manifest(export_dir)
     started = time.perf_counter()
     owned = not ray.is_initialized()
-    if owned and address:
-        ray.init(address=address, runtime_env=runtime_env)
-    elif owned:
-        ray.init(num_cpus=max(actors, os.cpu_count() or 1), runtime_env=runtime_env, include_dashboard=False,
-                 logging_level=logging.WARNING)
-    try:
-        with file_job(input_path, str(output_path), options, manifest, resume=resume) as job:
-            chunks = list(chunk_ranges(input_path, job.input_bytes, job.lines + 1, chunk_lines))
-            job.start_progress(progress, job.lines + sum(chunk["lines"] for chunk in chunks))
-            if chunks:
-                _run(ray, job, chunks, export_dir, input_path, options, actors, device, threads, engine)
-            return job.finish(started)
-    finally:
-        if owned:
-            ray.shutdown()
+    with ray_noise_held_back() as own_stderr:
+        if owned and address:
+            ray.init(address=address, runtime_env=runtime_env)
+        elif owned:
+            ray.init(num_cpus=max(actors, os.cpu_count() or 1), runtime_env=runtime_env, include_dashboard=False,
+                     logging_level=logging.WARNING)
+        try:
+            with contextlib.redirect_stderr(own_stderr), \
+                    file_job(input_path, str(output_path), options, manifest, resume=resume) as job:
+                chunks = list(chunk_ranges(input_path, job.input_bytes, job.lines + 1, chunk_lines))
+                job.start_progress(progress, job.lines + sum(chunk["lines"] for chunk in chunks))
+                if chunks:
+                    _run(ray, job, chunks, export_dir, input_path, options, actors, device, threads, engine)
+                return job.finish(started)
+        finally:
+            if owned:
+                ray.shutdown()
+
+
+@contextlib.contextmanager
+def ray_noise_held_back() -> Iterator[TextIO]:
+    """Keep what Ray prints in this process (its token-auth warning through its own logging handler,
+    C++ ``core_worker`` lines straight to file descriptor 2) out of a successful run's output: file
+    descriptor 2 goes to a temporary file while Ray runs, and that file is replayed on stderr only
+    if the run fails. Yields a stream on the real stderr for our own progress bar and messages."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        own = open(os.dup(saved), "w", buffering=1, encoding="utf-8", errors="replace")  # noqa: SIM115
+        try:
+            yield own
+        except BaseException:
+            _restore(saved)
+            held.seek(0)
+            sys.stderr.write(held.read().decode("utf-8", errors="replace"))
+            raise
+        else:
+            _restore(saved)
+        finally:
+            own.close()
+
+
+def _restore(saved: int) -> None:
+    sys.stderr.flush()
+    os.dup2(saved, 2)
+    os.close(saved)
 
 
 def _run(ray: Any, job: FileJob, chunks: list[dict[str, int]], export_dir: str, input_path: str,
