@@ -72,7 +72,11 @@ def test_list_reads_plugins_without_importing_torch(tmp_path: Path) -> None:
            "s2s_deploy_plugins.gru:PLUGIN" in out
 
 
-def test_list_falls_back_to_importing_what_it_cannot_read(tmp_path: Path) -> None:
+def test_list_falls_back_to_importing_what_it_cannot_read(tmp_path: Path, monkeypatch) -> None:
+    from s2s_deploy.export.registry import REGISTRY
+
+    monkeypatch.setattr(REGISTRY, "_plugins", dict(REGISTRY._plugins))  # the plugin registers for this test only
+    monkeypatch.setattr(REGISTRY, "_entry_points_loaded", REGISTRY._entry_points_loaded)
     plugin_file = tmp_path / "computed.py"
     plugin_file.write_text("from s2s_deploy_plugins.gru import GRUPlugin\n"
                            "class Computed(GRUPlugin):\n    name = 'computed'\n    presets = dict(GRUPlugin.presets)\n"
