@@ -14,13 +14,16 @@ driver: on a cluster both must be readable on every node (docs/distributed.md).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from itertools import islice
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import numpy as np
 
@@ -135,29 +138,62 @@ def translate_dataset(export_dir: str | Path, input_path: str | Path, output_pat
     owned = not ray.is_initialized()
     if owned and address:
         _probe(address)
-        # Ray retries a GCS that answers wrongly once a second, 20 times by default: keep it to seconds.
-        wait = os.environ.setdefault("RAY_gcs_server_port_wait_time_s", str(int(PROBE_SECONDS)))
+    with ray_noise_held_back() as own_stderr:
+        if owned and address:
+            # Ray retries a GCS that answers wrongly once a second, 20 times by default: keep it to seconds.
+            wait = os.environ.setdefault("RAY_gcs_server_port_wait_time_s", str(int(PROBE_SECONDS)))
+            try:
+                ray.init(address=address, runtime_env=runtime_env)
+            except (ConnectionError, RuntimeError, ValueError) as exc:
+                raise S2SError(f"cannot connect to the Ray cluster at {address}: {' '.join(str(exc).split())[:200]}") \
+                    from exc
+            finally:
+                if wait == str(int(PROBE_SECONDS)):
+                    os.environ.pop("RAY_gcs_server_port_wait_time_s", None)
+        elif owned:
+            ray.init(num_cpus=max(actors, os.cpu_count() or 1), runtime_env=runtime_env, include_dashboard=False,
+                     logging_level=logging.WARNING)
         try:
-            ray.init(address=address, runtime_env=runtime_env)
-        except (ConnectionError, RuntimeError, ValueError) as exc:
-            raise S2SError(f"cannot connect to the Ray cluster at {address}: {' '.join(str(exc).split())[:200]}") \
-                from exc
+            with contextlib.redirect_stderr(own_stderr), \
+                    file_job(input_path, str(output_path), options, manifest, resume=resume) as job:
+                chunks = list(chunk_ranges(input_path, job.input_bytes, job.lines + 1, chunk_lines))
+                job.start_progress(progress, job.lines + sum(chunk["lines"] for chunk in chunks))
+                if chunks:
+                    _run(ray, job, chunks, export_dir, input_path, options, actors, device, threads, engine)
+                return job.finish(started)
         finally:
-            if wait == str(int(PROBE_SECONDS)):
-                os.environ.pop("RAY_gcs_server_port_wait_time_s", None)
-    elif owned:
-        ray.init(num_cpus=max(actors, os.cpu_count() or 1), runtime_env=runtime_env, include_dashboard=False,
-                 logging_level=logging.WARNING)
-    try:
-        with file_job(input_path, str(output_path), options, manifest, resume=resume) as job:
-            chunks = list(chunk_ranges(input_path, job.input_bytes, job.lines + 1, chunk_lines))
-            job.start_progress(progress, job.lines + sum(chunk["lines"] for chunk in chunks))
-            if chunks:
-                _run(ray, job, chunks, export_dir, input_path, options, actors, device, threads, engine)
-            return job.finish(started)
-    finally:
-        if owned:
-            ray.shutdown()
+            if owned:
+                ray.shutdown()
+
+
+@contextlib.contextmanager
+def ray_noise_held_back() -> Iterator[TextIO]:
+    """Keep what Ray prints in this process (its token-auth warning through its own logging handler,
+    C++ ``core_worker`` lines straight to file descriptor 2) out of a successful run's output: file
+    descriptor 2 goes to a temporary file while Ray runs, and that file is replayed on stderr only
+    if the run fails. Yields a stream on the real stderr for our own progress bar and messages."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        own = open(os.dup(saved), "w", buffering=1, encoding="utf-8", errors="replace")  # noqa: SIM115
+        try:
+            yield own
+        except BaseException:
+            _restore(saved)
+            held.seek(0)
+            sys.stderr.write(held.read().decode("utf-8", errors="replace"))
+            raise
+        else:
+            _restore(saved)
+        finally:
+            own.close()
+
+
+def _restore(saved: int) -> None:
+    sys.stderr.flush()
+    os.dup2(saved, 2)
+    os.close(saved)
 
 
 def _run(ray: Any, job: FileJob, chunks: list[dict[str, int]], export_dir: str, input_path: str,

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -61,3 +64,30 @@ def test_ray_error_in_order_then_resume(exports, local_ray, tmp_path: Path) -> N
     assert not out.exists() and (tmp_path / "ray.txt.part").read_bytes().count(b"\n") == 24
     on_ray(manifest.directory, source, out, errors="replace", resume=True)
     assert out.read_bytes() == single_machine(manifest.directory, source, tmp_path / "one.txt", errors="replace")
+
+
+def test_ray_noise_shows_only_when_the_run_fails(capfd) -> None:
+    from s2s_deploy.distributed import ray_noise_held_back
+
+    with ray_noise_held_back() as own:
+        os.write(2, b"core_worker.cc: noise\n")
+        print("progress", file=own)
+    assert capfd.readouterr().err == "progress\n"
+    with pytest.raises(S2SError), ray_noise_held_back():
+        os.write(2, b"core_worker.cc: the cause\n")
+        raise S2SError("failed")
+    assert capfd.readouterr().err == "core_worker.cc: the cause\n"
+
+
+def test_a_successful_ray_run_prints_only_its_summary(exports, tmp_path: Path) -> None:
+    """The real command in a fresh process, where Ray's own warnings would reach the terminal."""
+    _, manifest = exports.get("gru")
+    source = tmp_path / "in.txt"
+    source.write_text("\n".join(lines_of(manifest, 6)) + "\n", encoding="utf-8")
+    result = subprocess.run([sys.executable, "-m", "s2s_deploy", "translate", str(manifest.directory), "--input",
+                             str(source), "--output", str(tmp_path / "out.txt"), "--ray", "--actors", "1",
+                             "--device", "cpu"], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines() == [line for line in result.stderr.splitlines()
+                                          if line.startswith("translated 6 lines to ")]
+    assert len(result.stderr.splitlines()) == 1

@@ -72,7 +72,11 @@ def test_list_reads_plugins_without_importing_torch(tmp_path: Path) -> None:
            "s2s_deploy_plugins.gru:PLUGIN" in out
 
 
-def test_list_falls_back_to_importing_what_it_cannot_read(tmp_path: Path) -> None:
+def test_list_falls_back_to_importing_what_it_cannot_read(tmp_path: Path, monkeypatch) -> None:
+    from s2s_deploy.export.registry import REGISTRY
+
+    monkeypatch.setattr(REGISTRY, "_plugins", dict(REGISTRY._plugins))  # the plugin registers for this test only
+    monkeypatch.setattr(REGISTRY, "_entry_points_loaded", REGISTRY._entry_points_loaded)
     plugin_file = tmp_path / "computed.py"
     plugin_file.write_text("from s2s_deploy_plugins.gru import GRUPlugin\n"
                            "class Computed(GRUPlugin):\n    name = 'computed'\n    presets = dict(GRUPlugin.presets)\n"
@@ -237,3 +241,26 @@ def test_quantize_carries_generate_over_refused_from_the_quantised_graphs(export
     loop = [t.text for t in Translator(quantised.directory, device="cpu")(sources, beam=2)]
     graph = [t.text for t in Translator(quantised.directory, device="cpu", engine="graph")(sources, beam=2)]
     assert graph == loop
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    header = path.read_bytes()[:24]
+    assert header[:8] == b"\x89PNG\r\n\x1a\n"
+    return int.from_bytes(header[16:20], "big"), int.from_bytes(header[20:24], "big")
+
+
+def test_transformer_attention_compare_is_readable(exports, tmp_path: Path) -> None:
+    """Default: the mean of every layer and head, side by side; --reduce none: the grids stacked."""
+    _, manifest = exports.get("transformer")
+    text = "Wednesday, March 3, 2021"
+    args = ["attention", str(manifest.directory), text, "--compare", "--device", "cpu", "--max-len", "24"]
+    code, out, err = run(*args, "--out", str(tmp_path / "mean.png"))
+    assert code == 0, err
+    panels = out.split("source tokens, ")[1].strip()
+    assert panels.startswith("mean of ") and panels.endswith(" maps")
+    width, height = png_size(tmp_path / "mean.png")
+    assert 800 <= width <= 2000 and 400 <= height <= 1000
+    code, out, err = run(*args, "--reduce", "none", "--out", str(tmp_path / "heads.png"))
+    assert code == 0, err
+    width, height = png_size(tmp_path / "heads.png")
+    assert width <= 2000 and height <= 2200

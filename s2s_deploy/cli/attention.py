@@ -14,13 +14,13 @@ from s2s_deploy.cli.extras import require
 @click.argument("text")
 @click.option("--out", type=click.Path(dir_okay=False), default="attention.png", show_default=True,
               help="Image to write (PNG, SVG or PDF by extension).")
-@click.option("--reduce", type=click.Choice(["none", "mean"]), default="none", show_default=True,
-              help="none: one panel per layer and head; mean: their average.")
+@click.option("--reduce", type=click.Choice(["none", "mean"]), default=None,
+              help="none: one panel per layer and head; mean: their average [default: none; mean with --compare].")
 @click.option("--compare", is_flag=True, help="Also run the PyTorch original and plot both side by side.")
 @click.option("--max-len", type=click.IntRange(1), default=64, show_default=True, help="Most target tokens.")
 @device_option
 @plugin_option
-def attention_command(export_dir: str, text: str, out: str, reduce: str, compare: bool, max_len: int,
+def attention_command(export_dir: str, text: str, out: str, reduce: str | None, compare: bool, max_len: int,
                       device: str, plugin_files: tuple[str, ...]) -> None:
     """Plot what an export attends to, as a heatmap.
 
@@ -47,15 +47,18 @@ def attention_command(export_dir: str, text: str, out: str, reduce: str, compare
 
         comparison = compare_attention(torch_backend_for(manifest), backend, manifest, text, max_len=max_len)
         amap = comparison.candidate
+        reduce = reduce or "mean"  # 2 x layers x heads tiny panels are unreadable; --reduce none asks for them
         path = plot.plot_comparison(comparison, out, reduce)
         click.echo(f"max |diff| attention {comparison.reference.backend} vs {amap.backend}: "
                    f"{comparison.max_abs_diff:.2e}")
     else:
         amap = attention_map(backend, manifest, text, max_len=max_len)
+        reduce = reduce or "none"
         path = plot.plot_attention(amap.reduce(reduce), out,
                                    title=f"{manifest.plugin}: {manifest.tgt_vocab.decode(amap.target_ids)}")
-    click.echo(f"wrote {path}: {len(amap.target_tokens)} target x {len(amap.source_tokens)} source tokens, "
-               f"{len(amap.panels)} map{'s' if len(amap.panels) > 1 else ''}")
+    drawn = amap.reduce(reduce).panels
+    maps = drawn[0] if len(drawn) == 1 and len(amap.panels) > 1 else f"{len(drawn)} map{'s' if len(drawn) > 1 else ''}"
+    click.echo(f"wrote {path}: {len(amap.target_tokens)} target x {len(amap.source_tokens)} source tokens, {maps}")
 
 
 def _explain_missing_attention(architecture: str, export_dir: str) -> None:

@@ -54,14 +54,16 @@ def _label(token: str) -> str:
     return VISIBLE_SPACE if token == " " else token
 
 
-def _cell_inches(amap: AttentionMap, columns: int) -> float:
-    """Shrink cells as panels and tokens multiply, so a many-head grid stays about a screen in size."""
+def _cell_inches(amap: AttentionMap, columns: int, rows: int | None = None) -> float:
+    """Shrink cells as panels and tokens multiply, so a many-head grid stays about a screen in size,
+    but never below what keeps a character label legible."""
     across = columns * len(amap.source_tokens)
-    down = amap.grid[0] * len(amap.target_tokens)
-    return float(np.clip(min(13.0 / across, 10.0 / down), 0.08, 0.28))
+    down = (rows or amap.grid[0]) * len(amap.target_tokens)
+    return float(np.clip(min(13.0 / across, 10.0 / down), 0.11, 0.28))
 
 
-def _draw(container: Any, amap: AttentionMap, cell: float, vmax: float) -> None:
+def _draw(container: Any, amap: AttentionMap, cell: float, vmax: float, colorbar: bool = True) -> None:
+    """``colorbar=False`` keeps the bar's room but hides it, so side-by-side maps stay the same size."""
     rows, columns = amap.grid
     axes = container.subplots(rows, columns, squeeze=False, sharex=True, sharey=True)
     fontsize = float(np.clip(cell * 58, 5, 9))
@@ -77,11 +79,13 @@ def _draw(container: Any, amap: AttentionMap, cell: float, vmax: float) -> None:
     for ax in axes.flat:  # after every set_xticks, which resets the shared axes' labels
         for tick in ax.get_xticklabels():  # characters stay upright, longer tokens turn to fit a column
             tick.set_rotation(90 if len(tick.get_text()) > 1 else 0)
-    if rows * columns == 1:
-        axes[0, 0].xaxis.set_label_position("top")
-        axes[0, 0].set_xlabel("source", fontsize=fontsize + 1)
-        axes[0, 0].set_ylabel("target", fontsize=fontsize + 1)
-    container.colorbar(image, ax=axes, shrink=0.6, aspect=30)
+    for ax in axes[0, :]:
+        ax.xaxis.set_label_position("top")
+        ax.set_xlabel("source", fontsize=fontsize + 1)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("target", fontsize=fontsize + 1)
+    bar = container.colorbar(image, ax=axes, shrink=0.6, aspect=30, label="attention weight")
+    bar.ax.set_visible(colorbar)
 
 
 def _size(amap: AttentionMap, cell: float) -> tuple[float, float]:
@@ -100,16 +104,20 @@ def plot_attention(amap: AttentionMap, path: str | Path, title: str | None = Non
     return _save(figure, path)
 
 
-def plot_comparison(comparison: AttentionComparison, path: str | Path, reduce: str = "none") -> Path:
-    """Reference and candidate side by side on one colour scale; the title gives their max |Δ|
-    over every panel (before any reduction)."""
+def plot_comparison(comparison: AttentionComparison, path: str | Path, reduce: str = "mean") -> Path:
+    """Reference and candidate on one colour scale (one colour bar); the title gives their max |Δ|
+    over every panel (before any reduction). Single maps sit side by side; per-head grids are
+    stacked, reference above candidate, so each keeps a screen's width."""
     maps = [comparison.reference.reduce(reduce), comparison.candidate.reduce(reduce)]
-    cell = _cell_inches(maps[0], 2 * maps[0].grid[1])
+    rows, columns = maps[0].grid
+    stacked = columns > 1
+    cell = _cell_inches(maps[0], columns if stacked else 2 * columns, 2 * rows if stacked else rows)
     width, height = _size(maps[0], cell)
-    figure = _figure(figsize=(2 * width, height + 0.4))
+    figure = _figure(figsize=(width, 2 * height + 0.4) if stacked else (2 * width, height + 0.4))
     vmax = max(float(m.weights.max()) for m in maps)
-    for sub, amap in zip(figure.subfigures(1, 2), maps, strict=True):
-        _draw(sub, amap, cell, vmax)
+    for index, (sub, amap) in enumerate(zip(figure.subfigures(2, 1) if stacked else figure.subfigures(1, 2), maps,
+                                            strict=True)):
+        _draw(sub, amap, cell, vmax, colorbar=index == 1)
         sub.suptitle(amap.backend, fontsize=10)
     figure.suptitle(f"{maps[0].backend} vs {maps[1].backend}: max |Δ attention| = {comparison.max_abs_diff:.1e}",
                     fontsize=11)

@@ -80,7 +80,7 @@ def quantize_export(manifest: Manifest, kind: str, out_dir: Path, force: bool = 
         if checkpoint.is_file():
             shutil.copyfile(checkpoint, work / checkpoint.name)
         raw["graphs"].pop("generate", None)  # a fused graph embeds the fp32 decoder: fuse the copy anew
-        raw["quantization"] = {"kind": kind, "source": str(manifest.directory)}
+        raw["quantization"] = {"kind": kind, "source": manifest.directory.name}  # no build-machine paths
         if kind == "int8":
             raw["quantization"]["activations"] = activations
         raw["validation"] = {"atol": None, "min_token_agreement": MIN_TOKEN_AGREEMENT[kind],
