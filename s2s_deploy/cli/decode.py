@@ -158,7 +158,7 @@ def _translate_file(export_dir: str, input_path: str, output_path: str, options:
               help="Sentences to check, one per line [default: the samples stored at export].")
 @click.option("--beam", type=click.IntRange(2), default=4, show_default=True)
 @click.option("--max-len", type=click.IntRange(1), default=64, show_default=True)
-@click.option("--atol", type=float, default=None, help="Log-prob tolerance [default: the plugin's, from the manifest].")
+@click.option("--atol", type=float, default=None, help="Log-prob tolerance [default: the plugin's].")
 @click.option("--checkpoint", type=click.Path(dir_okay=False), default=None,
               help="The PyTorch original [default: the checkpoint stored in the export].")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
