@@ -75,6 +75,7 @@ def _translation(source: str, hyps: list[Hypothesis], vocab: Vocabulary) -> Tran
 
 
 ENGINES = ("loop", "graph")
+MAX_DECODE = 1 << 16  # the step loop keeps (rows, max_len) arrays: a typo must not allocate gigabytes
 
 
 class Translator:
@@ -111,6 +112,8 @@ class Translator:
         if beam >= len(manifest.tgt_vocab):
             raise S2SError(f"beam {beam} must be smaller than the target vocabulary ({len(manifest.tgt_vocab)} tokens)")
         limit = manifest.max_target_length
+        if max_len is not None and max_len > MAX_DECODE:
+            raise S2SError(f"max-len {max_len} is over the {MAX_DECODE} tokens this runtime decodes")
         if max_len is not None and limit is not None and max_len > limit:
             raise S2SError(f"max-len {max_len} exceeds the model's limit of {limit} target tokens "
                            "(its position table)")
