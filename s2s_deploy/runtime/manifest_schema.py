@@ -97,20 +97,27 @@ def read_manifest_json(path: Path) -> dict[str, Any]:
         raise ManifestError(f"{path} is not valid UTF-8 (byte {exc.start})") from exc
     except OSError as exc:
         raise ManifestError(f"cannot read {path}: {exc.strerror}") from exc
-    depth = deepest = 0
-    for char in text:  # brackets inside strings count too: an over-estimate is safe
-        if char in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif char in "]}":
-            depth -= 1
-    if deepest > MAX_DEPTH:
-        raise ManifestError(f"{path} nests {deepest} levels deep, over the {MAX_DEPTH} a manifest may have")
     try:
         raw = json.loads(text, parse_constant=_refuse_constant)
-    except (json.JSONDecodeError, ValueError, RecursionError) as exc:
+    except (json.JSONDecodeError, ValueError) as exc:
         raise ManifestError(f"{path} is not valid JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise ManifestError(f"{path} nests too deep for a manifest (over {MAX_DEPTH} levels)") from exc
+    deepest = _depth(raw)
+    if deepest > MAX_DEPTH:
+        raise ManifestError(f"{path} nests {deepest} levels deep, over the {MAX_DEPTH} a manifest may have")
     return raw
+
+
+def _depth(root: Any) -> int:
+    """Nesting depth, without recursion."""
+    deepest, stack = 0, [(root, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, (dict, list)):
+            deepest = max(deepest, depth)
+            stack.extend((child, depth + 1) for child in (node.values() if isinstance(node, dict) else node))
+    return deepest
 
 
 def _refuse_constant(name: str) -> float:
