@@ -3,7 +3,7 @@ options, input files and file-system faults. In every case: no traceback, either
 non-zero exit with one error line, and no partial or destroyed output, no input touched.
 
 Bounded for CI (2 cores, under 3 minutes): one export for the whole session, in-process
-CliRunner, a few dozen examples per property, short inputs and --max-len.
+CliRunner, 100 examples per property, short inputs and --max-len.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from s2s_deploy.cli import main
 from s2s_deploy.runtime import files
 
-FUZZ = settings(max_examples=40, deadline=None, derandomize=True,
+FUZZ = settings(max_examples=100, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
 

@@ -120,7 +120,7 @@ def test_nan_and_deep_nesting_in_the_manifest(gru: Path, tmp_path: Path) -> None
     one_line(*run("translate", str(folder), "a")[::2], "NaN")
     deep = '"search": {"x": ' + "[" * 5000 + "]" * 5000 + ","
     (folder / "manifest.json").write_text(text.replace('"search": {', deep))
-    one_line(*run("translate", str(folder), "a")[::2], "levels deep")
+    one_line(*run("translate", str(folder), "a")[::2], "nests")
 
 
 def test_unknown_keys_are_allowed_for_newer_writers(gru: Path, tmp_path: Path) -> None:

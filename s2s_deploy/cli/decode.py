@@ -285,6 +285,8 @@ def parity_command(export_dir: str, input_path: str | None, beam: int, max_len: 
     from s2s_deploy.runtime.ort_backend import OrtBackend
 
     load_plugin_files(plugin_files)
+    if atol is not None and not 0 <= atol < float("inf"):
+        raise S2SError(f"--atol must be a finite number >= 0, not {atol}")
     manifest = load_manifest(export_dir)
     sources = read_lines(input_path) if input_path else list(manifest.samples)
     if not sources:

@@ -97,20 +97,27 @@ def read_manifest_json(path: Path) -> dict[str, Any]:
         raise ManifestError(f"{path} is not valid UTF-8 (byte {exc.start})") from exc
     except OSError as exc:
         raise ManifestError(f"cannot read {path}: {exc.strerror}") from exc
-    depth = deepest = 0
-    for char in text:  # brackets inside strings count too: an over-estimate is safe
-        if char in "[{":
-            depth += 1
-            deepest = max(deepest, depth)
-        elif char in "]}":
-            depth -= 1
-    if deepest > MAX_DEPTH:
-        raise ManifestError(f"{path} nests {deepest} levels deep, over the {MAX_DEPTH} a manifest may have")
     try:
         raw = json.loads(text, parse_constant=_refuse_constant)
-    except (json.JSONDecodeError, ValueError, RecursionError) as exc:
+    except (json.JSONDecodeError, ValueError) as exc:
         raise ManifestError(f"{path} is not valid JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise ManifestError(f"{path} nests too deep for a manifest (over {MAX_DEPTH} levels)") from exc
+    deepest = _depth(raw)
+    if deepest > MAX_DEPTH:
+        raise ManifestError(f"{path} nests {deepest} levels deep, over the {MAX_DEPTH} a manifest may have")
     return raw
+
+
+def _depth(root: Any) -> int:
+    """Nesting depth, without recursion."""
+    deepest, stack = 0, [(root, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, (dict, list)):
+            deepest = max(deepest, depth)
+            stack.extend((child, depth + 1) for child in (node.values() if isinstance(node, dict) else node))
+    return deepest
 
 
 def _refuse_constant(name: str) -> float:
@@ -131,7 +138,7 @@ def validate_manifest(raw: Any, path: Path) -> None:
         message = error.message if len(error.message) < 200 else error.message[:200] + "..."
         raise ManifestError(f"{path} is incomplete or corrupt: key {where}: {message}")
     for entry in all_files(raw):
-        if entry.startswith("/") or "\\" in entry or "\x00" in entry:
+        if not entry or entry.startswith("/") or "\\" in entry or "\x00" in entry:
             raise ManifestError(f"{path}: file {entry!r} must be a relative path inside the export folder")
     alpha = raw["search"].get("length_penalty_alpha")
     if alpha is not None and not math.isfinite(alpha):
@@ -139,16 +146,25 @@ def validate_manifest(raw: Any, path: Path) -> None:
 
 
 def all_files(raw: dict[str, Any]) -> list[str]:
+    """Every path the manifest names: graph files, the checkpoint, and any ``file``/``files``
+    string anywhere under ``tokenizers`` (whatever shape its entries take)."""
     files = []
     for graph in raw["graphs"].values():
         files += [graph[key] for key in ("file", "ort_file") if isinstance(graph.get(key), str)]
-    if isinstance(raw.get("checkpoint"), dict):
+    if isinstance(raw.get("checkpoint"), dict) and isinstance(raw["checkpoint"].get("file"), str):
         files.append(raw["checkpoint"]["file"])
-    for entry in raw.get("tokenizers", {}).values() if isinstance(raw.get("tokenizers"), dict) else ():
-        if isinstance(entry, dict):
-            files += [f["file"] if isinstance(f, dict) else f for f in entry.get("files", ())
-                      if isinstance(f, (str, dict)) and (isinstance(f, str) or isinstance(f.get("file"), str))]
+    files += _named_files(raw.get("tokenizers"), False)
     return files
+
+
+def _named_files(node: Any, named: bool) -> list[str]:
+    if isinstance(node, str):
+        return [node] if named else []
+    if isinstance(node, dict):
+        return [f for key, value in node.items() for f in _named_files(value, key in ("file", "files"))]
+    if isinstance(node, list):
+        return [f for value in node for f in _named_files(value, named)]
+    return []
 
 
 def contained(directory: Path, name: str) -> Path:

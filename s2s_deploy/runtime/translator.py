@@ -128,6 +128,7 @@ def _translation(source: str, hyps: list[Hypothesis], vocab: Vocabulary) -> Tran
 
 
 ENGINES = ("loop", "graph")
+MAX_DECODE = 1 << 16  # the step loop keeps (rows, max_len) arrays: a typo must not allocate gigabytes
 
 
 def default_search_config(manifest: Manifest, beam: int | None = None, n_best: int | None = None,
@@ -149,6 +150,8 @@ def default_search_config(manifest: Manifest, beam: int | None = None, n_best: i
                                   or not math.isfinite(value) or value < 0):
             raise S2SError(f"{name} must be a finite number >= 0, not {value!r}")
     limit = manifest.max_target_length
+    if max_len is not None and max_len > MAX_DECODE:
+        raise S2SError(f"max-len {max_len} is over the {MAX_DECODE} tokens this runtime decodes")
     if max_len is not None and limit is not None and max_len > limit:
         raise S2SError(f"max-len {max_len} exceeds the model's limit of {limit} target tokens (its position table)")
     stored = manifest.raw.get("search", {})
