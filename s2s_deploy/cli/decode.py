@@ -45,6 +45,9 @@ def read_lines(path: str) -> list[str]:
 @click.option("--max-len", type=click.IntRange(1), default=None, help="Most target tokens [default: model limit].")
 @click.option("--batch-size", type=click.IntRange(1), default=32, show_default=True)
 @click.option("--scores", is_flag=True, help="Print each hypothesis's score before it, tab-separated.")
+@click.option("--ids", is_flag=True,
+              help="Inputs and outputs are whitespace-separated token ids: an input is the encoder's row as it "
+                   "stands (EOS included), an output the target ids without the start token and EOS.")
 @click.option("--output", "output_path", type=click.Path(dir_okay=False, allow_dash=True), default=None,
               help="Stream --input into this file ('-' for stdout), one line per input line, in order.")
 @click.option("--on-long", type=click.Choice(["truncate", "skip", "error"]), default=None,
@@ -66,7 +69,7 @@ def read_lines(path: str) -> list[str]:
 @device_option
 @threads_option
 def translate_command(export_dir: str, texts: tuple[str, ...], input_path: str | None, beam: int, n_best: int,
-                      alpha: float | None, max_len: int | None, batch_size: int, scores: bool,
+                      alpha: float | None, max_len: int | None, batch_size: int, scores: bool, ids: bool,
                       output_path: str | None, on_long: str | None, utf8_errors: str | None, resume: bool,
                       quiet: bool, ray_address: str | None, actors: int, chunk_lines: int | None, engine: str,
                       device: str, threads: int | None) -> None:
@@ -77,7 +80,7 @@ def translate_command(export_dir: str, texts: tuple[str, ...], input_path: str |
     """
     from s2s_deploy.runtime.errors import S2SError
     from s2s_deploy.runtime.files import CHUNK_LINES, FileOptions
-    from s2s_deploy.runtime.translator import Translator, check_inputs
+    from s2s_deploy.runtime.translator import Translator, check_ids, check_inputs, parse_ids
 
     file_only = {"--on-long": on_long, "--errors": utf8_errors, "--resume": resume or None, "--quiet": quiet or None,
                  "--ray": ray_address, "--chunk-lines": chunk_lines}
@@ -88,7 +91,7 @@ def translate_command(export_dir: str, texts: tuple[str, ...], input_path: str |
             raise S2SError("--output writes one line per input line: --n-best needs output to the terminal")
         options = FileOptions(beam=beam, batch_size=batch_size, max_len=max_len, alpha=alpha,
                               on_long=on_long or "truncate", errors=utf8_errors or "strict", scores=scores,
-                              chunk_lines=chunk_lines or CHUNK_LINES)
+                              chunk_lines=chunk_lines or CHUNK_LINES, ids=ids)
         _translate_file(export_dir, input_path, output_path, options, resume, quiet, ray_address, actors, engine,
                         device, threads)
         return
@@ -101,7 +104,17 @@ def translate_command(export_dir: str, texts: tuple[str, ...], input_path: str |
     check_inputs(sentences)
     translator = Translator(export_dir, device=device, threads=threads, engine=engine)
     translator.search_config(beam, n_best, max_len, alpha)  # reject bad options before the notice
+    if ids:
+        source = translator.manifest.src_vocab  # bad ids are refused before the notice
+        rows = check_ids([parse_ids(line, number) for number, line in enumerate(sentences, 1)], len(source),
+                         translator.manifest.max_source_length)
     click.echo(translator.notice, err=True)
+    if ids:
+        for hyps in translator.translate_ids(rows, beam, n_best, max_len, alpha, batch_size):
+            for hyp in hyps:
+                line = " ".join(map(str, hyp.tokens))
+                click.echo(f"{hyp.score:.4f}\t{line}" if scores else line)
+        return
     for result in translator(sentences, beam, n_best, max_len, alpha, batch_size):
         for text, score in result.hypotheses:
             click.echo(f"{score:.4f}\t{text}" if scores else text)

@@ -1,5 +1,6 @@
 """Checkpoints are one safetensors file: tensors, plus JSON metadata (architecture, config,
-vocabularies). Loading never unpickles anything."""
+vocabularies). A subword vocabulary's tokenizer file rides along as a uint8 tensor named by its
+sha256 (no size limit, unlike the metadata header). Loading never unpickles anything."""
 
 from __future__ import annotations
 
@@ -18,9 +19,11 @@ from safetensors.torch import load_file, save_file
 from s2s_deploy.export.contract import ArchitecturePlugin, Seq2SeqModel
 from s2s_deploy.export.registry import get_plugin
 from s2s_deploy.runtime.errors import CheckpointError, S2SError
-from s2s_deploy.runtime.vocab import Vocabulary
+from s2s_deploy.runtime.vocab import FileReader, Vocabulary
 
-FORMAT = "s2s-deploy-checkpoint/1"
+FORMAT = "s2s-deploy-checkpoint/2"
+READABLE_FORMATS = ("s2s-deploy-checkpoint/1", FORMAT)  # 1: no special ids, no tokenizer files
+FILE_TENSOR = "s2s_deploy.tokenizer_file."
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,9 @@ def save_checkpoint(
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tensors = {name: t.detach().contiguous().cpu() for name, t in _unique_tensors(model).items()}
+    for file in (src_vocab.tokenizer, tgt_vocab.tokenizer):
+        if file is not None:
+            tensors[FILE_TENSOR + file.sha256] = torch.frombuffer(bytearray(file.data), dtype=torch.uint8)
     metadata = {
         "format": FORMAT,
         "arch": plugin.name,
@@ -99,13 +105,20 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
         tensors = load_file(str(path))
     except (SafetensorError, OSError, ValueError) as exc:
         raise CheckpointError(f"{path} is not a readable safetensors checkpoint: {exc}") from exc
-    if metadata.get("format") != FORMAT:
+    if metadata.get("format") not in READABLE_FORMATS:
         raise CheckpointError(f"{path} is not an s2s-deploy checkpoint (format {metadata.get('format')!r})")
+    files = {name[len(FILE_TENSOR):]: tensors.pop(name) for name in list(tensors) if name.startswith(FILE_TENSOR)}
+
+    def read_file(name: str, sha256: str) -> bytes:
+        if sha256 not in files:
+            raise CheckpointError(f"no tokenizer file {name!r} (sha256 {sha256[:12]}...) in the checkpoint")
+        return files[sha256].numpy().tobytes()
+
     try:
         plugin = get_plugin(metadata["arch"])
         config = plugin.config_from_dict(json.loads(metadata["config"]))
-        src_vocab = Vocabulary.from_dict(json.loads(metadata["src_vocab"]))
-        tgt_vocab = _target_vocab(json.loads(metadata["tgt_vocab"]), plugin)
+        src_vocab = Vocabulary.from_dict(json.loads(metadata["src_vocab"]), read_file=read_file)
+        tgt_vocab = _target_vocab(json.loads(metadata["tgt_vocab"]), plugin, read_file)
         info = json.loads(metadata.get("info", "{}"))
     except S2SError as exc:
         raise CheckpointError(f"{path}: {exc}") from exc
@@ -114,10 +127,10 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
     return Checkpoint(metadata["arch"], metadata["plugin_version"], config, src_vocab, tgt_vocab, tensors, info)
 
 
-def _target_vocab(data: dict[str, Any], plugin: ArchitecturePlugin) -> Vocabulary:
+def _target_vocab(data: dict[str, Any], plugin: ArchitecturePlugin, read_file: FileReader) -> Vocabulary:
     """Older checkpoints record no special ids: the plugin's start token name gives the start id."""
     if "special" in data:
-        return Vocabulary.from_dict(data)
+        return Vocabulary.from_dict(data, read_file=read_file)
     start = plugin.special_tokens.decoder_start
     if start not in data["tokens"]:
         raise CheckpointError(f"the decoder start token {start!r} of {plugin.name} is not in the target vocabulary")

@@ -29,6 +29,7 @@ from s2s_deploy.runtime.manifest import FORMAT, sha256_of, write_manifest
 from s2s_deploy.runtime.names import TOP_K, TOP_OUTPUTS, init_name, past_name, present_name
 from s2s_deploy.runtime.ort_backend import quiet_stderr
 from s2s_deploy.runtime.staging import staged_directory
+from s2s_deploy.runtime.subword import write_files
 from s2s_deploy.runtime.vocab import Vocabulary
 
 DEFAULT_OPSET = 18
@@ -99,9 +100,10 @@ def export_model(
 
     with staged_directory(out_dir, force) as work:
         enc_args = _encoder_inputs(len(src_vocab), _EXAMPLE)
-        dec_args = _decoder_inputs(encoder, specs, len(tgt_vocab), _EXAMPLE)
+        vocab_sizes = (len(src_vocab), len(tgt_vocab))
+        dec_args = _decoder_inputs(encoder, specs, vocab_sizes, _EXAMPLE)
         enc_axes = _dynamic_axes(encoder, enc_args, _encoder_inputs(len(src_vocab), _PROBE))
-        dec_axes = _dynamic_axes(step, dec_args, _decoder_inputs(encoder, specs, len(tgt_vocab), _PROBE))
+        dec_axes = _dynamic_axes(step, dec_args, _decoder_inputs(encoder, specs, vocab_sizes, _PROBE))
         _export(encoder, enc_args, work / ENCODER_FILE, specs.io.encoder_inputs, specs.io.encoder_outputs,
                 enc_axes, exporter, opset)
         _export(step, dec_args, work / DECODER_FILE, specs.io.decoder_inputs, specs.io.decoder_outputs,
@@ -115,6 +117,7 @@ def export_model(
         diffs = _compare_with_onnxruntime(encoder, step, specs, graph_paths, len(src_vocab), len(tgt_vocab),
                                           plugin.parity_atol)
         shutil.copyfile(checkpoint_path, work / CHECKPOINT_FILE)
+        write_files((src_vocab.tokenizer, tgt_vocab.tokenizer), work)
         raw = _manifest(plugin, config, specs, src_vocab, tgt_vocab, work, exporter, opset, source,
                         samples, diffs)
         raw["training"] = training or {}
@@ -149,13 +152,16 @@ def _zeros(spec: StateSpec, batch: int, past_len: int) -> torch.Tensor:
 
 
 def _decoder_inputs(
-    encoder: EncoderGraph, specs: _Specs, vocab_size: int, sizes: dict[str, int], past_len: int | None = None
+    encoder: EncoderGraph, specs: _Specs, vocab_sizes: tuple[int, int], sizes: dict[str, int],
+    past_len: int | None = None,
 ) -> tuple[torch.Tensor, ...]:
-    """Decoder inputs with a non-empty past, so tracing sees the growing axis as dynamic."""
+    """Decoder inputs with a non-empty past, so tracing sees the growing axis as dynamic.
+    ``vocab_sizes`` is (source, target): the encoder reads source ids, the step target ids."""
+    src_vocab_size, vocab_size = vocab_sizes
     past_len = sizes["past_len"] if past_len is None else past_len
     batch = sizes["batch"]
     with torch.no_grad():
-        encoded = dict(zip(specs.io.encoder_outputs, encoder(*_encoder_inputs(vocab_size, sizes)), strict=True))
+        encoded = dict(zip(specs.io.encoder_outputs, encoder(*_encoder_inputs(src_vocab_size, sizes)), strict=True))
     generator = torch.Generator().manual_seed(past_len)
     tokens = torch.randint(4, vocab_size, (batch,), generator=generator)
     reorder = torch.arange(batch - 1, -1, -1, dtype=torch.int64)

@@ -12,9 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from s2s_deploy.runtime.errors import ManifestError
+from s2s_deploy.runtime.errors import ManifestError, S2SError
 from s2s_deploy.runtime.names import init_name, past_name, present_name
-from s2s_deploy.runtime.vocab import Vocabulary
+from s2s_deploy.runtime.subword import inside
+from s2s_deploy.runtime.vocab import FileReader, Vocabulary
 
 FORMAT = "s2s-deploy-manifest/3"
 READABLE_FORMATS = ("s2s-deploy-manifest/2", FORMAT)
@@ -126,6 +127,10 @@ def load_manifest(directory: str | Path, verify_hashes: bool = True) -> Manifest
         raise ManifestError(f"{path} has format {found!r}; expected {' or '.join(map(repr, READABLE_FORMATS))}")
     try:
         manifest = _parse(directory, raw)
+    except ManifestError:
+        raise
+    except S2SError as exc:
+        raise ManifestError(f"{path}: {exc}") from exc
     except (KeyError, TypeError, ValueError) as exc:
         raise ManifestError(f"{path} is incomplete or corrupt: {exc!r}") from exc
     for graph in (manifest.encoder, manifest.decoder):
@@ -144,9 +149,10 @@ def load_manifest(directory: str | Path, verify_hashes: bool = True) -> Manifest
 def _parse(directory: Path, raw: dict[str, Any]) -> Manifest:
     graphs = raw["graphs"]
     limits = raw.get("limits", {})
-    src_vocab = Vocabulary.from_dict(raw["vocab"]["source"])
+    read = _folder_reader(directory)
+    src_vocab = Vocabulary.from_dict(raw["vocab"]["source"], read_file=read)
     # format 2 kept the decoder start apart from the vocabulary, whose specials sat at 0..3
-    tgt_vocab = Vocabulary.from_dict(raw["vocab"]["target"], int(raw["special_tokens"]["decoder_start"]))
+    tgt_vocab = Vocabulary.from_dict(raw["vocab"]["target"], int(raw["special_tokens"]["decoder_start"]), read)
     if raw["special_tokens"] != tgt_vocab.special_ids():
         raise ValueError(f"special_tokens {raw['special_tokens']} disagree with the target vocabulary's")
     return Manifest(
@@ -170,6 +176,17 @@ def _parse(directory: Path, raw: dict[str, Any]) -> Manifest:
         has_attention_output=any(io["name"] == "attention" for io in graphs["decoder"]["outputs"]),
         samples=tuple(raw.get("samples", ())),
     )
+
+
+def _folder_reader(directory: Path) -> FileReader:
+    """Tokenizer files are read from inside the export folder only."""
+    def read(name: str, sha256: str) -> bytes:
+        path = inside(directory, name)
+        if not path.is_file():
+            raise ManifestError(f"{path} is missing")
+        return path.read_bytes()
+
+    return read
 
 
 def _graph(entry: dict[str, Any]) -> GraphEntry:

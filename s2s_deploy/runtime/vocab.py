@@ -3,21 +3,30 @@
 Special ids are data, not positions: a vocabulary built here puts ``<pad> <bos> <eos> <unk>`` at
 0..3, but one read from a checkpoint or manifest may hold them anywhere (Marian's pad is its last
 id and its EOS is 0), and ``bos`` and ``unk`` may be absent.
+
+Levels: ``char`` and ``word`` split text here; ``sentencepiece`` splits it into pieces with the
+vocabulary's ``.model`` and maps them through ``tokens``; ``hf`` runs a ``tokenizer.json``
+whose ids must agree with ``tokens`` (checked on load).
 """
 
 from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from s2s_deploy.runtime.errors import S2SError
+from s2s_deploy.runtime.subword import HF, SENTENCEPIECE, HFTokenizer, SentencePieceModel, TokenizerFile, load_model
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIALS: tuple[str, ...] = (PAD, BOS, EOS, UNK)
-LEVELS = ("char", "word")
+LEVELS = ("char", "word", SENTENCEPIECE, HF)
+SUBWORD_LEVELS = (SENTENCEPIECE, HF)
+FileReader = Callable[[str, str], bytes]
+"""``(file name, sha256) -> bytes``: how ``from_dict`` gets a tokenizer file (folder or checkpoint)."""
 _WORD = re.compile(r"\w+|[^\w\s]", re.UNICODE)
 
 
@@ -44,8 +53,10 @@ class Vocabulary:
     prefix: tuple[int, ...] = ()
     suffix: tuple[int, ...] | None = None
     hidden: tuple[int, ...] = ()
+    tokenizer: TokenizerFile | None = None
     _index: dict[str, int] = field(init=False, repr=False, compare=False)
     _skip: frozenset[int] = field(init=False, repr=False, compare=False)
+    _model: SentencePieceModel | HFTokenizer | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.level not in LEVELS:
@@ -73,6 +84,21 @@ class Vocabulary:
         object.__setattr__(self, "_index", {t: i for i, t in enumerate(self.tokens)})
         skip = {self.pad_id, self.bos_id, self.decoder_start_id, *self.hidden}
         object.__setattr__(self, "_skip", frozenset(i for i in skip if i is not None))
+        object.__setattr__(self, "_model", self._load_model())
+
+    def _load_model(self) -> SentencePieceModel | HFTokenizer | None:
+        if (self.tokenizer is not None) != (self.level in SUBWORD_LEVELS):
+            raise VocabularyError(f"a {self.level} vocabulary {'needs' if self.tokenizer is None else 'takes no'} "
+                                  "tokenizer file")
+        if self.tokenizer is None:
+            return None
+        model = load_model(self.level, self.tokenizer)
+        if isinstance(model, HFTokenizer):
+            wrong = [(t, i) for t, i in model.vocab().items() if i >= len(self.tokens) or self.tokens[i] != t]
+            if wrong:
+                raise VocabularyError(f"{self.tokenizer.name} gives {wrong[0][0]!r} id {wrong[0][1]}, which the "
+                                      "vocabulary's tokens disagree with")
+        return model
 
     @classmethod
     def build(cls, texts: Iterable[str], level: str = "char", min_count: int = 1,
@@ -94,7 +120,11 @@ class Vocabulary:
 
     def encode(self, text: str, add_eos: bool = True) -> list[int]:
         """Ids of ``text``; with ``add_eos`` framed by ``prefix`` and ``suffix`` (EOS by default)."""
-        ids = [self._id(tok) for tok in split(text, self.level)]
+        if isinstance(self._model, HFTokenizer):
+            ids = self._model.ids(text)
+        else:
+            pieces = self._model.pieces(text) if self._model is not None else split(text, self.level)
+            ids = [self._id(tok) for tok in pieces]
         return [*self.prefix, *ids, *self.suffix] if add_eos else ids
 
     def _id(self, token: str) -> int:
@@ -104,23 +134,32 @@ class Vocabulary:
         return found
 
     def decode(self, ids: Iterable[int]) -> str:
-        words = []
+        kept = []
         for i in ids:
             if i == self.eos_id:
                 break
-            if i in self._skip:
-                continue
-            words.append(self.tokens[i] if 0 <= i < len(self.tokens) else UNK)
+            if i not in self._skip:
+                kept.append(i)
+        if isinstance(self._model, HFTokenizer):
+            return self._model.text(kept)
+        words = [self.tokens[i] if 0 <= i < len(self.tokens) else UNK for i in kept]
+        if self._model is not None:
+            return self._model.text(words)
         return ("" if self.level == "char" else " ").join(words)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"level": self.level, "tokens": list(self.tokens), "special": self.special_ids(),
+        data = {"level": self.level, "tokens": list(self.tokens), "special": self.special_ids(),
                 "prefix": list(self.prefix), "suffix": list(self.suffix), "hidden": list(self.hidden)}
+        if self.tokenizer is not None:
+            data["tokenizer"] = {"file": self.tokenizer.name, "sha256": self.tokenizer.sha256}
+        return data
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any], decoder_start_id: int | None = None) -> Vocabulary:
+    def from_dict(cls, data: Mapping[str, Any], decoder_start_id: int | None = None,
+                  read_file: FileReader | None = None) -> Vocabulary:
         """Reads ``to_dict`` and the older ``{level, tokens}`` form, whose specials sit at 0..3
-        (``decoder_start_id`` then comes from the caller: format-2 manifests keep it apart)."""
+        (``decoder_start_id`` then comes from the caller: format-2 manifests keep it apart).
+        A subword vocabulary's file comes from ``read_file`` and must match its recorded sha256."""
         tokens = tuple(data["tokens"])
         level = data.get("level", "char")
         special = data.get("special")
@@ -132,8 +171,44 @@ class Vocabulary:
             tokens, level, pad_id=special["pad"], bos_id=special.get("bos"), eos_id=special["eos"],
             unk_id=special.get("unk"), decoder_start_id=special.get("decoder_start"),
             prefix=tuple(data.get("prefix", ())), suffix=_optional_ids(data.get("suffix")),
-            hidden=tuple(data.get("hidden", ())),
+            hidden=tuple(data.get("hidden", ())), tokenizer=_tokenizer_file(data.get("tokenizer"), read_file),
         )
+
+    @classmethod
+    def from_sentencepiece(cls, path: str | Path, name: str | None = None, **fields: Any) -> Vocabulary:
+        """Ids are the model's own: ``tokens`` lists its pieces, the specials are its pad/bos/eos/unk.
+        ``fields`` override any of them (``decoder_start_id``, ``suffix``...)."""
+        file = TokenizerFile.read(path, name)
+        model = SentencePieceModel(file)
+        special = model.special_ids()
+        if special["pad"] is None or special["eos"] is None:
+            raise VocabularyError(f"{file.name} defines no pad or eos piece: give pad_id and eos_id")
+        ids = {f"{role}_id": value for role, value in special.items()}
+        return cls(model.piece_table(), SENTENCEPIECE, tokenizer=file, **{**ids, **fields})
+
+    @classmethod
+    def from_hf_tokenizer(cls, path: str | Path, pad: str, eos: str, bos: str | None = None,
+                          unk: str | None = None, name: str | None = None, **fields: Any) -> Vocabulary:
+        """Ids are the tokenizer's; the specials are named by their token strings."""
+        file = TokenizerFile.read(path, name)
+        model = HFTokenizer(file)
+        table = {i: t for t, i in model.vocab().items()}
+        if sorted(table) != list(range(len(table))):
+            raise VocabularyError(f"{file.name} has gaps in its ids: list the tokens yourself")
+        ids = {f"{role}_id": None if token is None else model.token_id(token)
+               for role, token in (("pad", pad), ("eos", eos), ("bos", bos), ("unk", unk))}
+        return cls(tuple(table[i] for i in range(len(table))), HF, tokenizer=file, **{**ids, **fields})
+
+
+def _tokenizer_file(entry: Mapping[str, str] | None, read_file: FileReader | None) -> TokenizerFile | None:
+    if entry is None:
+        return None
+    if read_file is None:
+        raise VocabularyError(f"the vocabulary's tokenizer file {entry['file']!r} has nowhere to be read from")
+    file = TokenizerFile(entry["file"], read_file(entry["file"], entry["sha256"]))
+    if file.sha256 != entry["sha256"]:
+        raise VocabularyError(f"tokenizer file {entry['file']!r} does not match its sha256 (modified or corrupt)")
+    return file
 
 
 def _is_id(value: object, size: int) -> bool:

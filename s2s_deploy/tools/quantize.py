@@ -19,6 +19,7 @@ import onnx
 from s2s_deploy.runtime.errors import S2SError
 from s2s_deploy.runtime.manifest import Manifest, sha256_of, write_manifest
 from s2s_deploy.runtime.staging import staged_directory
+from s2s_deploy.runtime.subword import write_files
 
 KINDS = ("int8", "fp16")
 # Token agreement with the fp32 original that parity requires, per kind: int8 weights move
@@ -57,6 +58,7 @@ def quantize_export(manifest: Manifest, kind: str, out_dir: Path, force: bool = 
         checkpoint = manifest.directory / raw["checkpoint"]["file"]
         if checkpoint.is_file():
             shutil.copyfile(checkpoint, work / checkpoint.name)
+        write_files((manifest.src_vocab.tokenizer, manifest.tgt_vocab.tokenizer), work)
         raw["graphs"].pop("generate", None)  # a fused graph embeds the fp32 decoder: fuse the copy anew
         raw["quantization"] = {"kind": kind, "source": str(manifest.directory)}
         raw["validation"] = {"atol": None, "min_token_agreement": MIN_TOKEN_AGREEMENT[kind],
