@@ -25,7 +25,7 @@ from s2s_deploy.runtime.errors import ManifestError
 from s2s_deploy.runtime.manifest import load_manifest
 from s2s_deploy.runtime.ort_backend import OrtBackend
 from s2s_deploy.runtime.translator import Translator
-from s2s_deploy.runtime.vocab import Vocabulary
+from s2s_deploy.runtime.vocab import Vocabulary, VocabularyError
 
 WORDS = ("alpha", "beta", "gamma", "delta", "march", "april", "one", "two", "three", "four", "hello", "world",
          "mercredi", "quatre", "vingt", "semaines", "jours", "après", "trois", "janvier", "février")
@@ -187,6 +187,15 @@ def test_translates_without_torch(export: Path) -> None:
     assert result.stdout.splitlines() == [repr(t.text) for t in want]
 
 
+def test_python_example_matches_translate(export: Path) -> None:
+    script = Path(__file__).resolve().parents[1] / "examples" / "python_runtime" / "translate.py"
+    code = (f"import sys, runpy; sys.modules['torch'] = None; sys.argv = {[str(script), str(export), *TEXTS]!r}; "
+            f"runpy.run_path({str(script)!r}, run_name='__main__')")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [t.text for t in Translator(export, device="cpu")(TEXTS)]
+
+
 def test_a_modified_tokenizer_file_is_refused(export: Path, tmp_path: Path) -> None:
     copy = tmp_path / "copy"
     shutil.copytree(export, copy)
@@ -209,3 +218,23 @@ def test_tokenizer_paths_must_stay_inside_the_folder(export: Path, tmp_path: Pat
     result = CliRunner().invoke(main, ["translate", str(copy), "hello", "--device", "cpu"])
     assert result.exit_code != 0 and "outside the export folder" in result.output
     assert result.output.strip().count("\n") == 0
+
+
+def test_an_hf_token_table_must_agree_with_the_tokenizer(tmp_path: Path) -> None:
+    vocab = Vocabulary.from_hf_tokenizer(wordpiece_tokenizer(tmp_path / "t.json"), pad="[PAD]", eos="[EOS]",
+                                         unk="[UNK]", decoder_start_id=2)
+    swapped = (vocab.tokens[1], vocab.tokens[0], *vocab.tokens[2:])
+    with pytest.raises(VocabularyError, match="disagree"):
+        Vocabulary(**{**_fields(vocab), "tokens": swapped})
+
+
+NODE_DIR = Path(__file__).resolve().parents[1] / "examples" / "node"
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="Node.js is not installed")
+@pytest.mark.skipif(not (NODE_DIR / "node_modules" / "onnxruntime-node").is_dir(),
+                    reason="run `npm install --ignore-scripts` in examples/node first (.ci/run does)")
+def test_node_example_refuses_subword_levels(export: Path) -> None:
+    result = subprocess.run(["node", "translate.js", str(export), "hello"], cwd=NODE_DIR, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode != 0 and "needs its tokenizer library" in result.stderr

@@ -13,6 +13,9 @@ async function main() {
   const manifest = JSON.parse(fs.readFileSync(path.join(folder, 'manifest.json'), 'utf8'));
   const { source: srcVocab, target: tgtVocab } = manifest.vocab;
   const special = manifest.special_tokens;
+  for (const { level } of [srcVocab, tgtVocab]) {
+    if (level !== 'char' && level !== 'word') throw new Error(`a ${level} vocabulary needs its tokenizer library (docs/manifest.md)`);
+  }
   const index = new Map(srcVocab.tokens.map((token, i) => [token, i]));
   const hidden = new Set([special.pad, special.bos, special.decoder_start, ...tgtVocab.hidden]);
   const graph = manifest.graphs.generate;

@@ -25,6 +25,9 @@ async function main() {
   const manifest = JSON.parse(fs.readFileSync(path.join(folder, 'manifest.json'), 'utf8'));
   const { source: srcVocab, target: tgtVocab } = manifest.vocab;
   const special = manifest.special_tokens;
+  for (const { level } of [srcVocab, tgtVocab]) {
+    if (level !== 'char' && level !== 'word') throw new Error(`a ${level} vocabulary needs its tokenizer library (docs/manifest.md)`);
+  }
   const index = new Map(srcVocab.tokens.map((token, i) => [token, i]));
   const options = { executionProviders: ['cpu'] };
   const encoder = await ort.InferenceSession.create(path.join(folder, manifest.graphs.encoder.file), options);
