@@ -238,3 +238,26 @@ def test_node_example_refuses_subword_levels(export: Path) -> None:
     result = subprocess.run(["node", "translate.js", str(export), "hello"], cwd=NODE_DIR, capture_output=True,
                             text=True, timeout=120)
     assert result.returncode != 0 and "needs its tokenizer library" in result.stderr
+
+
+@pytest.mark.parametrize("beam", [1, 3])
+def test_generate_onnx_matches_the_loop(export: Path, tmp_path: Path, beam: int) -> None:
+    """The fused graph reads the start and EOS ids from the manifest: the hf target has EOS 0, start 2."""
+    from s2s_deploy.tools.fuse import add_to_manifest, fuse_generate
+
+    folder = tmp_path / "fused"
+    shutil.copytree(export, folder)
+    add_to_manifest(load_manifest(folder), fuse_generate(load_manifest(folder), folder / "generate.onnx"), beam=True)
+    want = Translator(folder, device="cpu")(TEXTS, beam=beam, max_len=MAX_LEN)
+    got = Translator(folder, device="cpu", engine="graph")(TEXTS, beam=beam, max_len=MAX_LEN)
+    assert [t.text for t in got] == [t.text for t in want]
+
+
+def test_a_quantised_copy_keeps_its_tokenizer_files(export: Path, tmp_path: Path) -> None:
+    from s2s_deploy.tools.quantize import quantize_export
+
+    report = quantize_export(load_manifest(export), "int8", tmp_path / "int8")
+    quantised = load_manifest(report.directory)
+    assert (quantised.src_vocab, quantised.tgt_vocab) == (load_manifest(export).src_vocab,
+                                                          load_manifest(export).tgt_vocab)
+    assert len(Translator(report.directory, device="cpu")(TEXTS, max_len=MAX_LEN)) == len(TEXTS)
