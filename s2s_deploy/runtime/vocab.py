@@ -25,6 +25,7 @@ PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIALS: tuple[str, ...] = (PAD, BOS, EOS, UNK)
 LEVELS = ("char", "word", SENTENCEPIECE, HF)
 SUBWORD_LEVELS = (SENTENCEPIECE, HF)
+BUILT_LEVELS = ("char", "word")  # the levels ``Vocabulary.build`` makes from text alone
 FileReader = Callable[[str, str], bytes]
 """``(file name, sha256) -> bytes``: how ``from_dict`` gets a tokenizer file (folder or checkpoint)."""
 _WORD = re.compile(r"\w+|[^\w\s]", re.UNICODE)
@@ -104,6 +105,9 @@ class Vocabulary:
     def build(cls, texts: Iterable[str], level: str = "char", min_count: int = 1,
               decoder_start: str = BOS) -> Vocabulary:
         """Specials at 0..3, then the tokens of ``texts`` sorted; ``decoder_start`` names the start token."""
+        if level not in BUILT_LEVELS:
+            raise VocabularyError(f"a vocabulary is built from text at level {' or '.join(BUILT_LEVELS)}, "
+                                  f"not {level!r}")
         counts = Counter(tok for text in texts for tok in split(text, level))
         kept = sorted(t for t, c in counts.items() if c >= min_count and t not in SPECIALS)
         tokens = SPECIALS + tuple(kept)

@@ -29,7 +29,7 @@ from tqdm import tqdm
 from s2s_deploy.export.checkpoint import build_model, load_checkpoint, save_checkpoint
 from s2s_deploy.export.contract import ArchitecturePlugin, Seq2SeqModel
 from s2s_deploy.runtime.errors import CheckpointError, ContractError, S2SError
-from s2s_deploy.runtime.vocab import LEVELS, Vocabulary
+from s2s_deploy.runtime.vocab import BUILT_LEVELS, Vocabulary
 from s2s_deploy.tasks import Pair, TaskSplits
 from s2s_deploy.train.metrics import Scores, score
 
@@ -57,8 +57,8 @@ class TrainConfig:
             raise S2SError("epochs, batch size and threads must be at least 1")
         if not self.lr > 0 or self.clip_norm <= 0 or self.warmup_steps < 0:
             raise S2SError("lr and clip norm must be positive, warmup steps non-negative")
-        if self.level not in LEVELS:
-            raise S2SError(f"unknown tokenisation level {self.level!r}; known: {', '.join(LEVELS)}")
+        if self.level not in BUILT_LEVELS:
+            raise S2SError(f"unknown tokenisation level {self.level!r}; known: {', '.join(BUILT_LEVELS)}")
 
 
 @dataclass(frozen=True)
