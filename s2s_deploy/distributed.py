@@ -113,7 +113,7 @@ def translate_dataset(export_dir: str | Path, input_path: str | Path, output_pat
                       batch_size: int = 32, beam: int = 1, address: str | None = None, max_len: int | None = None,
                       alpha: float | None = None, max_len_a: float | None = None, max_len_b: int | None = None,
                       on_long: str = "truncate", errors: str = "strict",
-                      scores: bool = False, chunk_lines: int = CHUNK_LINES, resume: bool = False,
+                      scores: bool = False, chunk_lines: int = CHUNK_LINES, ids: bool = False, resume: bool = False,
                       progress: bool | None = None, device: str = "auto", threads: int | None = 1,
                       engine: str = "loop", runtime_env: dict[str, Any] | None = None) -> FileSummary:
     """Translate ``input_path`` into ``output_path`` with ``actors`` Ray actors; same bytes as one machine.
@@ -129,7 +129,8 @@ def translate_dataset(export_dir: str | Path, input_path: str | Path, output_pat
     if str(input_path) == "-":
         raise S2SError("--ray reads the input file on the workers: give a file, not stdin")
     options = FileOptions(beam=beam, batch_size=batch_size, max_len=max_len, alpha=alpha, max_len_a=max_len_a,
-                          max_len_b=max_len_b, on_long=on_long, errors=errors, scores=scores, chunk_lines=chunk_lines)
+                          max_len_b=max_len_b, on_long=on_long, errors=errors, scores=scores, chunk_lines=chunk_lines,
+                          ids=ids)
     if actors < 1:
         raise S2SError("actors must be at least 1")
     export_dir, input_path = str(Path(export_dir).resolve()), str(Path(input_path).resolve())

@@ -1,8 +1,10 @@
 """Greedy decoding of an s2s-deploy export with numpy and onnxruntime only, from docs/manifest.md.
+A sentencepiece or hf vocabulary also needs the sentencepiece or tokenizers package.
 
 usage: python translate.py EXPORT_DIR "sentence" ...
 """
 
+import hashlib
 import json
 import re
 import sys
@@ -14,7 +16,7 @@ import onnxruntime as ort
 folder = Path(sys.argv[1])
 manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
 src_vocab, tgt_vocab = manifest["vocab"]["source"], manifest["vocab"]["target"]
-special = manifest["special_tokens"]
+special, src_special = manifest["special_tokens"], src_vocab["special"]  # the target's ids, the source's
 index = {token: i for i, token in enumerate(src_vocab["tokens"])}
 encoder = ort.InferenceSession(str(folder / manifest["graphs"]["encoder"]["file"]), providers=["CPUExecutionProvider"])
 decoder = ort.InferenceSession(str(folder / manifest["graphs"]["decoder"]["file"]), providers=["CPUExecutionProvider"])
@@ -22,12 +24,51 @@ decoder_inputs = {io["name"] for io in manifest["graphs"]["decoder"]["inputs"]}
 max_len = manifest["limits"]["max_target_length"] or 256
 
 
-def split(text, level):
-    return list(text) if level == "char" else re.findall(r"\w+|[^\w\s]", text)
+def load_tokenizer(vocab):
+    """char and word split here; sentencepiece and hf name a file inside the folder, with its sha256."""
+    if vocab["level"] in ("char", "word"):
+        return None
+    entry = vocab["tokenizer"]
+    path = (folder / entry["file"]).resolve()
+    if not path.is_relative_to(folder.resolve()) or hashlib.sha256(path.read_bytes()).hexdigest() != entry["sha256"]:
+        sys.exit(f"{path} is outside the folder or does not match its sha256")
+    if vocab["level"] == "sentencepiece":
+        import sentencepiece
+
+        return sentencepiece.SentencePieceProcessor(model_file=str(path))
+    import tokenizers
+
+    return tokenizers.Tokenizer.from_file(str(path))
+
+
+src_tokenizer, tgt_tokenizer = load_tokenizer(src_vocab), load_tokenizer(tgt_vocab)
+
+
+def encode(text):
+    if src_vocab["level"] == "hf":
+        ids = src_tokenizer.encode(text, add_special_tokens=False).ids
+    else:
+        if src_vocab["level"] == "sentencepiece":
+            pieces = src_tokenizer.encode(text, out_type=str)
+        else:
+            pieces = list(text) if src_vocab["level"] == "char" else re.findall(r"\w+|[^\w\s]", text)
+        ids = [index.get(t, src_special["unk"]) for t in pieces]
+    return src_vocab["prefix"] + ids + src_vocab["suffix"]
+
+
+def decode(ids):
+    hidden = {special["pad"], special["bos"], special["decoder_start"], *tgt_vocab["hidden"]}
+    kept = [i for i in ids if i not in hidden]
+    if tgt_vocab["level"] == "hf":
+        return tgt_tokenizer.decode(kept, skip_special_tokens=True)
+    words = [tgt_vocab["tokens"][i] for i in kept]
+    if tgt_vocab["level"] == "sentencepiece":
+        return tgt_tokenizer.decode_pieces(words)
+    return ("" if tgt_vocab["level"] == "char" else " ").join(words)
 
 
 for text in sys.argv[2:]:
-    ids = [index.get(t, special["unk"]) for t in split(text, src_vocab["level"])] + [special["eos"]]
+    ids = encode(text)
     src, src_len = np.array([ids], dtype=np.int64), np.array([len(ids)], dtype=np.int64)
     encoder_names = [io["name"] for io in manifest["graphs"]["encoder"]["outputs"]]
     encoded = dict(zip(encoder_names, encoder.run(encoder_names, {"src": src, "src_len": src_len}), strict=True))
@@ -49,5 +90,4 @@ for text in sys.argv[2:]:
         if token == special["eos"]:
             break
         output.append(token)
-    words = [tgt_vocab["tokens"][i] for i in output if i not in (special["pad"], special["bos"])]
-    print(("" if tgt_vocab["level"] == "char" else " ").join(words))
+    print(decode(output))

@@ -88,6 +88,9 @@ def read_lines(path: str, keep_blank: bool = False) -> list[str]:
 @click.option("--batch-size", type=click.IntRange(1), default=32, show_default=True,
               help="Sentences decoded together.")
 @click.option("--scores", is_flag=True, help="Print each hypothesis's score before it, tab-separated.")
+@click.option("--ids", is_flag=True,
+              help="Inputs and outputs are whitespace-separated token ids: an input is the encoder's row as it "
+                   "stands (EOS included), an output the target ids without the start token and EOS.")
 @click.option("--output", "output_path", type=click.Path(dir_okay=False, allow_dash=True), default=None,
               help="Stream --input into this file ('-' for stdout), one line per input line, in order.")
 @click.option("--on-long", type=click.Choice(["truncate", "skip", "error"]), default=None,
@@ -115,6 +118,7 @@ def read_lines(path: str, keep_blank: bool = False) -> list[str]:
 @threads_option
 def translate_command(export_dir: str, texts: tuple[str, ...], input_path: str | None, beam: int | None,
                       n_best: int | None, alpha: float | None, max_len: int | None, batch_size: int, scores: bool,
+                      ids: bool,
                       output_path: str | None, on_long: str | None, utf8_errors: str | None, resume: bool,
                       quiet: bool, ray_address: str | None, actors: int, chunk_lines: int | None, engine: str,
                       stream: bool, max_batch_tokens: int | None, device: str, threads: int | None,
@@ -128,7 +132,7 @@ def translate_command(export_dir: str, texts: tuple[str, ...], input_path: str |
     """
     from s2s_deploy.runtime.errors import S2SError
     from s2s_deploy.runtime.files import CHUNK_LINES, FileOptions
-    from s2s_deploy.runtime.translator import Translator, check_inputs
+    from s2s_deploy.runtime.translator import Translator, check_ids, check_inputs, parse_ids
 
     options = {name: value for name, value in decoding.items() if value not in (None, (), False)}
     file_only = {"--on-long": on_long, "--errors": utf8_errors, "--resume": resume or None,
@@ -143,7 +147,7 @@ def translate_command(export_dir: str, texts: tuple[str, ...], input_path: str |
                            "output to the terminal")
         file_options = FileOptions(beam=beam or 1, batch_size=batch_size, max_len=max_len, alpha=alpha,
                                    on_long=on_long or "truncate", errors=utf8_errors or "strict", scores=scores,
-                                   chunk_lines=chunk_lines or CHUNK_LINES)
+                                   chunk_lines=chunk_lines or CHUNK_LINES, ids=ids)
         _translate_file(export_dir, input_path, output_path, file_options, resume, quiet, ray_address, actors,
                         engine, device, threads)
         return
@@ -168,8 +172,20 @@ def translate_command(export_dir: str, texts: tuple[str, ...], input_path: str |
         check_inputs(list(texts))  # a blank TEXT is a mistake; a blank line of a file is kept blank
     translator = Translator(export_dir, device=device, threads=threads, engine=engine)
     translator.search_config(beam, n_best, max_len, alpha, **options)  # reject bad options first
+    if ids:
+        if options or stream:
+            raise S2SError("--ids takes --beam, --n-best, --alpha and --max-len only")
+        source = translator.manifest.src_vocab  # bad ids are refused before the notice
+        rows = check_ids([parse_ids(line, number) for number, line in enumerate(sentences, 1)], len(source),
+                         translator.manifest.max_source_length)
     if not quiet:
         echo_device(translator.notice, translator.provider)
+    if ids:
+        for hyps in translator.translate_ids(rows, beam or 1, n_best or 1, max_len, alpha, batch_size):
+            for hyp in hyps:
+                line = " ".join(map(str, hyp.tokens))
+                click.echo(f"{hyp.score:.4f}\t{line}" if scores else line)
+        return
     if stream:
         if (beam or 1) > 1 or (n_best or 1) > 1 or scores:
             raise S2SError("--stream prints one greedy or sampled translation: no --beam, --n-best or --scores")

@@ -1,5 +1,6 @@
 """Checkpoints are one safetensors file: tensors, plus JSON metadata (architecture, config,
-vocabularies). Loading never unpickles anything."""
+vocabularies). A subword vocabulary's tokenizer file rides along as a uint8 tensor named by its
+sha256 (no size limit, unlike the metadata header). Loading never unpickles anything."""
 
 from __future__ import annotations
 
@@ -18,9 +19,11 @@ from safetensors.torch import load_file, save_file
 from s2s_deploy.export.contract import ArchitecturePlugin, Seq2SeqModel
 from s2s_deploy.export.registry import get_plugin
 from s2s_deploy.runtime.errors import CheckpointError, S2SError
-from s2s_deploy.runtime.vocab import Vocabulary
+from s2s_deploy.runtime.vocab import FileReader, Vocabulary
 
-FORMAT = "s2s-deploy-checkpoint/1"
+FORMAT = "s2s-deploy-checkpoint/2"
+READABLE_FORMATS = ("s2s-deploy-checkpoint/1", FORMAT)  # 1: no special ids, no tokenizer files
+FILE_TENSOR = "s2s_deploy.tokenizer_file."
 MAX_HEADER_BYTES = 100 << 20  # tensor index and metadata (vocabularies); a crafted header may not cost more
 
 
@@ -48,6 +51,9 @@ def save_checkpoint(
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tensors = {name: t.detach().contiguous().cpu() for name, t in _unique_tensors(model).items()}
+    for file in (src_vocab.tokenizer, tgt_vocab.tokenizer):
+        if file is not None:
+            tensors[FILE_TENSOR + file.sha256] = torch.frombuffer(bytearray(file.data), dtype=torch.uint8)
     metadata = {
         "format": FORMAT,
         "arch": plugin.name,
@@ -112,16 +118,24 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
             shapes = {name: tuple(handle.get_slice(name).get_shape()) for name in handle.keys()}  # noqa: SIM118
     except (SafetensorError, OSError, ValueError) as exc:
         raise CheckpointError(f"{path} is not a readable safetensors checkpoint: {exc}") from exc
-    if metadata.get("format") != FORMAT:
+    if metadata.get("format") not in READABLE_FORMATS:
         raise CheckpointError(f"{path} is not an s2s-deploy checkpoint (format {metadata.get('format')!r})")
     missing = [key for key in ("arch", "plugin_version", "config", "src_vocab", "tgt_vocab") if key not in metadata]
     if missing:
         raise CheckpointError(f"{path} has no {missing[0]!r} in its metadata (not written by s2s-deploy, or damaged)")
+
+    def read_file(name: str, sha256: str) -> bytes:
+        """A tokenizer file embedded as a uint8 tensor, read alone (the weights load after the shape check)."""
+        if f"{FILE_TENSOR}{sha256}" not in shapes:
+            raise CheckpointError(f"no tokenizer file {name!r} (sha256 {sha256[:12]}...) in the checkpoint")
+        with safe_open(str(path), framework="pt") as handle:
+            return handle.get_tensor(f"{FILE_TENSOR}{sha256}").numpy().tobytes()
+
     try:
         plugin = get_plugin(metadata["arch"])
         config = plugin.config_from_dict(json.loads(metadata["config"]))
-        src_vocab = Vocabulary.from_dict(json.loads(metadata["src_vocab"]))
-        tgt_vocab = Vocabulary.from_dict(json.loads(metadata["tgt_vocab"]))
+        src_vocab = Vocabulary.from_dict(json.loads(metadata["src_vocab"]), read_file=read_file)
+        tgt_vocab = _target_vocab(json.loads(metadata["tgt_vocab"]), plugin, read_file)
         info = json.loads(metadata.get("info", "{}"))
     except S2SError as exc:
         raise CheckpointError(f"{path}: {exc}") from exc
@@ -129,11 +143,13 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
         raise CheckpointError(f"{path} has corrupt metadata: {exc}") from exc
     if not isinstance(info, dict):
         raise CheckpointError(f"{path} has corrupt metadata: info is not an object")
+    shapes = {name: shape for name, shape in shapes.items() if not name.startswith(FILE_TENSOR)}
     _check_shapes(path, plugin, config, len(src_vocab), len(tgt_vocab), shapes)
     try:
         tensors = load_file(str(path))
     except (SafetensorError, OSError, ValueError) as exc:
         raise CheckpointError(f"{path} is not a readable safetensors checkpoint: {exc}") from exc
+    tensors = {name: tensor for name, tensor in tensors.items() if not name.startswith(FILE_TENSOR)}
     return Checkpoint(metadata["arch"], metadata["plugin_version"], config, src_vocab, tgt_vocab, tensors, info)
 
 
@@ -157,6 +173,14 @@ def _check_shapes(path: Path, plugin: ArchitecturePlugin, config: Any, src_size:
         if name in shapes and shapes[name] != tuple(tensor.shape):
             raise CheckpointError(f"checkpoint tensor {name} has shape {shapes[name]}, "
                                   f"the {plugin.name} config expects {tuple(tensor.shape)}")
+def _target_vocab(data: dict[str, Any], plugin: ArchitecturePlugin, read_file: FileReader) -> Vocabulary:
+    """Older checkpoints record no special ids: the plugin's start token name gives the start id."""
+    if "special" in data:
+        return Vocabulary.from_dict(data, read_file=read_file)
+    start = plugin.special_tokens.decoder_start
+    if start not in data["tokens"]:
+        raise CheckpointError(f"the decoder start token {start!r} of {plugin.name} is not in the target vocabulary")
+    return Vocabulary.from_dict(data, data["tokens"].index(start))
 
 
 def build_model(checkpoint: Checkpoint, plugin: ArchitecturePlugin) -> Seq2SeqModel:

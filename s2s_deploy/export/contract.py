@@ -61,7 +61,8 @@ class StateSpec:
 
 @dataclass(frozen=True)
 class SpecialTokens:
-    """Names of the special tokens; their ids come from the vocabulary."""
+    """Names of the special tokens where a vocabulary is built from text (train, seeded random
+    weights); a vocabulary from a checkpoint or manifest carries its own special ids."""
 
     pad: str = "<pad>"
     bos: str = "<bos>"

@@ -32,6 +32,7 @@ from s2s_deploy.runtime.manifest import FORMAT, sha256_of, write_manifest
 from s2s_deploy.runtime.names import TOP_K, TOP_OUTPUTS, init_name, past_name, present_name
 from s2s_deploy.runtime.ort_backend import quiet_stderr
 from s2s_deploy.runtime.staging import staged_directory
+from s2s_deploy.runtime.subword import write_files
 from s2s_deploy.runtime.vocab import Vocabulary
 from s2s_deploy.tools.share import share_weights
 
@@ -110,11 +111,12 @@ def export_model(
         with plugin_errors(plugin.name, "encode() on example inputs"):
             _check_encoder(plugin, model, specs, enc_args)
             check_encoder_axes_torch(encoder, specs.io.encoder_outputs, memory, state, len(src_vocab))
-            dec_args = _decoder_inputs(encoder, specs, len(tgt_vocab), _EXAMPLE)
+            vocab_sizes = (len(src_vocab), len(tgt_vocab))
+            dec_args = _decoder_inputs(encoder, specs, vocab_sizes, _EXAMPLE)
             check_batch_axes(plugin.name, "state", specs.state, dec_args[3 + len(specs.memory):], _EXAMPLE["batch"])
             enc_axes = _dynamic_axes(encoder, enc_args, _encoder_inputs(len(src_vocab), _PROBE))
         with plugin_errors(plugin.name, "decode_step() on example inputs"):
-            dec_axes = _dynamic_axes(step, dec_args, _decoder_inputs(encoder, specs, len(tgt_vocab), _PROBE))
+            dec_axes = _dynamic_axes(step, dec_args, _decoder_inputs(encoder, specs, vocab_sizes, _PROBE))
         with plugin_errors(plugin.name, f"{exporter} export of the encoder"):
             _export(encoder, enc_args, work / ENCODER_FILE, specs.io.encoder_inputs, specs.io.encoder_outputs,
                     enc_axes, exporter, opset)
@@ -131,6 +133,7 @@ def export_model(
                                           plugin.parity_atol, plugin.parity_rtol)
         forward_step = run_export_checks(plugin, model, config, src_vocab, tgt_vocab, graph_paths, samples,
                                          plugin_tolerance(plugin))
+        write_files((src_vocab.tokenizer, tgt_vocab.tokenizer), work)
         raw = _manifest(plugin, config, specs, src_vocab, tgt_vocab, work, exporter, opset, source,
                         samples, diffs)
         raw["validation"]["forward_step_max_abs_diff"] = forward_step.max_abs_diff
@@ -195,13 +198,16 @@ def _zeros(spec: StateSpec, batch: int, past_len: int) -> torch.Tensor:
 
 
 def _decoder_inputs(
-    encoder: EncoderGraph, specs: _Specs, vocab_size: int, sizes: dict[str, int], past_len: int | None = None
+    encoder: EncoderGraph, specs: _Specs, vocab_sizes: tuple[int, int], sizes: dict[str, int],
+    past_len: int | None = None,
 ) -> tuple[torch.Tensor, ...]:
-    """Decoder inputs with a non-empty past, so tracing sees the growing axis as dynamic."""
+    """Decoder inputs with a non-empty past, so tracing sees the growing axis as dynamic.
+    ``vocab_sizes`` is (source, target): the encoder reads source ids, the step target ids."""
+    src_vocab_size, vocab_size = vocab_sizes
     past_len = sizes["past_len"] if past_len is None else past_len
     batch = sizes["batch"]
     with torch.no_grad():
-        encoded = dict(zip(specs.io.encoder_outputs, encoder(*_encoder_inputs(vocab_size, sizes)), strict=True))
+        encoded = dict(zip(specs.io.encoder_outputs, encoder(*_encoder_inputs(src_vocab_size, sizes)), strict=True))
     generator = torch.Generator().manual_seed(past_len)
     tokens = torch.randint(4, vocab_size, (batch,), generator=generator)
     reorder = torch.arange(batch - 1, -1, -1, dtype=torch.int64)
@@ -434,7 +440,6 @@ def _manifest(
     work: Path, exporter: str, opset: int, source: str, samples: Sequence[str], diffs: dict[str, float],
 ) -> dict[str, Any]:
     roles = _roles(specs)
-    tokens = plugin.special_tokens
     graphs = {}
     for role, file, inputs, outputs in (
         ("encoder", ENCODER_FILE, specs.io.encoder_inputs, specs.io.encoder_outputs),
@@ -462,10 +467,7 @@ def _manifest(
              "grow_axis": s.grow_axis, "dtype": s.dtype, "description": s.description}
             for s in specs.state
         ],
-        "special_tokens": {
-            "pad": tgt_vocab.pad_id, "bos": tgt_vocab.bos_id, "eos": tgt_vocab.eos_id, "unk": tgt_vocab.unk_id,
-            "decoder_start": tgt_vocab.tokens.index(tokens.decoder_start),
-        },
+        "special_tokens": tgt_vocab.special_ids(),
         "vocab": {"source": src_vocab.to_dict(), "target": tgt_vocab.to_dict()},
         "limits": {
             "max_source_length": plugin.max_source_length(config),

@@ -31,7 +31,8 @@ import numpy as np
 
 from s2s_deploy.runtime.errors import S2SError
 from s2s_deploy.runtime.manifest import MANIFEST_NAME, Manifest, sha256_of
-from s2s_deploy.runtime.translator import Translator, unknown_tokens
+from s2s_deploy.runtime.translator import Translator, check_ids, parse_ids, unknown_tokens
+from s2s_deploy.runtime.vocab import Vocabulary
 
 CHUNK_LINES = 10_000
 SAVE_SECONDS = 30.0  # a chunk's finished batches are saved this often, so Ctrl-C keeps them too
@@ -55,6 +56,7 @@ class FileOptions:
     errors: str = "strict"
     scores: bool = False
     chunk_lines: int = CHUNK_LINES
+    ids: bool = False  # lines are whitespace-separated token ids, in and out (translate --ids)
 
     def __post_init__(self) -> None:
         if self.on_long not in ON_LONG:
@@ -136,8 +138,8 @@ def translate_chunk(translator: Translator, data: bytes, first_line: int, option
         if not text.strip():
             blank += 1
             continue
-        ids = vocab.encode(text)
-        if vocab.unk_id in ids:
+        ids = _source_ids(text, first_line + offset, vocab, options.ids)
+        if not options.ids and vocab.unk_id in ids:
             translator.unknown.update(unknown_tokens([text], vocab))
         if limit is not None and len(ids) > limit:
             if options.on_long == "error":
@@ -146,7 +148,7 @@ def translate_chunk(translator: Translator, data: bytes, first_line: int, option
             if options.on_long == "skip":
                 skipped += 1
                 continue
-            ids = [*ids[: limit - 1], vocab.eos_id]
+            ids = [*ids[: limit - len(vocab.suffix)], *vocab.suffix]
             truncated += 1
         todo.append((offset, ids))
     if on_batch and blank + skipped:
@@ -164,8 +166,10 @@ def translate_chunk(translator: Translator, data: bytes, first_line: int, option
         src, src_len = _pad([ids for _, ids in batch], vocab.pad_id)
         for (offset, _), hyps in zip(batch, translator.engine.search(src, src_len, config), strict=True):
             best = hyps[0]
-            # A target vocabulary may hold a newline; it must not split an output line.
-            text = manifest.tgt_vocab.decode(best.tokens).replace("\r", " ").replace("\n", " ")
+            if options.ids:
+                text = " ".join(map(str, best.tokens))
+            else:  # a target vocabulary may hold a newline; it must not split an output line
+                text = manifest.tgt_vocab.decode(best.tokens).replace("\r", " ").replace("\n", " ")
             out[offset] = f"{best.score:.4f}\t{text}" if options.scores else text
         if on_pending:
             done = Pending(number + 1, {**done.lines, **{offset: out[offset] for offset, _ in batch}})
@@ -174,6 +178,12 @@ def translate_chunk(translator: Translator, data: bytes, first_line: int, option
             on_batch(len(batch))
     return ChunkResult("".join(f"{line}\n" for line in out).encode("utf-8"),
                        Counts(len(raw), blank, truncated, skipped))
+
+
+def _source_ids(text: str, number: int, vocab: Vocabulary, ids: bool) -> list[int]:
+    if not ids:
+        return vocab.encode(text)
+    return check_ids([parse_ids(text, number)], len(vocab), first_number=number)[0]
 
 
 def _decode(line: bytes, number: int, errors: str) -> str:

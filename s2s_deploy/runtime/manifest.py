@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from s2s_deploy.runtime.errors import ManifestError
+from s2s_deploy.runtime.errors import ManifestError, S2SError
 from s2s_deploy.runtime.manifest_schema import (
     all_files,
     check_graph,
@@ -24,9 +24,12 @@ from s2s_deploy.runtime.manifest_schema import (
     validate_manifest,
 )
 from s2s_deploy.runtime.names import init_name, past_name, present_name
-from s2s_deploy.runtime.vocab import Vocabulary
+from s2s_deploy.runtime.subword import inside
+from s2s_deploy.runtime.vocab import FileReader, Vocabulary
 
-FORMAT = "s2s-deploy-manifest/2"
+FORMAT = "s2s-deploy-manifest/3"
+READABLE_FORMATS = ("s2s-deploy-manifest/2", FORMAT)
+"""Format 2 differs only in where special ids live (docs/manifest.md, Compatibility)."""
 MANIFEST_NAME = "manifest.json"
 BATCH = "batch"
 
@@ -148,6 +151,10 @@ def load_manifest(directory: str | Path, verify_hashes: bool = True) -> Manifest
     check_ids(raw, path)
     try:
         manifest = _parse(directory, raw)
+    except ManifestError:
+        raise
+    except S2SError as exc:
+        raise ManifestError(f"{path}: {exc}") from exc
     except (KeyError, TypeError, ValueError) as exc:
         raise ManifestError(f"{path} is incomplete or corrupt: {exc!r}") from exc
     graphs = []
@@ -175,8 +182,13 @@ def load_manifest(directory: str | Path, verify_hashes: bool = True) -> Manifest
 
 def _parse(directory: Path, raw: dict[str, Any]) -> Manifest:
     graphs = raw["graphs"]
-    tokens = raw["special_tokens"]
     limits = raw.get("limits", {})
+    read = _folder_reader(directory)
+    src_vocab = Vocabulary.from_dict(raw["vocab"]["source"], read_file=read)
+    # format 2 kept the decoder start apart from the vocabulary, whose specials sat at 0..3
+    tgt_vocab = Vocabulary.from_dict(raw["vocab"]["target"], int(raw["special_tokens"]["decoder_start"]), read)
+    if raw["special_tokens"] != tgt_vocab.special_ids():
+        raise ValueError(f"special_tokens {raw['special_tokens']} disagree with the target vocabulary's")
     return Manifest(
         directory=directory,
         raw=raw,
@@ -189,15 +201,26 @@ def _parse(directory: Path, raw: dict[str, Any]) -> Manifest:
             StateEntry(s["name"], int(s["batch_axis"]), s["init"], tuple(s["shape"]), s["grow_axis"], s["dtype"])
             for s in raw["state"]
         ),
-        src_vocab=Vocabulary.from_dict(raw["vocab"]["source"]),
-        tgt_vocab=Vocabulary.from_dict(raw["vocab"]["target"]),
-        decoder_start_id=int(tokens["decoder_start"]),
-        eos_id=int(tokens["eos"]),
+        src_vocab=src_vocab,
+        tgt_vocab=tgt_vocab,
+        decoder_start_id=tgt_vocab.decoder_start_id,
+        eos_id=tgt_vocab.eos_id,
         max_source_length=limits.get("max_source_length"),
         max_target_length=limits.get("max_target_length"),
         has_attention_output=any(io["name"] == "attention" for io in graphs["decoder"]["outputs"]),
         samples=tuple(raw.get("samples", ())),
     )
+
+
+def _folder_reader(directory: Path) -> FileReader:
+    """Tokenizer files are read from inside the export folder only."""
+    def read(name: str, sha256: str) -> bytes:
+        path = inside(directory, name)
+        if not path.is_file():
+            raise ManifestError(f"{path} is missing")
+        return path.read_bytes()
+
+    return read
 
 
 def _graph(entry: dict[str, Any]) -> GraphEntry:

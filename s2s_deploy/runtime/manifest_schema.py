@@ -43,7 +43,7 @@ _GRAPH = {
 }
 _VOCAB = {
     "type": "object", "required": ["tokens"],
-    "properties": {"level": {"enum": ["char", "word"]},
+    "properties": {"level": {"enum": ["char", "word", "sentencepiece", "hf"]},
                    "tokens": {"type": "array", "minItems": 5, "maxItems": MAX_VOCAB, "items": {"type": "string"}}},
 }
 _LIMIT = {"anyOf": [{"type": "integer", "minimum": 1, "maximum": 1 << 20}, {"type": "null"}]}
@@ -69,7 +69,7 @@ PROPERTIES: dict[str, Any] = {
                        "shape": {"type": "array", "maxItems": 16, "items": _DIM},
                        "grow_axis": {"anyOf": [_AXIS, {"type": "null"}]}, "dtype": {"type": "string"}}}},
     "special_tokens": {"type": "object", "required": ["eos", "decoder_start"],
-                       "additionalProperties": _ID},
+                       "additionalProperties": {"anyOf": [_ID, {"type": "null"}]}},  # bos and unk may be absent
     "vocab": {"type": "object", "required": ["source", "target"],
               "properties": {"source": _VOCAB, "target": _VOCAB}},
     "limits": {"type": "object", "properties": {"max_source_length": _LIMIT, "max_target_length": _LIMIT}},

@@ -31,11 +31,29 @@ def encode_batch(texts: Sequence[str], vocab: Vocabulary, max_len: int | None = 
     for text, seq in zip(texts, ids, strict=True):
         if max_len is not None and len(seq) > max_len:
             raise S2SError(f"input of {len(seq)} tokens exceeds the model's limit of {max_len}: {text[:40]!r}")
+    return pad_ids(ids, vocab.pad_id)
+
+
+def pad_ids(ids: Sequence[Sequence[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rows right-padded with ``pad_id``, and their lengths."""
     lengths = np.array([len(seq) for seq in ids], dtype=np.int64)
-    batch = np.full((len(ids), int(lengths.max())), vocab.pad_id, dtype=np.int64)
+    batch = np.full((len(ids), int(lengths.max())), pad_id, dtype=np.int64)
     for row, seq in enumerate(ids):
         batch[row, : len(seq)] = seq
     return batch, lengths
+
+
+def search_ids(engine: SearchEngine, ids: Sequence[Sequence[int]], pad_id: int, config: SearchConfig,
+               batch_size: int = 32) -> list[list[Hypothesis]]:
+    """n-best hypotheses per row of source ids, batched by length, in input order."""
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+    results: list[list[Hypothesis]] = [[] for _ in ids]
+    for start in range(0, len(order), batch_size):
+        chunk = order[start : start + batch_size]
+        src, src_len = pad_ids([ids[i] for i in chunk], pad_id)
+        for index, hyps in zip(chunk, engine.search(src, src_len, config), strict=True):
+            results[index] = hyps
+    return results
 
 
 def translate(
@@ -103,6 +121,8 @@ def check_inputs(texts: Sequence[str]) -> None:
 def unknown_tokens(texts: Sequence[str], vocab: Vocabulary) -> Counter[str]:
     """Source tokens the vocabulary lacks: each silently becomes <unk>, so the user should hear of it."""
     found: Counter[str] = Counter()
+    if vocab.level not in ("char", "word"):  # a subword tokenizer maps unknown text to its own pieces
+        return found
     for text in texts:
         ids = vocab.encode(text, add_eos=False)
         if vocab.unk_id in ids:
@@ -120,6 +140,34 @@ def unknown_notice(found: Counter[str], level: str) -> str | None:
     shown = ", ".join(f"{token!r} x{count}" for token, count in found.most_common(10))
     more = f" and {len(found) - 10} more" if len(found) > 10 else ""
     return f"warning: {sum(found.values())} {unit} outside the model's vocabulary became <unk>: {shown}{more}"
+def check_ids(ids: Sequence[Sequence[int]], vocab_size: int, max_len: int | None = None,
+              first_number: int = 1) -> list[list[int]]:
+    """Rows of source ids as plain ints, refused unless each is non-empty, in range and within the limit."""
+    if not ids:
+        raise S2SError("no input to translate")
+    rows = []
+    for number, row in enumerate(ids, first_number):
+        try:
+            values = [int(i) for i in row]
+        except (TypeError, ValueError) as exc:
+            raise S2SError(f"input {number} holds a non-integer id: {exc}") from exc
+        if not values:
+            raise S2SError(f"input {number} is empty")
+        bad = [i for i in values if not 0 <= i < vocab_size]
+        if bad:
+            raise S2SError(f"input {number} holds id {bad[0]}, outside the source vocabulary of {vocab_size}")
+        if max_len is not None and len(values) > max_len:
+            raise S2SError(f"input {number} has {len(values)} ids, over the model's limit of {max_len}")
+        rows.append(values)
+    return rows
+
+
+def parse_ids(line: str, number: int) -> list[int]:
+    """A line of whitespace-separated ids (``translate --ids``)."""
+    try:
+        return [int(word) for word in line.split()]
+    except ValueError:
+        raise S2SError(f"input {number} is not whitespace-separated integer ids: {line[:40]!r}") from None
 
 
 def _translation(source: str, hyps: list[Hypothesis], vocab: Vocabulary) -> Translation:
@@ -284,6 +332,17 @@ class Translator:
             ids = [manifest.tgt_vocab.encode(t, add_eos=False) for t in targets[start : start + batch_size]]
             found.extend(score(self.backend, src, src_len, ids))
         return found
+
+    def translate_ids(self, ids: Sequence[Sequence[int]], beam: int = 1, n_best: int = 1,
+                      max_len: int | None = None, alpha: float | None = None,
+                      batch_size: int = 32) -> list[list[Hypothesis]]:
+        """For applications that tokenise themselves: each row is the encoder's input as it stands
+        (``manifest.src_vocab.encode(text)`` frames it with the prefix and EOS suffix), and each
+        hypothesis's ``tokens`` are target ids without the start token and EOS."""
+        config = self.search_config(beam, n_best, max_len, alpha)
+        manifest = self.manifest
+        rows = check_ids(ids, len(manifest.src_vocab), manifest.max_source_length)
+        return search_ids(self.engine, rows, manifest.src_vocab.pad_id, config, batch_size)
 
 
 OPTION_NAMES = tuple(f.name for f in fields(SearchConfig))

@@ -23,6 +23,7 @@ from s2s_deploy.runtime.errors import S2SError
 from s2s_deploy.runtime.inspect import deployable_files
 from s2s_deploy.runtime.manifest import Manifest, load_manifest, sha256_of, write_manifest
 from s2s_deploy.runtime.staging import staged_directory
+from s2s_deploy.runtime.subword import write_files
 from s2s_deploy.tools.share import share_weights
 
 KINDS = ("int8", "fp16")
@@ -79,6 +80,7 @@ def quantize_export(manifest: Manifest, kind: str, out_dir: Path, force: bool = 
         checkpoint = manifest.directory / raw["checkpoint"]["file"]
         if checkpoint.is_file():
             shutil.copyfile(checkpoint, work / checkpoint.name)
+        write_files((manifest.src_vocab.tokenizer, manifest.tgt_vocab.tokenizer), work)
         raw["graphs"].pop("generate", None)  # a fused graph embeds the fp32 decoder: fuse the copy anew
         raw["quantization"] = {"kind": kind, "source": manifest.directory.name}  # no build-machine paths
         if kind == "int8":

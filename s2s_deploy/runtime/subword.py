@@ -1,0 +1,127 @@
+"""Subword tokenisers a vocabulary may name: a SentencePiece ``.model`` or a Hugging Face
+``tokenizer.json``, run by the ``sentencepiece`` and ``tokenizers`` packages (both torch-free).
+
+The file travels as bytes: copied into an export folder (its sha256 in the manifest) and
+embedded in a checkpoint, so an export never reads a tokenizer from anywhere else.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from s2s_deploy.runtime.errors import S2SError
+
+SENTENCEPIECE, HF = "sentencepiece", "hf"
+_PLAIN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_EXPORT_FILES = re.compile(r"^manifest\.json$|\.(onnx|ort|safetensors|part|tmp)$")  # an export's own files
+
+
+class TokenizerFileError(S2SError, ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class TokenizerFile:
+    """A tokenizer model: ``name`` is its file name in an export folder, ``data`` its bytes."""
+
+    name: str
+    data: bytes = field(repr=False, compare=False)
+    sha256: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        if not _PLAIN_NAME.match(self.name) or _EXPORT_FILES.search(self.name):
+            raise TokenizerFileError(f"tokenizer file name {self.name!r} must be a plain file name, not an "
+                                     "export's graph, checkpoint or manifest")
+        object.__setattr__(self, "sha256", hashlib.sha256(self.data).hexdigest())
+
+    @classmethod
+    def read(cls, path: str | Path, name: str | None = None) -> TokenizerFile:
+        path = Path(path)
+        try:
+            return cls(name or path.name, path.read_bytes())
+        except OSError as exc:
+            raise TokenizerFileError(f"cannot read tokenizer file {path}: {exc.strerror}") from exc
+
+
+def inside(directory: Path, name: str) -> Path:
+    """``directory / name``, refused unless it resolves inside ``directory`` (links included)."""
+    path = directory / name
+    root = directory.resolve()
+    if not path.resolve().is_relative_to(root) or path.resolve() == root:
+        raise TokenizerFileError(f"tokenizer file {name!r} resolves outside the export folder {directory}")
+    return path
+
+
+def write_files(files: Iterable[TokenizerFile | None], directory: Path) -> None:
+    """Copy tokenizer files into an export folder; one name, one content."""
+    written: dict[str, str] = {}
+    for file in files:
+        if file is None:
+            continue
+        if written.setdefault(file.name, file.sha256) != file.sha256:
+            raise TokenizerFileError(f"the source and target tokenizers differ but are both named {file.name!r}")
+        inside(directory, file.name).write_bytes(file.data)
+
+
+class SentencePieceModel:
+    """Text to pieces and pieces to text; the vocabulary's token table maps pieces to ids."""
+
+    def __init__(self, file: TokenizerFile) -> None:
+        import sentencepiece
+
+        self.processor = sentencepiece.SentencePieceProcessor()
+        try:
+            self.processor.LoadFromSerializedProto(file.data)
+        except (RuntimeError, OSError) as exc:
+            raise TokenizerFileError(f"{file.name} is not a SentencePiece model: {exc}") from exc
+
+    def pieces(self, text: str) -> list[str]:
+        return self.processor.encode(text, out_type=str)
+
+    def text(self, pieces: list[str]) -> str:
+        return self.processor.decode_pieces(pieces)
+
+    def special_ids(self) -> dict[str, int | None]:
+        """The model's own pad/bos/eos/unk ids (SentencePiece says -1 for an absent one)."""
+        p = self.processor
+        ids = {"pad": p.pad_id(), "bos": p.bos_id(), "eos": p.eos_id(), "unk": p.unk_id()}
+        return {role: (i if i >= 0 else None) for role, i in ids.items()}
+
+    def piece_table(self) -> tuple[str, ...]:
+        return tuple(self.processor.id_to_piece(i) for i in range(self.processor.get_piece_size()))
+
+
+class HFTokenizer:
+    """A ``tokenizers`` tokenizer: text to ids, ids to text. Its own special-token handling is
+    off when encoding (the vocabulary's prefix and suffix frame a sentence instead)."""
+
+    def __init__(self, file: TokenizerFile) -> None:
+        from tokenizers import Tokenizer
+
+        try:
+            self.tokenizer = Tokenizer.from_str(file.data.decode("utf-8"))
+        except Exception as exc:  # tokenizers raises a bare Exception on bad JSON; bytes may not be UTF-8
+            raise TokenizerFileError(f"{file.name} is not a tokenizers tokenizer.json: {exc}") from exc
+
+    def ids(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def text(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def vocab(self) -> dict[str, int]:
+        return self.tokenizer.get_vocab(with_added_tokens=True)
+
+    def token_id(self, token: str) -> int:
+        found = self.tokenizer.token_to_id(token)
+        if found is None:
+            raise TokenizerFileError(f"token {token!r} is not in the tokenizer")
+        return found
+
+
+def load_model(level: str, file: TokenizerFile) -> SentencePieceModel | HFTokenizer:
+    return SentencePieceModel(file) if level == SENTENCEPIECE else HFTokenizer(file)
