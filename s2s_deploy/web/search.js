@@ -43,7 +43,12 @@
   class Translator {
     // ort: the onnxruntime module; encoder, decoder: its InferenceSessions over the export's graphs.
     constructor(ort, manifest, encoder, decoder) {
-      if (manifest.format !== 's2s-deploy-manifest/2') throw new Error(`unsupported manifest format ${manifest.format}`);
+      if (!['s2s-deploy-manifest/2', 's2s-deploy-manifest/3'].includes(manifest.format)) {
+        throw new Error(`unsupported manifest format ${manifest.format}`);
+      }
+      for (const side of [manifest.vocab.source, manifest.vocab.target]) { // subword levels need a JS tokenizer
+        if (!['char', 'word', undefined].includes(side.level)) throw new Error(`the page runs char and word vocabularies, not ${side.level}`);
+      }
       this.ort = ort;
       this.manifest = manifest;
       this.encoder = encoder;
@@ -66,8 +71,10 @@
     }
 
     encodeText(text) {
-      const ids = split(text, this.src.level).map((t) => (this.index.has(t) ? this.index.get(t) : this.special.unk));
-      ids.push(this.special.eos);
+      const own = this.src.special || this.special; // format 3: the source's own ids, prefix and suffix
+      const ids = (this.src.prefix || []).concat(
+        split(text, this.src.level).map((t) => (this.index.has(t) ? this.index.get(t) : own.unk)),
+        this.src.suffix || [own.eos]);
       const limit = this.manifest.limits.max_source_length;
       if (limit && ids.length > limit) throw new Error(`input of ${ids.length} tokens exceeds the model's limit of ${limit}`);
       return ids;
@@ -77,7 +84,9 @@
       const words = [];
       for (const id of ids) {
         if (id === this.special.eos) break;
-        if (id !== this.special.pad && id !== this.special.bos) words.push(this.tgt.tokens[id] ?? '<unk>');
+        const hidden = id === this.special.pad || id === this.special.bos || id === this.special.decoder_start
+          || (this.tgt.hidden || []).includes(id);
+        if (!hidden) words.push(this.tgt.tokens[id] ?? '<unk>');
       }
       return words.join(this.tgt.level === 'char' ? '' : ' ');
     }
