@@ -75,6 +75,7 @@ def export_model(
     source: str,
     samples: Sequence[str] = (),
     training: dict[str, Any] | None = None,
+    search: dict[str, Any] | None = None,
     exporter: str | None = None,
     opset: int = DEFAULT_OPSET,
     with_attention: bool = False,
@@ -84,7 +85,8 @@ def export_model(
 ) -> ExportReport:
     """``optimize`` stores the graphs as ONNX Runtime's extended optimisations leave them (fused,
     still portable across machines); ``ort_format`` adds ``.ort`` copies for ORT's mobile and
-    minimal builds. Every variant written is compared against PyTorch like the plain export."""
+    minimal builds. Every variant written is compared against PyTorch like the plain export.
+    ``search``: the model's own decoding defaults (SearchConfig names), over the generic ones."""
     out_dir = Path(out_dir)
     if out_dir.exists() and not force:
         raise S2SError(f"{out_dir} already exists; pass --force to replace it")
@@ -118,6 +120,8 @@ def export_model(
         raw = _manifest(plugin, config, specs, src_vocab, tgt_vocab, work, exporter, opset, source,
                         samples, diffs)
         raw["training"] = training or {}
+        raw["search"].update(search or {})
+        raw["search"]["length_penalty_alpha"] = raw["search"]["alpha"]  # the format-2 name, kept for readers
         raw["ort_optimized"] = optimize
         for role, path in zip(("encoder", "decoder"), graph_paths, strict=True):
             _write_metadata(path, role, raw)
@@ -414,7 +418,7 @@ def _manifest(
             "max_source_length": plugin.max_source_length(config),
             "max_target_length": plugin.max_target_length(config),
         },
-        "search": {"length_penalty_alpha": 0.75},
+        "search": {"alpha": 0.75},
         "checkpoint": {"file": CHECKPOINT_FILE, "sha256": sha256_of(work / CHECKPOINT_FILE)},
         "validation": {"atol": plugin.parity_atol, "max_abs_diff": diffs},
         "samples": list(samples),
