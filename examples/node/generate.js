@@ -14,6 +14,7 @@ async function main() {
   const { source: srcVocab, target: tgtVocab } = manifest.vocab;
   const special = manifest.special_tokens;
   const index = new Map(srcVocab.tokens.map((token, i) => [token, i]));
+  const hidden = new Set([special.pad, special.bos, special.decoder_start, ...tgtVocab.hidden]);
   const graph = manifest.graphs.generate;
   const session = await ort.InferenceSession.create(path.join(folder, graph.file), { executionProviders: ['cpu'] });
   const beam = Number(beamText);
@@ -21,7 +22,8 @@ async function main() {
 
   for (const text of texts) {
     const pieces = srcVocab.level === 'char' ? Array.from(text) : (text.match(WORD) || []);
-    const ids = [...pieces.map((t) => (index.has(t) ? index.get(t) : special.unk)), special.eos];
+    const unk = srcVocab.special.unk; // the source's own ids; special_tokens holds the target's
+    const ids = [...srcVocab.prefix, ...pieces.map((t) => (index.has(t) ? index.get(t) : unk)), ...srcVocab.suffix];
     const feeds = {
       src: new ort.Tensor('int64', BigInt64Array.from(ids.map(BigInt)), [1, ids.length]),
       src_len: new ort.Tensor('int64', [BigInt(ids.length)], [1]),
@@ -36,7 +38,7 @@ async function main() {
     const words = [];
     for (const id of best) {
       if (id === special.eos) break;
-      if (id !== special.pad && id !== special.bos) words.push(tgtVocab.tokens[id]);
+      if (!hidden.has(id)) words.push(tgtVocab.tokens[id]);
     }
     console.log(words.join(tgtVocab.level === 'char' ? '' : ' '));
   }

@@ -33,8 +33,9 @@ async function main() {
   const maxLen = manifest.limits.max_target_length || 256;
 
   for (const text of texts) {
-    const ids = split(text, srcVocab.level).map((t) => (index.has(t) ? index.get(t) : special.unk));
-    ids.push(special.eos);
+    const unk = srcVocab.special.unk; // the source's own ids; special_tokens holds the target's
+    const ids = [...srcVocab.prefix, ...split(text, srcVocab.level).map((t) => (index.has(t) ? index.get(t) : unk)),
+      ...srcVocab.suffix];
     const encoded = await encoder.run({ src: int64(ids, [1, ids.length]), src_len: int64([ids.length], [1]) });
     const feeds = {};
     for (const m of manifest.memory) if (decoderInputs.has(m.name)) feeds[m.name] = encoded[m.name];
@@ -54,7 +55,8 @@ async function main() {
       if (token === special.eos) break;
       output.push(token);
     }
-    const words = output.filter((i) => i !== special.pad && i !== special.bos).map((i) => tgtVocab.tokens[i]);
+    const hidden = new Set([special.pad, special.bos, special.decoder_start, ...tgtVocab.hidden]);
+    const words = output.filter((i) => !hidden.has(i)).map((i) => tgtVocab.tokens[i]);
     console.log(words.join(tgtVocab.level === 'char' ? '' : ' '));
   }
 }

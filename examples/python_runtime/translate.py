@@ -14,7 +14,7 @@ import onnxruntime as ort
 folder = Path(sys.argv[1])
 manifest = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
 src_vocab, tgt_vocab = manifest["vocab"]["source"], manifest["vocab"]["target"]
-special = manifest["special_tokens"]
+special, src_special = manifest["special_tokens"], src_vocab["special"]  # the target's ids, the source's
 index = {token: i for i, token in enumerate(src_vocab["tokens"])}
 encoder = ort.InferenceSession(str(folder / manifest["graphs"]["encoder"]["file"]), providers=["CPUExecutionProvider"])
 decoder = ort.InferenceSession(str(folder / manifest["graphs"]["decoder"]["file"]), providers=["CPUExecutionProvider"])
@@ -27,7 +27,8 @@ def split(text, level):
 
 
 for text in sys.argv[2:]:
-    ids = [index.get(t, special["unk"]) for t in split(text, src_vocab["level"])] + [special["eos"]]
+    ids = src_vocab["prefix"] + [index.get(t, src_special["unk"]) for t in split(text, src_vocab["level"])]
+    ids += src_vocab["suffix"]
     src, src_len = np.array([ids], dtype=np.int64), np.array([len(ids)], dtype=np.int64)
     encoder_names = [io["name"] for io in manifest["graphs"]["encoder"]["outputs"]]
     encoded = dict(zip(encoder_names, encoder.run(encoder_names, {"src": src, "src_len": src_len}), strict=True))
@@ -48,5 +49,6 @@ for text in sys.argv[2:]:
         if token == special["eos"]:
             break
         output.append(token)
-    words = [tgt_vocab["tokens"][i] for i in output if i not in (special["pad"], special["bos"])]
+    hidden = {special["pad"], special["bos"], special["decoder_start"], *tgt_vocab["hidden"]}
+    words = [tgt_vocab["tokens"][i] for i in output if i not in hidden]
     print(("" if tgt_vocab["level"] == "char" else " ").join(words))

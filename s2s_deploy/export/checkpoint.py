@@ -105,13 +105,23 @@ def load_checkpoint(path: str | Path) -> Checkpoint:
         plugin = get_plugin(metadata["arch"])
         config = plugin.config_from_dict(json.loads(metadata["config"]))
         src_vocab = Vocabulary.from_dict(json.loads(metadata["src_vocab"]))
-        tgt_vocab = Vocabulary.from_dict(json.loads(metadata["tgt_vocab"]))
+        tgt_vocab = _target_vocab(json.loads(metadata["tgt_vocab"]), plugin)
         info = json.loads(metadata.get("info", "{}"))
     except S2SError as exc:
         raise CheckpointError(f"{path}: {exc}") from exc
     except (KeyError, ValueError, TypeError) as exc:
         raise CheckpointError(f"{path} has corrupt metadata: {exc}") from exc
     return Checkpoint(metadata["arch"], metadata["plugin_version"], config, src_vocab, tgt_vocab, tensors, info)
+
+
+def _target_vocab(data: dict[str, Any], plugin: ArchitecturePlugin) -> Vocabulary:
+    """Older checkpoints record no special ids: the plugin's start token name gives the start id."""
+    if "special" in data:
+        return Vocabulary.from_dict(data)
+    start = plugin.special_tokens.decoder_start
+    if start not in data["tokens"]:
+        raise CheckpointError(f"the decoder start token {start!r} of {plugin.name} is not in the target vocabulary")
+    return Vocabulary.from_dict(data, data["tokens"].index(start))
 
 
 def build_model(checkpoint: Checkpoint, plugin: ArchitecturePlugin) -> Seq2SeqModel:

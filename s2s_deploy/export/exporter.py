@@ -381,7 +381,6 @@ def _manifest(
     work: Path, exporter: str, opset: int, source: str, samples: Sequence[str], diffs: dict[str, float],
 ) -> dict[str, Any]:
     roles = _roles(specs)
-    tokens = plugin.special_tokens
     graphs = {}
     for role, file, inputs, outputs in (
         ("encoder", ENCODER_FILE, specs.io.encoder_inputs, specs.io.encoder_outputs),
@@ -409,10 +408,7 @@ def _manifest(
              "grow_axis": s.grow_axis, "dtype": s.dtype, "description": s.description}
             for s in specs.state
         ],
-        "special_tokens": {
-            "pad": tgt_vocab.pad_id, "bos": tgt_vocab.bos_id, "eos": tgt_vocab.eos_id, "unk": tgt_vocab.unk_id,
-            "decoder_start": tgt_vocab.tokens.index(tokens.decoder_start),
-        },
+        "special_tokens": tgt_vocab.special_ids(),
         "vocab": {"source": src_vocab.to_dict(), "target": tgt_vocab.to_dict()},
         "limits": {
             "max_source_length": plugin.max_source_length(config),

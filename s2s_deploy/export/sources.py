@@ -89,7 +89,8 @@ def _hf_source(plugin: ArchitecturePlugin, directory: Path, workdir: Path) -> Mo
 
 def _random_source(plugin: ArchitecturePlugin, preset: str | None, workdir: Path) -> ModelSource:
     config = plugin.preset(preset)
-    vocab = Vocabulary.build([string.ascii_letters + string.digits + string.punctuation + " "])
+    vocab = Vocabulary.build([string.ascii_letters + string.digits + string.punctuation + " "],
+                             decoder_start=plugin.special_tokens.decoder_start)
     torch.manual_seed(RANDOM_SEED)
     model = plugin.build(config, len(vocab), len(vocab)).eval()
     path = save_checkpoint(workdir / f"{plugin.name}-random.safetensors", plugin, config, model, vocab, vocab,

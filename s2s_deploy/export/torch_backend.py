@@ -34,7 +34,7 @@ class TorchBackend(Backend):
         self.with_attention = plugin.has_attention
         self.encoder_outputs = io_names(self.memory_specs, self.state_specs, False).encoder_outputs
         self.step_graph = StepGraph(self.model, self.memory_specs, self.state_specs, self.with_attention).eval()
-        self.decoder_start_id = tgt_vocab.tokens.index(plugin.special_tokens.decoder_start)
+        self.decoder_start_id = tgt_vocab.decoder_start_id
         self.eos_id = tgt_vocab.eos_id
         self.vocab_size = len(tgt_vocab)
 

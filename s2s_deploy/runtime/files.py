@@ -126,7 +126,7 @@ def translate_chunk(translator: Translator, data: bytes, first_line: int, option
             if options.on_long == "skip":
                 skipped += 1
                 continue
-            ids = [*ids[: limit - 1], vocab.eos_id]
+            ids = [*ids[: limit - len(vocab.suffix)], *vocab.suffix]
             truncated += 1
         todo.append((offset, ids))
     if on_batch and blank + skipped:

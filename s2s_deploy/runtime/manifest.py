@@ -16,7 +16,9 @@ from s2s_deploy.runtime.errors import ManifestError
 from s2s_deploy.runtime.names import init_name, past_name, present_name
 from s2s_deploy.runtime.vocab import Vocabulary
 
-FORMAT = "s2s-deploy-manifest/2"
+FORMAT = "s2s-deploy-manifest/3"
+READABLE_FORMATS = ("s2s-deploy-manifest/2", FORMAT)
+"""Format 2 differs only in where special ids live (docs/manifest.md, Compatibility)."""
 MANIFEST_NAME = "manifest.json"
 BATCH = "batch"
 
@@ -119,9 +121,9 @@ def load_manifest(directory: str | Path, verify_hashes: bool = True) -> Manifest
         raw = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ManifestError(f"{path} is not valid JSON: {exc}") from exc
-    if not isinstance(raw, dict) or raw.get("format") != FORMAT:
+    if not isinstance(raw, dict) or raw.get("format") not in READABLE_FORMATS:
         found = raw.get("format") if isinstance(raw, dict) else type(raw).__name__
-        raise ManifestError(f"{path} has format {found!r}; expected {FORMAT!r}")
+        raise ManifestError(f"{path} has format {found!r}; expected {' or '.join(map(repr, READABLE_FORMATS))}")
     try:
         manifest = _parse(directory, raw)
     except (KeyError, TypeError, ValueError) as exc:
@@ -141,8 +143,12 @@ def load_manifest(directory: str | Path, verify_hashes: bool = True) -> Manifest
 
 def _parse(directory: Path, raw: dict[str, Any]) -> Manifest:
     graphs = raw["graphs"]
-    tokens = raw["special_tokens"]
     limits = raw.get("limits", {})
+    src_vocab = Vocabulary.from_dict(raw["vocab"]["source"])
+    # format 2 kept the decoder start apart from the vocabulary, whose specials sat at 0..3
+    tgt_vocab = Vocabulary.from_dict(raw["vocab"]["target"], int(raw["special_tokens"]["decoder_start"]))
+    if raw["special_tokens"] != tgt_vocab.special_ids():
+        raise ValueError(f"special_tokens {raw['special_tokens']} disagree with the target vocabulary's")
     return Manifest(
         directory=directory,
         raw=raw,
@@ -155,10 +161,10 @@ def _parse(directory: Path, raw: dict[str, Any]) -> Manifest:
             StateEntry(s["name"], int(s["batch_axis"]), s["init"], tuple(s["shape"]), s["grow_axis"], s["dtype"])
             for s in raw["state"]
         ),
-        src_vocab=Vocabulary.from_dict(raw["vocab"]["source"]),
-        tgt_vocab=Vocabulary.from_dict(raw["vocab"]["target"]),
-        decoder_start_id=int(tokens["decoder_start"]),
-        eos_id=int(tokens["eos"]),
+        src_vocab=src_vocab,
+        tgt_vocab=tgt_vocab,
+        decoder_start_id=tgt_vocab.decoder_start_id,
+        eos_id=tgt_vocab.eos_id,
         max_source_length=limits.get("max_source_length"),
         max_target_length=limits.get("max_target_length"),
         has_attention_output=any(io["name"] == "attention" for io in graphs["decoder"]["outputs"]),

@@ -1,11 +1,19 @@
-"""Tokenisation that needs nothing but the manifest: the runtime and the trainer share it."""
+"""Tokenisation that needs nothing but the manifest: the runtime and the trainer share it.
+
+Special ids are data, not positions: a vocabulary built here puts ``<pad> <bos> <eos> <unk>`` at
+0..3, but one read from a checkpoint or manifest may hold them anywhere (Marian's pad is its last
+id and its EOS is 0), and ``bos`` and ``unk`` may be absent.
+"""
 
 from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
+
+from s2s_deploy.runtime.errors import S2SError
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIALS: tuple[str, ...] = (PAD, BOS, EOS, UNK)
@@ -13,68 +21,127 @@ LEVELS = ("char", "word")
 _WORD = re.compile(r"\w+|[^\w\s]", re.UNICODE)
 
 
+class VocabularyError(S2SError, ValueError):
+    """A vocabulary that cannot be right (ids out of range, duplicates, unknown level)."""
+
+
 @dataclass(frozen=True)
 class Vocabulary:
-    """Specials sit at ids 0..3 in every vocabulary, so their ids are fixed by the format."""
+    """``tokens[i]`` is the string of id ``i``; the special ids say which ids play which role.
+
+    ``encode(text)`` returns ``prefix + ids + suffix`` (the suffix is ``(eos_id,)`` unless given),
+    so a model whose source reads ``<s> ... </s>`` or ``... </s> en_XX`` says so here.
+    ``decode`` stops at EOS and drops pad, bos, the decoder start and ``hidden`` ids.
+    """
 
     tokens: tuple[str, ...]
     level: str = "char"
+    pad_id: int = 0
+    bos_id: int | None = 1
+    eos_id: int = 2
+    unk_id: int | None = 3
+    decoder_start_id: int | None = None  # None: bos_id
+    prefix: tuple[int, ...] = ()
+    suffix: tuple[int, ...] | None = None
+    hidden: tuple[int, ...] = ()
     _index: dict[str, int] = field(init=False, repr=False, compare=False)
+    _skip: frozenset[int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.level not in LEVELS:
-            raise ValueError(f"unknown tokenisation level {self.level!r}; known: {', '.join(LEVELS)}")
-        if tuple(self.tokens[: len(SPECIALS)]) != SPECIALS:
-            raise ValueError(f"a vocabulary must start with {' '.join(SPECIALS)}")
-        if len(set(self.tokens)) != len(self.tokens):
-            raise ValueError("a vocabulary has duplicate tokens")
+            raise VocabularyError(f"unknown tokenisation level {self.level!r}; known: {', '.join(LEVELS)}")
+        object.__setattr__(self, "tokens", tuple(self.tokens))
+        if self.decoder_start_id is None:
+            if self.bos_id is None:
+                raise VocabularyError("a vocabulary without bos needs an explicit decoder_start id")
+            object.__setattr__(self, "decoder_start_id", self.bos_id)
+        if self.suffix is None:
+            object.__setattr__(self, "suffix", (self.eos_id,))
+        object.__setattr__(self, "prefix", tuple(self.prefix))
+        object.__setattr__(self, "suffix", tuple(self.suffix))
+        object.__setattr__(self, "hidden", tuple(self.hidden))
+        size = len(self.tokens)
+        for role, value in self.special_ids().items():
+            if value is not None and not _is_id(value, size):
+                raise VocabularyError(f"special id {role}={value!r} is not an id of this {size}-token vocabulary")
+        for name in ("prefix", "suffix", "hidden"):
+            bad = [i for i in getattr(self, name) if not _is_id(i, size)]
+            if bad:
+                raise VocabularyError(f"{name} holds {bad[0]!r}, not an id of this {size}-token vocabulary")
+        if len(set(self.tokens)) != size:
+            raise VocabularyError("a vocabulary has duplicate tokens")
         object.__setattr__(self, "_index", {t: i for i, t in enumerate(self.tokens)})
+        skip = {self.pad_id, self.bos_id, self.decoder_start_id, *self.hidden}
+        object.__setattr__(self, "_skip", frozenset(i for i in skip if i is not None))
 
     @classmethod
-    def build(cls, texts: Iterable[str], level: str = "char", min_count: int = 1) -> Vocabulary:
+    def build(cls, texts: Iterable[str], level: str = "char", min_count: int = 1,
+              decoder_start: str = BOS) -> Vocabulary:
+        """Specials at 0..3, then the tokens of ``texts`` sorted; ``decoder_start`` names the start token."""
         counts = Counter(tok for text in texts for tok in split(text, level))
         kept = sorted(t for t, c in counts.items() if c >= min_count and t not in SPECIALS)
-        return cls(SPECIALS + tuple(kept), level)
+        tokens = SPECIALS + tuple(kept)
+        if decoder_start not in tokens:
+            raise VocabularyError(f"decoder start token {decoder_start!r} is not in the vocabulary")
+        return cls(tokens, level, decoder_start_id=tokens.index(decoder_start))
 
     def __len__(self) -> int:
         return len(self.tokens)
 
-    @property
-    def pad_id(self) -> int:
-        return 0
-
-    @property
-    def bos_id(self) -> int:
-        return 1
-
-    @property
-    def eos_id(self) -> int:
-        return 2
-
-    @property
-    def unk_id(self) -> int:
-        return 3
+    def special_ids(self) -> dict[str, int | None]:
+        return {"pad": self.pad_id, "bos": self.bos_id, "eos": self.eos_id, "unk": self.unk_id,
+                "decoder_start": self.decoder_start_id}
 
     def encode(self, text: str, add_eos: bool = True) -> list[int]:
-        ids = [self._index.get(tok, self.unk_id) for tok in split(text, self.level)]
-        return [*ids, self.eos_id] if add_eos else ids
+        """Ids of ``text``; with ``add_eos`` framed by ``prefix`` and ``suffix`` (EOS by default)."""
+        ids = [self._id(tok) for tok in split(text, self.level)]
+        return [*self.prefix, *ids, *self.suffix] if add_eos else ids
+
+    def _id(self, token: str) -> int:
+        found = self._index.get(token, self.unk_id)
+        if found is None:
+            raise VocabularyError(f"token {token!r} is not in the vocabulary, which has no unk")
+        return found
 
     def decode(self, ids: Iterable[int]) -> str:
         words = []
         for i in ids:
             if i == self.eos_id:
                 break
-            if i in (self.pad_id, self.bos_id):
+            if i in self._skip:
                 continue
             words.append(self.tokens[i] if 0 <= i < len(self.tokens) else UNK)
         return ("" if self.level == "char" else " ").join(words)
 
-    def to_dict(self) -> dict:
-        return {"level": self.level, "tokens": list(self.tokens)}
+    def to_dict(self) -> dict[str, Any]:
+        return {"level": self.level, "tokens": list(self.tokens), "special": self.special_ids(),
+                "prefix": list(self.prefix), "suffix": list(self.suffix), "hidden": list(self.hidden)}
 
     @classmethod
-    def from_dict(cls, data: dict) -> Vocabulary:
-        return cls(tuple(data["tokens"]), data.get("level", "char"))
+    def from_dict(cls, data: Mapping[str, Any], decoder_start_id: int | None = None) -> Vocabulary:
+        """Reads ``to_dict`` and the older ``{level, tokens}`` form, whose specials sit at 0..3
+        (``decoder_start_id`` then comes from the caller: format-2 manifests keep it apart)."""
+        tokens = tuple(data["tokens"])
+        level = data.get("level", "char")
+        special = data.get("special")
+        if special is None:
+            if tokens[: len(SPECIALS)] != SPECIALS:
+                raise VocabularyError(f"a vocabulary without special ids must start with {' '.join(SPECIALS)}")
+            return cls(tokens, level, decoder_start_id=decoder_start_id)
+        return cls(
+            tokens, level, pad_id=special["pad"], bos_id=special.get("bos"), eos_id=special["eos"],
+            unk_id=special.get("unk"), decoder_start_id=special.get("decoder_start"),
+            prefix=tuple(data.get("prefix", ())), suffix=_optional_ids(data.get("suffix")),
+            hidden=tuple(data.get("hidden", ())),
+        )
+
+
+def _is_id(value: object, size: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < size
+
+
+def _optional_ids(value: Iterable[int] | None) -> tuple[int, ...] | None:
+    return None if value is None else tuple(value)
 
 
 def split(text: str, level: str) -> list[str]:

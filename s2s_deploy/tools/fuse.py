@@ -240,7 +240,7 @@ class _Fuser:
         self._consts: dict[tuple[str, bytes, tuple[int, ...]], str] = {}
         self.vocab = len(manifest.tgt_vocab)
         self.eos = manifest.eos_id
-        self.pad = int(manifest.raw["special_tokens"]["pad"])
+        self.pad = manifest.tgt_vocab.pad_id
 
     # constants, hoisted to the outer graph where the Loop body sees them too
     def const(self, value: Any, dtype: str = "int64") -> str:

@@ -95,7 +95,7 @@ def train_state_path(checkpoint: str | Path) -> Path:
 def encode_pairs(pairs: Sequence[Pair], src_vocab: Vocabulary, tgt_vocab: Vocabulary) -> Encoded:
     return Encoded(
         tuple(tuple(src_vocab.encode(p.source)) for p in pairs),
-        tuple(tuple(tgt_vocab.encode(p.target)) for p in pairs),
+        tuple((*tgt_vocab.encode(p.target, add_eos=False), tgt_vocab.eos_id) for p in pairs),
     )
 
 
@@ -137,13 +137,6 @@ def learning_rate(step: int, total_steps: int, cfg: TrainConfig) -> float:
     return cfg.lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def _token_id(vocab: Vocabulary, token: str) -> int:
-    try:
-        return vocab.tokens.index(token)
-    except ValueError:
-        raise ContractError(f"special token {token!r} is not in the vocabulary") from None
-
-
 def initial_state(plugin: ArchitecturePlugin, config: Any, encoded: dict[str, Tensor], batch: int,
                   device: torch.device | str) -> dict[str, Tensor]:
     """The decoder state before the first step: zeros per the spec, or the encoder's value."""
@@ -175,8 +168,7 @@ def greedy_decode(
     max_steps = min(max_steps, limit) if limit else max_steps
     was_training = model.training
     model.eval()
-    start = _token_id(tgt_vocab, plugin.special_tokens.decoder_start)
-    eos = _token_id(tgt_vocab, plugin.special_tokens.eos)
+    start, eos = tgt_vocab.decoder_start_id, tgt_vocab.eos_id
     ids = [src_vocab.encode(s) for s in sources]
     order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
     results: list[str] = [""] * len(ids)
@@ -276,7 +268,8 @@ def train(
             emit(f"{resume} has no train state: fine-tuning its weights with a fresh optimizer")
     else:
         src_vocab = Vocabulary.build((p.source for p in train_pairs), cfg.level)
-        tgt_vocab = Vocabulary.build((p.target for p in train_pairs), cfg.level)
+        tgt_vocab = Vocabulary.build((p.target for p in train_pairs), cfg.level,
+                                     decoder_start=plugin.special_tokens.decoder_start)
         torch.manual_seed(cfg.seed)
         model = plugin.build(config, len(src_vocab), len(tgt_vocab))
     model.to(device)
@@ -290,7 +283,7 @@ def train(
     if not data.src:
         raise S2SError("no training pair fits the model's length limits")
     max_steps = max(len(t) for t in data.tgt) + 10
-    bos = _token_id(tgt_vocab, plugin.special_tokens.decoder_start)
+    bos = tgt_vocab.decoder_start_id
     pad_id = tgt_vocab.pad_id
 
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), eps=1e-9)
