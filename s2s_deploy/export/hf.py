@@ -21,7 +21,7 @@ from s2s_deploy.export.checkpoint import Checkpoint, build_model, save_checkpoin
 from s2s_deploy.export.contract import ArchitecturePlugin
 from s2s_deploy.export.registry import REGISTRY
 from s2s_deploy.runtime.errors import CheckpointError, UnknownNameError
-from s2s_deploy.runtime.vocab import SPECIALS, Vocabulary
+from s2s_deploy.runtime.vocab import Vocabulary
 
 CONFIG_FILE = "config.json"
 GENERATION_FILE = "generation_config.json"
@@ -118,16 +118,18 @@ def _setting(config: Mapping[str, Any], generation: Mapping[str, Any], key: str)
     return generation[key] if key in generation else config.get(key)
 
 
-def special_ids(config: Mapping[str, Any], generation: Mapping[str, Any]) -> dict[str, int]:
-    """pad, bos (= the decoder start token, fed at step 0), eos; unk when the config names it."""
+def special_ids(config: Mapping[str, Any], generation: Mapping[str, Any]) -> dict[str, int | None]:
+    """pad, bos, eos, unk and the decoder start (fed at step 0) as the config names them."""
     def first(key: str) -> int | None:
         value = _setting(config, generation, key)
         return int(value[0] if isinstance(value, list) else value) if value is not None else None
 
-    pad, eos, start = first("pad_token_id"), first("eos_token_id"), first("decoder_start_token_id")
-    if eos is None or pad is None:
+    ids = {role: first(f"{role}_token_id") for role in ("pad", "bos", "eos", "unk", "decoder_start")}
+    if ids["eos"] is None or ids["pad"] is None:
         raise CheckpointError("config.json names no eos_token_id or pad_token_id")
-    return {"pad": pad, "bos": pad if start is None else start, "eos": eos, "unk": first("unk_token_id")}
+    if ids["decoder_start"] is None:
+        ids["decoder_start"] = ids["bos"] if ids["bos"] is not None else ids["pad"]
+    return ids
 
 
 def search_defaults(config: Mapping[str, Any], generation: Mapping[str, Any]) -> dict[str, Any]:
@@ -152,20 +154,20 @@ def search_defaults(config: Mapping[str, Any], generation: Mapping[str, Any]) ->
 
 
 def vocabulary(size: int, ids: Mapping[str, int | None]) -> Vocabulary:
-    """An ids-only vocabulary: ``t<id>`` strings at the word level, so text round-trips to ids."""
-    wanted = {"pad": 0, "bos": 1, "eos": 2, "unk": 3}
-    moved = {name: ids[name] for name in wanted if ids[name] is not None and ids[name] != wanted[name]}
-    if moved:  # until vocabularies carry their own special ids
-        raise CheckpointError(f"special token ids {moved} are not yet supported (need pad 0, bos 1, eos 2, unk 3)")
-    return Vocabulary(SPECIALS + tuple(f"t{i}" for i in range(len(SPECIALS), size)), "word")
+    """An ids-only vocabulary: ``t<id>`` words (specials by their role), so text made of them
+    round-trips to ids; the special ids are the model's own."""
+    names = {ids["pad"]: "<pad>", ids["eos"]: "</s>", ids["unk"]: "<unk>", ids["bos"]: "<s>"}
+    tokens = tuple(names.get(i, f"t{i}") for i in range(size))
+    return Vocabulary(tokens, "word", pad_id=ids["pad"], bos_id=ids["bos"], eos_id=ids["eos"], unk_id=ids["unk"],
+                      decoder_start_id=ids["decoder_start"])
 
 
 def sample_texts(vocab: Vocabulary, count: int = SAMPLE_COUNT) -> tuple[str, ...]:
     """Seeded random sentences of ordinary tokens, of mixed lengths, for parity checks."""
     rng = random.Random(SAMPLE_SEED)
-    first = len(SPECIALS)
-    return tuple(" ".join(vocab.tokens[rng.randrange(first, len(vocab))] for _ in range(rng.randint(2, 12)))
-                 for _ in range(count))
+    specials = {i for i in vocab.special_ids().values() if i is not None}
+    ordinary = [t for i, t in enumerate(vocab.tokens) if i not in specials]
+    return tuple(" ".join(rng.choice(ordinary) for _ in range(rng.randint(2, 12))) for _ in range(count))
 
 
 @dataclass(frozen=True)
