@@ -242,3 +242,16 @@ def test_arch_and_checkpoint_folder_export_like_hf(hf_exports: HFExports, tmp_pa
     assert load_manifest(again).raw["config"] == load_manifest(out).raw["config"]
     wrong = runner.invoke(main, ["export", "--arch", "bart", "--checkpoint", str(hf_dir), "--out", str(tmp_path / "x")])
     assert wrong.exit_code == 1 and "'t5' model" in wrong.output
+
+
+def test_translator_takes_its_defaults_from_the_manifest(hf_exports: HFExports) -> None:
+    from s2s_deploy.runtime.translator import Translator
+
+    _, _, out = hf_exports.get("bart")
+    translator = Translator(out, device="cpu")
+    search = translator.manifest.raw["search"]
+    config = translator.search_config()
+    assert config.beam_size == search.get("beam_size", 1)
+    assert config.alpha == search["alpha"]
+    assert config.max_len == search.get("max_len", translator.manifest.max_target_length)
+    assert translator.search_config(beam=2, alpha=0.5, max_len=5) == SearchConfig(2, 1, 5, 0.5, min(config.min_len, 5))

@@ -39,7 +39,8 @@ def read_lines(path: str) -> list[str]:
 @click.argument("texts", nargs=-1)
 @click.option("--input", "input_path", type=click.Path(dir_okay=False, allow_dash=True), default=None,
               help="Read sentences from a file, one per line ('-' for stdin).")
-@click.option("--beam", type=click.IntRange(1), default=1, show_default=True, help="Beam size; 1 is greedy.")
+@click.option("--beam", type=click.IntRange(1), default=None,
+              help="Beam size; 1 is greedy [default: the manifest's search.beam_size, else 1].")
 @click.option("--n-best", type=click.IntRange(1), default=1, show_default=True)
 @click.option("--alpha", type=float, default=None, help="Length penalty: score = log P / L**alpha [default: 0.75].")
 @click.option("--max-len", type=click.IntRange(1), default=None, help="Most target tokens [default: model limit].")
@@ -65,7 +66,8 @@ def read_lines(path: str) -> list[str]:
                    "generate.onnx (run `s2s-deploy fuse DIR` first).")
 @device_option
 @threads_option
-def translate_command(export_dir: str, texts: tuple[str, ...], input_path: str | None, beam: int, n_best: int,
+def translate_command(export_dir: str, texts: tuple[str, ...], input_path: str | None, beam: int | None,
+                      n_best: int,
                       alpha: float | None, max_len: int | None, batch_size: int, scores: bool,
                       output_path: str | None, on_long: str | None, utf8_errors: str | None, resume: bool,
                       quiet: bool, ray_address: str | None, actors: int, chunk_lines: int | None, engine: str,
@@ -86,7 +88,7 @@ def translate_command(export_dir: str, texts: tuple[str, ...], input_path: str |
             raise S2SError("--output translates --input FILE ('-' for stdin), not TEXTS")
         if n_best > 1:
             raise S2SError("--output writes one line per input line: --n-best needs output to the terminal")
-        options = FileOptions(beam=beam, batch_size=batch_size, max_len=max_len, alpha=alpha,
+        options = FileOptions(beam=beam or 1, batch_size=batch_size, max_len=max_len, alpha=alpha,
                               on_long=on_long or "truncate", errors=utf8_errors or "strict", scores=scores,
                               chunk_lines=chunk_lines or CHUNK_LINES)
         _translate_file(export_dir, input_path, output_path, options, resume, quiet, ray_address, actors, engine,

@@ -95,17 +95,23 @@ class Translator:
             self.engine = StepLoop(self.backend)
             self.notice = self.backend.choice.notice()
 
-    def search_config(self, beam: int = 1, n_best: int = 1, max_len: int | None = None,
+    def search_config(self, beam: int | None = None, n_best: int = 1, max_len: int | None = None,
                       alpha: float | None = None) -> SearchConfig:
+        """Options not given come from the manifest's ``search`` defaults (the model's own, for a
+        Hugging Face export), then from the generic ones."""
         manifest = self.manifest
+        defaults = manifest.raw.get("search", {})
+        beam = beam or int(defaults.get("beam_size", 1))
         if n_best > beam:
             raise S2SError(f"n-best {n_best} cannot exceed the beam size {beam}")
+        max_len = max_len or defaults.get("max_len") or manifest.max_target_length or 256
+        default_alpha = defaults.get("alpha", defaults.get("length_penalty_alpha", 0.75))
         return SearchConfig(
-            beam_size=beam, n_best=n_best, max_len=max_len or manifest.max_target_length or 256,
-            alpha=manifest.raw["search"]["length_penalty_alpha"] if alpha is None else alpha,
+            beam_size=beam, n_best=n_best, max_len=int(max_len), alpha=default_alpha if alpha is None else alpha,
+            min_len=min(int(defaults.get("min_len", 0)), int(max_len)),
         )
 
-    def __call__(self, texts: Sequence[str], beam: int = 1, n_best: int = 1, max_len: int | None = None,
+    def __call__(self, texts: Sequence[str], beam: int | None = None, n_best: int = 1, max_len: int | None = None,
                  alpha: float | None = None, batch_size: int = 32) -> list[Translation]:
         config = self.search_config(beam, n_best, max_len, alpha)
         manifest = self.manifest
