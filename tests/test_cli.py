@@ -36,7 +36,7 @@ def test_list_shows_every_builtin() -> None:
 
 def test_unknown_arch() -> None:
     code, _, err = run("export", "--arch", "nope", "--out", "unused")
-    assert_one_line_error(code, err, "known: bahdanau, convs2s, gru, lstm, rnnsearch, transformer")
+    assert_one_line_error(code, err, "known: bahdanau, bart, convs2s, gru, lstm, marian, rnnsearch, t5, transformer")
 
 
 def test_missing_export_folder(tmp_path: Path) -> None:

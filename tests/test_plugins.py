@@ -22,6 +22,9 @@ ARCH_CASES = [
     ("bahdanau", 40),
     ("rnnsearch", 40),
     ("convs2s", 40),
+    ("marian", 40),
+    ("bart", 40),
+    ("t5", 40),
 ]
 ARCHS = [pytest.param(arch, max_len, id=arch) for arch, max_len in ARCH_CASES]
 

@@ -281,18 +281,22 @@ def _translate_file(export_dir: str, input_path: str, output_path: str, options:
 @click.option("--rtol", type=click.FloatRange(0), default=None, help="See --atol [default: the plugin's].")
 @click.option("--checkpoint", type=click.Path(dir_okay=False), default=None,
               help="The PyTorch original [default: the checkpoint stored in the export].")
+@click.option("--reference", "reference_dir", type=click.Path(file_okay=False), default=None,
+              help="A Hugging Face model folder: compare against transformers' own model instead (needs [hf]).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--ort-format", is_flag=True, help="Check the .ort graphs instead of the .onnx ones.")
 @device_option
 @plugin_option
 def parity_command(export_dir: str, input_path: str | None, beam: int, max_len: int, atol: float | None,
-                   rtol: float | None, checkpoint: str | None, as_json: bool, ort_format: bool, device: str,
-                   plugin_files: tuple[str, ...]) -> None:
+                   rtol: float | None, checkpoint: str | None, reference_dir: str | None, as_json: bool,
+                   ort_format: bool, device: str, plugin_files: tuple[str, ...]) -> None:
     """Check that ONNX Runtime decodes exactly like PyTorch.
 
     Decodes with both, greedy and beam; exits 1 unless they agree.
     """
     require("parity", "export")
+    if reference_dir is not None:
+        require("parity", "hf")
     import sys
 
     from s2s_deploy.export.parity import check_parity, torch_backend_for
@@ -307,7 +311,14 @@ def parity_command(export_dir: str, input_path: str | None, beam: int, max_len: 
     sources = read_lines(input_path) if input_path else list(manifest.samples)
     if not sources:
         raise S2SError(f"{export_dir} stores no sample inputs; pass --input FILE")
-    reference = torch_backend_for(manifest, checkpoint)
+    if reference_dir is not None:
+        from s2s_deploy.export.hf_reference import HFBackend, load_transformers_model
+
+        if checkpoint:
+            raise S2SError("--reference and --checkpoint name two originals: give one")
+        reference = HFBackend(load_transformers_model(reference_dir), manifest.decoder_start_id, manifest.eos_id)
+    else:
+        reference = torch_backend_for(manifest, checkpoint)
     candidate = OrtBackend(manifest, device=device, graph_format="ort" if ort_format else "onnx")
     echo_device(candidate.choice.notice(), candidate.choice.provider)
     report = check_parity(manifest, reference, candidate, sources, beam_size=beam, max_len=max_len, atol=atol,

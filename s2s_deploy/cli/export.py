@@ -13,9 +13,11 @@ from s2s_deploy.cli.extras import require
 
 
 @main.command("export")
-@click.option("--arch", required=True, help="Registered architecture name (see `s2s-deploy list`).")
-@click.option("--checkpoint", type=click.Path(dir_okay=False), default=None,
-              help="A .safetensors checkpoint; default: the architecture's bundled one.")
+@click.option("--arch", default=None, help="Registered architecture name (see `s2s-deploy list`).")
+@click.option("--checkpoint", type=click.Path(), default=None,
+              help="A .safetensors checkpoint, or a local Hugging Face model folder; default: the bundled one.")
+@click.option("--hf", "hf_dir", type=click.Path(file_okay=False), default=None,
+              help="A local Hugging Face model folder; the architecture comes from its config.json.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Output folder [default: exported/<arch>].")
 @click.option("--no-checkpoint", "no_checkpoint", is_flag=True,
@@ -31,9 +33,9 @@ from s2s_deploy.cli.extras import require
 @click.option("--ort-format", is_flag=True, help="Also write .ort files for ONNX Runtime mobile/minimal builds.")
 @click.option("--force", is_flag=True, help="Replace an existing output folder.")
 @plugin_option
-def export_command(arch: str, checkpoint: str | None, out_dir: str | None, preset: str | None,
-                   exporter: str | None, opset: int, with_attention: bool, optimize: bool, ort_format: bool,
-                   force: bool, no_checkpoint: bool, plugin_files: tuple[str, ...]) -> None:
+def export_command(arch: str | None, checkpoint: str | None, hf_dir: str | None, out_dir: str | None,
+                   preset: str | None, exporter: str | None, opset: int, with_attention: bool, optimize: bool,
+                   ort_format: bool, force: bool, no_checkpoint: bool, plugin_files: tuple[str, ...]) -> None:
     """Export a model to ONNX and validate it.
 
     Writes an encoder graph and a step-wise decoder graph, then checks them against PyTorch.
@@ -48,6 +50,17 @@ def export_command(arch: str, checkpoint: str | None, out_dir: str | None, prese
     from s2s_deploy.runtime.staging import check_replaceable, remove_leftovers
 
     load_plugin_files(plugin_files)
+    if hf_dir is not None:
+        from s2s_deploy.export.hf import plugin_for, read_config
+
+        if checkpoint:
+            raise S2SError("--hf DIR is the checkpoint: give --hf or --checkpoint, not both")
+        found = plugin_for(read_config(hf_dir))
+        if arch and arch != found.name:
+            raise S2SError(f"{hf_dir} holds a {found.name} model, not {arch}")
+        arch, checkpoint = found.name, hf_dir
+    if arch is None:
+        raise S2SError("give --arch NAME or --hf DIR")
     plugin = get_plugin(arch)
     destination = Path(out_dir or Path("exported") / arch)
     if force or not destination.exists() or destination.is_symlink():  # an existing one may be up to date
@@ -73,7 +86,7 @@ def export_command(arch: str, checkpoint: str | None, out_dir: str | None, prese
         report = export_model(
             plugin, source.model, source.config, source.src_vocab, source.tgt_vocab, destination,
             checkpoint_path=source.checkpoint_path, source=source.description, samples=source.samples,
-            training=source.info,
+            training=source.info, search=source.search,
             exporter=exporter, opset=opset, with_attention=with_attention, optimize=optimize,
             ort_format=ort_format, force=force, include_checkpoint=not no_checkpoint,
         )

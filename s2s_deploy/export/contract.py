@@ -71,6 +71,17 @@ class SpecialTokens:
     decoder_start: str = "<bos>"
 
 
+@dataclass(frozen=True)
+class HFWeights:
+    """A Hugging Face checkpoint translated by a plugin: its config, and tensors named as the
+    plugin's model names them (each tied weight once)."""
+
+    config: Any
+    tensors: dict[str, Tensor]
+    src_vocab_size: int
+    tgt_vocab_size: int
+
+
 class StepOutput(NamedTuple):
     log_probs: Tensor
     state: dict[str, Tensor]
@@ -111,6 +122,8 @@ class ArchitecturePlugin(ABC):
     act (``export/tolerance.py``; the margins behind the defaults are in docs/parity.md)."""
     special_tokens: ClassVar[SpecialTokens] = SpecialTokens()
     has_attention: ClassVar[bool] = False
+    hf_model_types: ClassVar[tuple[str, ...]] = ()
+    """``model_type`` values of Hugging Face ``config.json`` files this plugin loads (``from_hf``)."""
 
     @abstractmethod
     def build(self, config: Any, src_vocab_size: int, tgt_vocab_size: int) -> Seq2SeqModel:
@@ -128,6 +141,10 @@ class ArchitecturePlugin(ABC):
 
     def max_source_length(self, config: Any) -> int | None:
         return None
+
+    def from_hf(self, hf_config: Mapping[str, Any], tensors: Mapping[str, Tensor]) -> HFWeights:
+        """Map a Hugging Face ``config.json`` and state dict onto this plugin's config and names."""
+        raise ContractError(f"plugin {self.name} does not load Hugging Face checkpoints")
 
     def config_from_dict(self, data: Mapping[str, Any]) -> Any:
         fields = {f.name for f in dataclasses.fields(self.config_type)}

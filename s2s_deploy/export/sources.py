@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 import string
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ class ModelSource:
     samples: tuple[str, ...]
     trained: bool
     info: dict[str, Any]
+    search: dict[str, Any] = field(default_factory=dict)
 
 
 def bundled_checkpoint(plugin: ArchitecturePlugin) -> Path | None:
@@ -51,6 +52,8 @@ def load_source(plugin: ArchitecturePlugin, checkpoint: str | Path | None, prese
     path = Path(checkpoint) if checkpoint else None if preset is not None else bundled_checkpoint(plugin)
     if path is None:
         return _random_source(plugin, preset, workdir or Path(tempfile.mkdtemp(prefix="s2s-random-")))
+    if path.is_dir():
+        return _hf_source(plugin, path, workdir or Path(tempfile.mkdtemp(prefix="s2s-hf-")))
     loaded = load_checkpoint(path)
     model = build_model(loaded, plugin)
     info = loaded.info
@@ -75,6 +78,18 @@ def _task_samples(info: dict[str, Any]) -> tuple[str, ...]:
     except S2SError:  # a user task file that moved away: parity then asks for --input
         return ()
     return tuple(pair.source for pair in splits.test[:SAMPLE_COUNT])
+
+
+def _hf_source(plugin: ArchitecturePlugin, directory: Path, workdir: Path) -> ModelSource:
+    """A local Hugging Face folder, converted into an s2s-deploy checkpoint for ``parity``."""
+    from s2s_deploy.export.hf import load_hf, save_hf_checkpoint
+
+    hf = load_hf(plugin, directory)
+    path = save_hf_checkpoint(hf, plugin, workdir / f"{plugin.name}-hf.safetensors")
+    c = hf.checkpoint
+    return ModelSource(plugin, c.config, hf.model, c.src_vocab, c.tgt_vocab, path,
+                       f"Hugging Face folder {directory} ({c.info['hf_model_type']})", hf.samples, trained=True,
+                       info=c.info, search=hf.search)
 
 
 def _random_source(plugin: ArchitecturePlugin, preset: str | None, workdir: Path) -> ModelSource:

@@ -202,12 +202,15 @@ def default_search_config(manifest: Manifest, beam: int | None = None, n_best: i
         raise S2SError(f"max-len {max_len} is over the {MAX_DECODE} tokens this runtime decodes")
     if max_len is not None and limit is not None and max_len > limit:
         raise S2SError(f"max-len {max_len} exceeds the model's limit of {limit} target tokens (its position table)")
+    min_len = options.get("min_len")
     stored = manifest.raw.get("search", {})
     values: dict[str, object] = {name: stored[name] for name in OPTION_NAMES if name in stored}
     values.setdefault("alpha", stored.get("length_penalty_alpha", 0.75))
     values.setdefault("max_len", limit or 256)
     given = {"beam_size": beam, "n_best": n_best, "max_len": max_len, "alpha": alpha, **options}
     values.update({name: value for name, value in given.items() if value is not None})
+    if min_len is None and "min_len" in stored:  # the model's own minimum yields to a shorter limit asked for
+        values["min_len"] = min(int(stored["min_len"]), int(values["max_len"]))  # type: ignore[call-overload]
     vocab = manifest.tgt_vocab
     if "prefix" in values and not _per_sentence(values["prefix"]):
         values["prefix"] = _ids(vocab, values["prefix"])

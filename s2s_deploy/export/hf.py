@@ -1,0 +1,200 @@
+"""A local Hugging Face model folder as an export source, without importing ``transformers``.
+
+The folder is untrusted: only files inside it are opened, weights come through safetensors or
+``torch.load(weights_only=True)`` (never unpickled), and the family is found by asking every
+registered plugin which ``config.json`` ``model_type`` it loads (``hf_model_types``). The
+model's own decoding settings (``generation_config.json``) become the export's search defaults.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from s2s_deploy.export.checkpoint import Checkpoint, build_model, save_checkpoint
+from s2s_deploy.export.contract import ArchitecturePlugin
+from s2s_deploy.export.registry import REGISTRY
+from s2s_deploy.runtime.errors import CheckpointError, UnknownNameError
+from s2s_deploy.runtime.vocab import Vocabulary
+
+CONFIG_FILE = "config.json"
+GENERATION_FILE = "generation_config.json"
+SAMPLE_COUNT = 16
+SAMPLE_SEED = 0
+
+
+@dataclass(frozen=True)
+class HFFolder:
+    directory: Path
+    config: dict[str, Any]
+    generation: dict[str, Any]
+    tensors: dict[str, torch.Tensor]
+
+
+def is_hf_folder(path: Path) -> bool:
+    return path.is_dir() and (path / CONFIG_FILE).is_file()
+
+
+def inside(directory: Path, name: str) -> Path:
+    """``directory / name``, refused if it (or a link it goes through) leads outside the folder."""
+    path = (directory / name).resolve()
+    if not path.is_relative_to(directory.resolve()):
+        raise CheckpointError(f"{directory}: {name} points outside the model folder")
+    return path
+
+
+def _json(directory: Path, name: str, required: bool) -> dict[str, Any]:
+    path = inside(directory, name)
+    if not path.is_file():
+        if required:
+            raise CheckpointError(f"{directory} has no {name}: is it a Hugging Face model folder?")
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{path} is not valid JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path} is not a JSON object")
+    return data
+
+
+def _tensors(directory: Path) -> dict[str, torch.Tensor]:
+    """Every weight as float32 (or its integer dtype), from safetensors (one file or shards) or a
+    ``pytorch_model.bin`` read with ``weights_only=True``."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    single, index = inside(directory, "model.safetensors"), inside(directory, "model.safetensors.index.json")
+    loaded: dict[str, torch.Tensor] = {}
+    try:
+        if single.is_file() or index.is_file():
+            names = [single.name] if single.is_file() else sorted(
+                set(_json(directory, index.name, True)["weight_map"].values()))
+            shards = [inside(directory, name) for name in names]
+            for shard in shards:
+                loaded.update(load_file(str(shard)))
+        elif inside(directory, "pytorch_model.bin").is_file():
+            state = torch.load(inside(directory, "pytorch_model.bin"), map_location="cpu", weights_only=True)
+            if not isinstance(state, dict):
+                raise CheckpointError(f"{directory}/pytorch_model.bin does not hold a state dict")
+            loaded = dict(state)
+        else:
+            raise CheckpointError(f"{directory} has no model.safetensors, shards or pytorch_model.bin")
+    except (SafetensorError, OSError, RuntimeError, KeyError, ValueError) as exc:  # weights_only refusals too
+        raise CheckpointError(f"{directory}: cannot read the weights safely: {exc}") from exc
+    return {name: t.float() if t.is_floating_point() else t for name, t in loaded.items()}
+
+
+def read_config(directory: str | Path) -> dict[str, Any]:
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise CheckpointError(f"Hugging Face model folder not found: {directory}")
+    return _json(directory, CONFIG_FILE, True)
+
+
+def read_folder(directory: str | Path) -> HFFolder:
+    config = read_config(directory)
+    directory = Path(directory)
+    return HFFolder(directory, config, _json(directory, GENERATION_FILE, False), _tensors(directory))
+
+
+def plugin_for(config: Mapping[str, Any]) -> ArchitecturePlugin:
+    """The registered plugin whose ``hf_model_types`` holds ``config.json``'s ``model_type``."""
+    model_type = str(config.get("model_type", ""))
+    known = {t: entry.plugin for entry in REGISTRY.entries() for t in entry.plugin.hf_model_types}
+    if model_type not in known:
+        raise UnknownNameError("Hugging Face model_type", model_type, list(known))
+    return known[model_type]
+
+
+def _setting(config: Mapping[str, Any], generation: Mapping[str, Any], key: str) -> Any:
+    """generation_config.json first, then config.json (older folders keep generation keys there)."""
+    return generation[key] if key in generation else config.get(key)
+
+
+def special_ids(config: Mapping[str, Any], generation: Mapping[str, Any]) -> dict[str, int | None]:
+    """pad, bos, eos, unk and the decoder start (fed at step 0) as the config names them."""
+    def first(key: str) -> int | None:
+        value = _setting(config, generation, key)
+        return int(value[0] if isinstance(value, list) else value) if value is not None else None
+
+    ids = {role: first(f"{role}_token_id") for role in ("pad", "bos", "eos", "unk", "decoder_start")}
+    if ids["eos"] is None or ids["pad"] is None:
+        raise CheckpointError("config.json names no eos_token_id or pad_token_id")
+    if ids["decoder_start"] is None:
+        ids["decoder_start"] = ids["bos"] if ids["bos"] is not None else ids["pad"]
+    return ids
+
+
+def search_defaults(config: Mapping[str, Any], generation: Mapping[str, Any]) -> dict[str, Any]:
+    """generation_config.json under SearchConfig's names; settings the model leaves unset are left out."""
+    mapping = {"num_beams": "beam_size", "length_penalty": "alpha", "max_length": "max_len",
+               "min_length": "min_len", "no_repeat_ngram_size": "no_repeat_ngram_size",
+               "repetition_penalty": "repetition_penalty", "bad_words_ids": "bad_words_ids",
+               "suppress_tokens": "suppress_tokens", "early_stopping": "early_stopping"}
+    defaults = {ours: value for theirs, ours in mapping.items()
+                if (value := _setting(config, generation, theirs)) is not None}
+    forced_bos = _setting(config, generation, "forced_bos_token_id")
+    if forced_bos is not None:
+        defaults["prefix"] = [int(forced_bos)]
+    forced_eos = _setting(config, generation, "forced_eos_token_id")
+    if forced_eos is not None:
+        defaults["forced_eos"] = True
+    if "max_len" in defaults:  # Hugging Face counts the decoder start token; we count generated tokens
+        defaults["max_len"] = max(1, int(defaults["max_len"]) - 1)
+    if "min_len" in defaults:
+        defaults["min_len"] = max(0, int(defaults["min_len"]) - 1)
+    return defaults
+
+
+def vocabulary(size: int, ids: Mapping[str, int | None]) -> Vocabulary:
+    """An ids-only vocabulary: ``t<id>`` words (specials by their role), so text made of them
+    round-trips to ids; the special ids are the model's own."""
+    names = {ids["pad"]: "<pad>", ids["eos"]: "</s>", ids["unk"]: "<unk>", ids["bos"]: "<s>"}
+    tokens = tuple(names.get(i, f"t{i}") for i in range(size))
+    return Vocabulary(tokens, "word", pad_id=ids["pad"], bos_id=ids["bos"], eos_id=ids["eos"], unk_id=ids["unk"],
+                      decoder_start_id=ids["decoder_start"])
+
+
+def sample_texts(vocab: Vocabulary, count: int = SAMPLE_COUNT) -> tuple[str, ...]:
+    """Seeded random sentences of ordinary tokens, of mixed lengths, for parity checks."""
+    rng = random.Random(SAMPLE_SEED)
+    specials = {i for i in vocab.special_ids().values() if i is not None}
+    ordinary = [t for i, t in enumerate(vocab.tokens) if i not in specials]
+    return tuple(" ".join(rng.choice(ordinary) for _ in range(rng.randint(2, 12))) for _ in range(count))
+
+
+@dataclass(frozen=True)
+class HFSource:
+    checkpoint: Checkpoint
+    model: torch.nn.Module
+    search: dict[str, Any]
+    samples: tuple[str, ...]
+
+
+def load_hf(plugin: ArchitecturePlugin, directory: str | Path) -> HFSource:
+    folder = read_folder(directory)
+    model_type = folder.config.get("model_type")
+    if model_type not in plugin.hf_model_types:
+        raise CheckpointError(f"{directory} holds a {model_type!r} model; {plugin.name} loads "
+                              f"{', '.join(plugin.hf_model_types) or 'no Hugging Face models'}")
+    weights = plugin.from_hf(folder.config, folder.tensors)
+    ids = special_ids(folder.config, folder.generation)
+    src_vocab = vocabulary(weights.src_vocab_size, ids)
+    tgt_vocab = vocabulary(weights.tgt_vocab_size, ids)
+    info = {"hf_model_type": model_type, "hf_folder": Path(directory).name}
+    checkpoint = Checkpoint(plugin.name, plugin.version, weights.config, src_vocab, tgt_vocab, weights.tensors, info)
+    model = build_model(checkpoint, plugin)
+    return HFSource(checkpoint, model, search_defaults(folder.config, folder.generation), sample_texts(src_vocab))
+
+
+def save_hf_checkpoint(source: HFSource, plugin: ArchitecturePlugin, path: Path) -> Path:
+    """The converted weights as an s2s-deploy checkpoint, so ``parity`` runs from the export alone."""
+    c = source.checkpoint
+    return save_checkpoint(path, plugin, c.config, source.model, c.src_vocab, c.tgt_vocab, c.info)

@@ -1,0 +1,81 @@
+"""The Hugging Face original of an export as a search Backend, for ``parity --reference HF_DIR``.
+
+It runs ``transformers``' own model (``AutoModelForSeq2SeqLM``, local files only), not our port
+of it, so parity then checks the plugin's arithmetic as well as the ONNX graphs. Each step reruns
+the decoder over the whole prefix without a cache: slow, but with nothing of ours in the path.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from s2s_deploy.runtime.backend import Backend, DecodeRun
+from s2s_deploy.runtime.errors import S2SError
+
+
+def load_transformers_model(directory: str | Path) -> Any:
+    """``AutoModelForSeq2SeqLM`` from a local folder; one line naming the extra if it is missing."""
+    try:
+        from transformers import AutoModelForSeq2SeqLM
+    except ImportError as exc:
+        raise S2SError('the Hugging Face reference needs transformers: pip install "s2s-deploy[hf]"') from exc
+    if not Path(directory, "config.json").is_file():
+        raise S2SError(f"{directory} is not a Hugging Face model folder (no config.json)")
+    try:
+        return AutoModelForSeq2SeqLM.from_pretrained(str(directory), local_files_only=True, use_safetensors=None)
+    except (OSError, ValueError) as exc:
+        raise S2SError(f"transformers cannot load {directory}: {str(exc).splitlines()[0]}") from exc
+
+
+class HFBackend(Backend):
+    name = "transformers"
+
+    def __init__(self, model: Any, decoder_start_id: int, eos_id: int) -> None:
+        self.model = model.float().eval()
+        self.decoder_start_id, self.eos_id = decoder_start_id, eos_id
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+
+    def describe(self) -> dict[str, Any]:
+        import transformers
+
+        return {"backend": self.name, "transformers": transformers.__version__}
+
+    @torch.no_grad()
+    def start(self, src: np.ndarray, src_len: np.ndarray, expand: int = 1, keep_attention: bool = False) -> DecodeRun:
+        ids = torch.from_numpy(src)
+        mask = (torch.arange(ids.shape[1])[None, :] < torch.from_numpy(src_len)[:, None]).long()
+        encoded = self.model.get_encoder()(input_ids=ids, attention_mask=mask).last_hidden_state
+        return _HFRun(self.model, encoded, mask, expand)
+
+
+class _HFRun(DecodeRun):
+    def __init__(self, model: Any, encoded: torch.Tensor, mask: torch.Tensor, expand: int) -> None:
+        self.model, self.expand = model, expand
+        self.encoded, self.mask = encoded, mask
+        self.history: torch.Tensor | None = None  # (rows, steps so far)
+
+    @torch.no_grad()
+    def step(self, tokens: np.ndarray, reorder: np.ndarray) -> np.ndarray:
+        rows = len(tokens)
+        # a first step fed one row per sentence runs on the untiled memory, like our backends
+        times = self.expand if self.history is not None or rows != self.encoded.shape[0] else 1
+        encoded = self.encoded.repeat_interleave(times, dim=0) if times > 1 else self.encoded
+        mask = self.mask.repeat_interleave(times, dim=0) if times > 1 else self.mask
+        new = torch.from_numpy(np.asarray(tokens, dtype=np.int64))[:, None]
+        self.history = new if self.history is None else torch.cat(
+            [self.history[torch.from_numpy(np.asarray(reorder, dtype=np.int64))], new], dim=1)
+        out = self.model(encoder_outputs=(encoded,), attention_mask=mask, decoder_input_ids=self.history,
+                         use_cache=False)
+        return torch.log_softmax(out.logits[:, -1].float(), dim=-1).numpy()
+
+    def step_top(self, tokens: np.ndarray, reorder: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        log_probs = torch.from_numpy(self.step(tokens, reorder))
+        values, ids = torch.topk(log_probs, k, dim=-1)
+        return values.numpy(), ids.numpy()
+
+    def close(self) -> None:
+        """Nothing is pooled."""
