@@ -4,6 +4,12 @@ The built-in tasks need no download: dates come from babel's CLDR data and numbe
 num2words, so every machine generates the same pairs from the same seed. They are small
 enough to learn on a CPU yet need real reordering (``March 3`` → ``3 mars``) and agreement
 (``twenty-one weeks`` → ``vingt et une semaines``, ``two days`` → ``两天``), not copying.
+
+Years span 1000-9999 so that a model learns to copy digits rather than memorise years. The
+``ood`` split checks exactly that, on longer inputs: it is drawn from another seed, only from
+the long end of each generator (years, numbers and quantities of 1000-9999, relative dates of
+100-999 units), and only from held-out values (one in ten of 100-9999, scattered by a hash),
+which no other split ever draws.
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ from __future__ import annotations
 import datetime
 import random
 import re
+import zlib
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import lru_cache
@@ -22,39 +29,6 @@ from num2words import num2words
 from s2s_deploy.runtime.errors import S2SError, UnknownNameError
 
 FIRST_YEAR, LAST_YEAR = 1000, 9999
-COMMON_YEARS = (1900, 2099)
-"""Half of all dates fall here, where users' dates do; the other half anywhere in 1000-9999, so
-that a model learns to copy a year's digits instead of memorising a century."""
-HELD_OUT_SHARE = 0.1
-"""Of the years and of the four-digit numbers, this share never appears in train, valid or test:
-the ``ood`` split is made of them. Chosen once, by its own seed, before any model was trained."""
-
-
-@dataclass(frozen=True)
-class _Values:
-    """Which years and four-digit numbers a split may draw: the kept ones, or the held-out ones."""
-
-    years: tuple[int, ...]
-    numbers: tuple[int, ...]
-    common_years: tuple[int, ...]
-    small_numbers: tuple[int, ...]
-    """0-999, which every split of the task shares; none for the held-out split."""
-
-
-@lru_cache(maxsize=2)
-def _values(held_out: bool) -> _Values:
-    rng = random.Random("held-out values/1")
-    years = list(range(FIRST_YEAR, LAST_YEAR + 1))
-    numbers = list(range(1000, 10000))
-    out_years = set(rng.sample(years, round(HELD_OUT_SHARE * len(years))))
-    out_numbers = set(rng.sample(numbers, round(HELD_OUT_SHARE * len(numbers))))
-    pick_years = tuple(y for y in years if (y in out_years) == held_out)
-    return _Values(
-        years=pick_years,
-        numbers=tuple(n for n in numbers if (n in out_numbers) == held_out),
-        common_years=tuple(y for y in pick_years if COMMON_YEARS[0] <= y <= COMMON_YEARS[1]),
-        small_numbers=() if held_out else tuple(range(1000)),
-    )
 
 
 @dataclass(frozen=True)
@@ -65,7 +39,7 @@ class Pair:
 
 @dataclass(frozen=True)
 class SplitSizes:
-    train: int = 40000
+    train: int = 20000
     valid: int = 1000
     test: int = 1000
     ood: int = 1000
@@ -73,7 +47,11 @@ class SplitSizes:
 
 @dataclass(frozen=True)
 class TaskSplits:
-    """Disjoint by source sentence, so no test source was ever trained on."""
+    """Disjoint by source sentence, so no test source was ever trained on.
+
+    ``ood`` (built-in tasks only) is disjoint from the others by construction: it holds only
+    values that the generators of the other splits never draw.
+    """
 
     name: str
     train: tuple[Pair, ...]
@@ -81,7 +59,6 @@ class TaskSplits:
     test: tuple[Pair, ...]
     bleu_tokenize: str = "13a"
     ood: tuple[Pair, ...] = ()
-    """Out of distribution: held-out years and numbers (built-in tasks only; empty for a user's file)."""
 
 
 # English source formats of a date; the target keeps the weekday exactly when the source has one.
@@ -166,16 +143,46 @@ def _fr_day(day: int) -> str:
     return "1er" if day == 1 else str(day)
 
 
-def _random_date(rng: random.Random, values: _Values) -> datetime.date:
-    years = values.common_years if values.common_years and rng.random() < 0.5 else values.years
-    year = rng.choice(years)
-    day = rng.randint(0, 365 if year % 4 == 0 and (year % 100 != 0 or year % 400 == 0) else 364)
-    return datetime.date(year, 1, 1) + datetime.timedelta(days=day)
+def held_out(value: int) -> bool:
+    """One value in ten from 100 up, scattered by a hash so that every digit still appears in
+    every position of the training values: only the ``ood`` split draws these (1975 is one)."""
+    return value >= 100 and zlib.crc32(str(value).encode()) % 10 == 0
 
 
-def _random_count(rng: random.Random) -> int:
-    """Everyday small counts half the time, any count below 1000 otherwise."""
-    return rng.randint(0, 31) if rng.random() < 0.5 else rng.randint(0, 999)
+@dataclass(frozen=True)
+class _Ranges:
+    """What one family of splits draws: in distribution (train/valid/test) or out of it (ood)."""
+
+    ood: bool
+
+    def value(self, rng: random.Random, low: int, high: int) -> int:
+        """A value in [low, high] that is held out exactly when this family is out of distribution."""
+        while True:
+            n = rng.randint(low, high)
+            if held_out(n) == self.ood:
+                return n
+
+    def date(self, rng: random.Random) -> datetime.date:
+        year = self.value(rng, FIRST_YEAR, LAST_YEAR)
+        start = datetime.date(year, 1, 1).toordinal()
+        return datetime.date.fromordinal(rng.randint(start, datetime.date(year, 12, 31).toordinal()))
+
+    def count(self, rng: random.Random) -> int:
+        """Quantities: everyday small counts half the time in distribution; the long end only out of it."""
+        if self.ood:
+            return self.value(rng, 1000, 9999)
+        roll = rng.random()
+        return rng.randint(0, 31) if roll < 0.5 else self.value(rng, 0, 999 if roll < 0.75 else 9999)
+
+    def relative(self, rng: random.Random) -> int:
+        """Units before or after a date: 1-999 in distribution, 100-999 out of it."""
+        if self.ood:
+            return self.value(rng, 100, 999)
+        return rng.randint(1, 99) if rng.random() < 0.5 else self.value(rng, 100, 999)
+
+
+IN_DISTRIBUTION = _Ranges(ood=False)
+OUT_OF_DISTRIBUTION = _Ranges(ood=True)
 
 
 def _en_quantity(n: int, unit: Unit) -> str:
@@ -244,31 +251,33 @@ class _Chinese(_Language):
         return f"{format_date(date, 'M月d日', locale=self.locale)}{'后' if after else '前'}{quantity}"
 
 
-def _gen_date(lang: _Language, rng: random.Random, values: _Values) -> Pair:
-    date = _random_date(rng, values)
+def _gen_date(lang: _Language, rng: random.Random, ranges: _Ranges) -> Pair:
+    date = ranges.date(rng)
     pattern, weekday = rng.choice(_EN_DATE_FORMATS)
     return Pair(format_date(date, pattern, locale="en"), lang.date(date, weekday))
 
 
-def _gen_number(lang: _Language, rng: random.Random, values: _Values) -> Pair:
-    four_digits = not values.small_numbers or rng.random() < 0.7
-    n = rng.choice(values.numbers if four_digits else values.small_numbers)
+def _gen_number(lang: _Language, rng: random.Random, ranges: _Ranges) -> Pair:
+    if ranges.ood:
+        n = ranges.value(rng, 1000, 9999)
+    else:
+        n = ranges.value(rng, 0, 9999) if rng.random() < 0.7 else ranges.value(rng, 0, 199)
     return Pair(num2words(n, lang="en"), lang.number(n))
 
 
-def _gen_quantity(lang: _Language, rng: random.Random, values: _Values) -> Pair:
-    n, unit = _random_count(rng), rng.choice(lang.units)
+def _gen_quantity(lang: _Language, rng: random.Random, ranges: _Ranges) -> Pair:
+    n, unit = ranges.count(rng), rng.choice(lang.units)
     return Pair(_en_quantity(n, unit), lang.quantity(n, unit))
 
 
-def _gen_relative(lang: _Language, rng: random.Random, values: _Values) -> Pair:
-    n, unit = rng.randint(1, 99), rng.choice(lang.units[:4])
-    date, after = _random_date(rng, values), rng.random() < 0.5
+def _gen_relative(lang: _Language, rng: random.Random, ranges: _Ranges) -> Pair:
+    n, unit = ranges.relative(rng), rng.choice(lang.units[:4])
+    date, after = ranges.date(rng), rng.random() < 0.5
     source = f"{_en_quantity(n, unit)} {'after' if after else 'before'} {format_date(date, 'MMMM d', locale='en')}"
     return Pair(source, lang.relative(lang.quantity(n, unit), after, date))
 
 
-_GENERATORS: tuple[tuple[Callable[[_Language, random.Random, _Values], Pair], float], ...] = (
+_GENERATORS: tuple[tuple[Callable[[_Language, random.Random, _Ranges], Pair], float], ...] = (
     (_gen_date, 0.35),
     (_gen_number, 0.25),
     (_gen_quantity, 0.25),
@@ -279,29 +288,25 @@ BUILTIN_TASKS: dict[str, _Language] = {"en-fr": _French(), "en-zh": _Chinese()}
 DEFAULT_TASK = "en-fr"
 
 
-_OOD_GENERATORS = ((_gen_date, 0.6), (_gen_number, 0.4))
-"""The out-of-distribution split: dates in held-out years and held-out four-digit numbers (the
-longest sources the task has), never seen in training."""
-
-
-def generate_pairs(name: str, count: int, seed: int = 0, held_out: bool = False) -> list[Pair]:
+def generate_pairs(name: str, count: int, seed: int = 0, ood: bool = False) -> list[Pair]:
     """``count`` distinct-source pairs of a built-in task, the same for the same seed everywhere.
-    ``held_out`` draws only the held-out years and numbers (the ``ood`` split)."""
+
+    ``ood`` draws the out-of-distribution family, from its own seed stream.
+    """
     if name not in BUILTIN_TASKS:
         raise UnknownNameError("task", name, list(BUILTIN_TASKS))
     lang = BUILTIN_TASKS[name]
-    rng = random.Random(f"{name}/{seed}{'/ood' if held_out else ''}")
-    values = _values(held_out)
-    table = _OOD_GENERATORS if held_out else _GENERATORS
-    generators = [g for g, _ in table]
-    weights = [w for _, w in table]
+    ranges = OUT_OF_DISTRIBUTION if ood else IN_DISTRIBUTION
+    rng = random.Random(f"{name}/ood/{seed}" if ood else f"{name}/{seed}")
+    generators = [g for g, _ in _GENERATORS]
+    weights = [w for _, w in _GENERATORS]
     pairs: dict[str, Pair] = {}
     attempts = 0
     while len(pairs) < count:
         attempts += 1
         if attempts > 50 * count + 1000:
             raise S2SError(f"task {name}: cannot generate {count} distinct pairs")
-        pair = rng.choices(generators, weights)[0](lang, rng, values)
+        pair = rng.choices(generators, weights)[0](lang, rng, ranges)
         pairs.setdefault(pair.source, pair)
     return list(pairs.values())
 
@@ -310,23 +315,23 @@ def generate_pairs(name: str, count: int, seed: int = 0, held_out: bool = False)
 def load_task(name_or_path: str, seed: int = 0, sizes: SplitSizes = SplitSizes()) -> TaskSplits:
     """A built-in task by name, or a user's ``source<TAB>target`` file split deterministically.
 
-    A directory holding ``train.tsv``, ``valid.tsv`` and ``test.tsv`` is used as it is split.
-    ``sizes`` applies to built-in tasks only.
+    A directory holding ``train.tsv``, ``valid.tsv`` and ``test.tsv`` is used as it is split
+    (and ``ood.tsv`` when present). ``sizes`` applies to built-in tasks only.
     """
     if name_or_path in BUILTIN_TASKS:
+        # valid and test come first in the seeded stream, so they stay the same whatever the train size
         pairs = generate_pairs(name_or_path, sizes.train + sizes.valid + sizes.test, seed)
-        random.Random(f"split/{seed}").shuffle(pairs)
         valid_end = sizes.valid
         test_end = valid_end + sizes.test
         return TaskSplits(
             name_or_path, tuple(pairs[test_end:]), tuple(pairs[:valid_end]), tuple(pairs[valid_end:test_end]),
-            BUILTIN_TASKS[name_or_path].bleu_tokenize,
-            tuple(generate_pairs(name_or_path, sizes.ood, seed, held_out=True)),
+            BUILTIN_TASKS[name_or_path].bleu_tokenize, tuple(generate_pairs(name_or_path, sizes.ood, seed, ood=True)),
         )
     path = Path(name_or_path)
     if path.is_dir():
         splits = [read_tsv(path / f"{split}.tsv") for split in ("train", "valid", "test")]
-        return TaskSplits(str(path), *map(tuple, splits), _tokenize_for(p for s in splits for p in s))
+        ood = tuple(read_tsv(path / "ood.tsv")) if (path / "ood.tsv").is_file() else ()
+        return TaskSplits(str(path), *map(tuple, splits), _tokenize_for(p for s in splits for p in s), ood)
     if path.suffix or path.exists() or "/" in name_or_path or "\\" in name_or_path:
         return split_pairs(str(path), read_tsv(path), seed)
     raise UnknownNameError("task (or TSV file)", name_or_path, list(BUILTIN_TASKS))

@@ -3,23 +3,24 @@
 from __future__ import annotations
 
 import datetime
+import re
 
 import pytest
 
 from s2s_deploy.runtime.errors import S2SError, UnknownNameError
 from s2s_deploy.tasks import (
     BUILTIN_TASKS,
-    COMMON_YEARS,
     Pair,
     SplitSizes,
     TaskSplits,
     generate_pairs,
+    held_out,
     load_task,
     read_tsv,
     zh_number,
 )
 
-SMALL = SplitSizes(train=400, valid=50, test=50, ood=100)
+SMALL = SplitSizes(train=400, valid=50, test=50, ood=50)
 FR, ZH = BUILTIN_TASKS["en-fr"], BUILTIN_TASKS["en-zh"]
 
 
@@ -37,10 +38,49 @@ def test_same_seed_same_splits_other_seed_differs(name: str) -> None:
 @pytest.mark.parametrize("name", ["en-fr", "en-zh"])
 def test_splits_sized_deduplicated_and_disjoint(name: str) -> None:
     splits = fresh(name, 3)
-    assert (len(splits.train), len(splits.valid), len(splits.test), len(splits.ood)) == (400, 50, 50, 100)
+    assert (len(splits.train), len(splits.valid), len(splits.test), len(splits.ood)) == (400, 50, 50, 50)
     sources = [p.source for split in (splits.train, splits.valid, splits.test, splits.ood) for p in split]
     assert len(set(sources)) == len(sources)
     assert sum(p.source == p.target for p in splits.train) < 10  # only cognates: six pages → six pages
+
+
+def _numbers(text: str) -> list[int]:
+    return [int(n) for n in re.findall(r"\d{4}", text)]
+
+
+def test_no_length_cap_and_years_far_beyond_the_last_range() -> None:
+    """Every length the generators make (the long four-digit numbers above all) and years 1000-9999."""
+    pairs = generate_pairs("en-fr", 4000, seed=0)
+    assert max(len(p.source) for p in pairs) > 40
+    assert any(re.fullmatch(r"\w+ thousand, \w+ hundred and \w+-\w+", p.source) for p in pairs)
+    years = [y for p in pairs for y in _numbers(p.source)]
+    assert min(years) < 1500 and max(years) > 9000
+    assert not any(held_out(y) for y in years)
+
+
+def test_ood_split_holds_only_values_the_others_never_draw() -> None:
+    """ood: another seed stream, the long end of each generator, held-out values only."""
+    splits = fresh("en-fr", 0)
+    assert splits.ood == fresh("en-fr", 0).ood != fresh("en-fr", 1).ood
+    assert splits.ood != tuple(generate_pairs("en-fr", 50, seed=0))
+    assert splits.ood == tuple(generate_pairs("en-fr", 50, seed=0, ood=True))
+    in_dist = [FR.number(n) for n in range(1000, 10000) if not held_out(n)]
+    for pair in splits.ood:
+        years = _numbers(pair.source)
+        assert all(held_out(y) for y in years)
+        assert pair.target not in in_dist
+    assert held_out(1963) and not held_out(1945) and not held_out(7384) and not held_out(75)
+    kept = [str(y) for y in range(1000, 10000) if not held_out(y)]
+    assert 0.85 < len(kept) / 9000 < 0.95
+    assert all({y[i] for y in kept} == set("0123456789") - ({"0"} if i == 0 else set()) for i in range(4))
+    assert sum(len(p.source) for p in splits.ood) > sum(len(p.source) for p in splits.test)
+
+
+def test_held_out_splits_do_not_move_with_the_train_size() -> None:
+    small = load_task.__wrapped__("en-fr", 0, SMALL)
+    larger = load_task.__wrapped__("en-fr", 0, SplitSizes(train=800, valid=50, test=50, ood=50))
+    assert (small.valid, small.test, small.ood) == (larger.valid, larger.test, larger.ood)
+    assert set(small.train) < set(larger.train)
 
 
 def test_task_metadata() -> None:
@@ -106,7 +146,9 @@ def test_user_folder_keeps_its_split(tmp_path) -> None:
     for split in ("train", "valid", "test"):
         (tmp_path / f"{split}.tsv").write_text(f"{split} a\t{split} b\n", encoding="utf-8")
     splits = load_task.__wrapped__(str(tmp_path), 0)
-    assert splits.test == (Pair("test a", "test b"),)
+    assert splits.test == (Pair("test a", "test b"),) and splits.ood == ()
+    (tmp_path / "ood.tsv").write_text("ood a\tood b\n", encoding="utf-8")
+    assert load_task.__wrapped__(str(tmp_path), 0).ood == (Pair("ood a", "ood b"),)
 
 
 def test_user_tsv_errors(tmp_path) -> None:
@@ -124,30 +166,3 @@ def test_user_tsv_errors(tmp_path) -> None:
     tiny.write_text("a\tb\n", encoding="utf-8")
     with pytest.raises(S2SError, match="at least 3"):
         load_task.__wrapped__(str(tiny), 0)
-
-
-def years_in(pairs: list[Pair]) -> set[int]:
-    return {int(word) for p in pairs for word in p.source.replace(",", " ").replace("-", " ").split()
-            if word.isdigit() and len(word) == 4}
-
-
-@pytest.mark.parametrize("name", ["en-fr", "en-zh"])
-def test_no_length_cap_and_years_far_beyond_one_century(name: str) -> None:
-    pairs = generate_pairs(name, 3000, seed=5)
-    assert max(len(p.source) for p in pairs) > 40  # "seven thousand, three hundred and eighty-four" and longer
-    years = years_in(pairs)
-    assert min(years) < 1500 and max(years) > 9000
-    common = sum(COMMON_YEARS[0] <= y <= COMMON_YEARS[1] for y in years)
-    assert 0 < common < len(years)
-
-
-def test_ood_split_holds_years_and_numbers_never_trained_on() -> None:
-    splits = load_task("en-fr", 0)
-    train_years = years_in(list(splits.train))
-    ood_years = years_in(list(splits.ood))
-    assert ood_years and not ood_years & train_years
-    trained = {p.source for p in splits.train}
-    assert not any(p.source in trained for p in splits.ood)
-    numbers = [p for p in splits.ood if not any(ch.isdigit() for ch in p.source)]
-    assert numbers and all("thousand" in p.source for p in numbers)  # held-out four-digit numbers, in words
-    assert fresh("en-fr", 0).ood == fresh("en-fr", 0).ood

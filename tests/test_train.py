@@ -21,7 +21,7 @@ from s2s_deploy.train.trainer import TrainConfig, encode_pairs, greedy_decode, m
 PLUGIN = get_plugin("transformer")
 TINY = PLUGIN.config_type(d_model=32, num_heads=2, ffn_hidden=64, encoder_layers=1, decoder_layers=1,
                           dropout=0.0, max_len=64)
-SPLITS = load_task("en-fr", 0, SplitSizes(train=256, valid=16, test=16))
+SPLITS = load_task("en-fr", 0, SplitSizes(train=256, valid=16, test=16, ood=16))
 FAST = TrainConfig(epochs=3, batch_size=32, lr=3e-3, warmup_steps=5, threads=2, max_valid=8)
 
 
@@ -45,6 +45,16 @@ def test_checkpoint_records_the_run(trained) -> None:
     assert info["valid_exact_match"] == result.best.exact_match and info["valid_bleu"] == result.best.bleu
     assert result.test is not None and info["test_exact_match"] == result.test.exact_match
     assert info["test_pairs"] == len(SPLITS.test)
+    assert info["ood_pairs"] == len(SPLITS.ood) and 0 <= info["ood_exact_match"] <= 1
+    assert info["samples"] == [p.source for p in SPLITS.test]  # an export's parity inputs, no generator needed
+    assert info["train_seconds"] > 0 and set(info["search"]) == {"max_len_a", "max_len_b"}
+
+
+def test_patience_stops_when_valid_stops_improving(tmp_path) -> None:
+    """A learning rate too small to change any output: epoch 1 is the best, epoch 2 ends the run."""
+    cfg = dataclasses.replace(FAST, epochs=5, lr=1e-12, max_train=64, patience=1)
+    result = train(PLUGIN, TINY, SPLITS, cfg, tmp_path / "p.safetensors", progress=False, log=None)
+    assert len(result.history) == 2 and result.best_epoch == 1
 
 
 def test_checkpoint_round_trip_gives_identical_outputs(tmp_path) -> None:

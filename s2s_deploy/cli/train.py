@@ -33,6 +33,10 @@ from s2s_deploy.cli.extras import require
 @click.option("--max-train", type=click.IntRange(min=1), default=None, help="Use only the first N training pairs.")
 @click.option("--max-valid", type=click.IntRange(min=1), default=None,
               help="Validate on only the first N valid pairs.")
+@click.option("--train-size", type=click.IntRange(min=1), default=None,
+              help="Pairs the built-in task generates for training [default: 20000].")
+@click.option("--patience", type=click.IntRange(min=1), default=None,
+              help="Stop after this many epochs without a better valid exact match.")
 @click.option("--threads", type=click.IntRange(min=1), default=2, show_default=True,
               help="torch CPU threads (results depend on it).")
 @click.option("--device", default="cpu", show_default=True, help="torch device, e.g. cpu or cuda.")
@@ -44,6 +48,7 @@ from s2s_deploy.cli.extras import require
 @plugin_option
 def train_command(arch: str, task: str, preset: str | None, epochs: int, seed: int, lr: float, batch_size: int,
                   warmup_steps: int, clip_norm: float, level: str, max_train: int | None, max_valid: int | None,
+                  train_size: int | None, patience: int | None,
                   threads: int, device: str, resume: str | None, out: str | None, no_progress: bool,
                   plugin_files: tuple[str, ...]) -> None:
     """Train a model on a task.
@@ -53,7 +58,7 @@ def train_command(arch: str, task: str, preset: str | None, epochs: int, seed: i
     require("train", "export", "eval")
     from s2s_deploy.export.registry import get_plugin
     from s2s_deploy.runtime.errors import S2SError
-    from s2s_deploy.tasks import load_task
+    from s2s_deploy.tasks import SplitSizes, load_task
     from s2s_deploy.train.trainer import TrainConfig, train
 
     load_plugin_files(plugin_files)
@@ -62,10 +67,10 @@ def train_command(arch: str, task: str, preset: str | None, epochs: int, seed: i
         raise S2SError("--preset applies only without --resume (the checkpoint carries its config)")
     preset_name = None if resume else (preset or plugin.default_preset)
     config = plugin.preset(preset_name) if preset_name else None
-    splits = load_task(task, seed)
+    splits = load_task(task, seed, SplitSizes(train=train_size)) if train_size else load_task(task, seed)
     cfg = TrainConfig(epochs=epochs, batch_size=batch_size, lr=lr, warmup_steps=warmup_steps, clip_norm=clip_norm,
                       seed=seed, threads=threads, level=level, max_train=max_train, max_valid=max_valid,
-                      device=device)
+                      device=device, patience=patience)
     destination = Path(out or Path("runs") / f"{arch}-{Path(task).stem}.safetensors")
     args = ["s2s-deploy", "train", "--arch", arch, "--task", task]
     args += ["--preset", preset_name] if preset_name else ["--resume", str(resume)]
@@ -74,10 +79,19 @@ def train_command(arch: str, task: str, preset: str | None, epochs: int, seed: i
              "--threads", str(threads), "--device", device]
     args += ["--max-train", str(max_train)] if max_train else []
     args += ["--max-valid", str(max_valid)] if max_valid else []
+    args += ["--train-size", str(train_size)] if train_size else []
+    args += ["--patience", str(patience)] if patience else []
     args += [arg for path in plugin_files for arg in ("--plugin", path)]
     args += ["--out", str(destination)]
     info = {"command": shlex.join(args), "preset": preset_name, "resumed_from": resume}
     bar = not no_progress and sys.stderr.isatty()  # a bar in a log file is litter
+    if resume:  # a fine-tune is reproducible from the checkpoint it started from, and that one's recipe
+        from s2s_deploy.export.checkpoint import load_checkpoint
+        from s2s_deploy.runtime.manifest import sha256_of
+
+        started = load_checkpoint(resume).info
+        info |= {"resumed_sha256": sha256_of(Path(resume)), "resumed_command": started.get("command"),
+                 "resumed_info": {k: v for k, v in started.items() if k not in ("history", "samples")}}
     result = train(plugin, config, splits, cfg, destination, resume=resume, info=info, progress=bar,
                    log=lambda line: click.echo(line, err=True))
     click.echo(f"wrote {result.checkpoint} (epoch {result.best_epoch}: valid {result.best.summary()})")

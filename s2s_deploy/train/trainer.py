@@ -54,10 +54,13 @@ class TrainConfig:
     max_train: int | None = None
     max_valid: int | None = None
     device: str = "cpu"
+    patience: int | None = None
 
     def __post_init__(self) -> None:
         if self.epochs < 1 or self.batch_size < 1 or self.threads < 1:
             raise S2SError("epochs, batch size and threads must be at least 1")
+        if self.patience is not None and self.patience < 1:
+            raise S2SError("patience must be at least 1 epoch")
         if not self.lr > 0 or self.clip_norm <= 0 or self.warmup_steps < 0:
             raise S2SError("lr and clip norm must be positive, warmup steps non-negative")
         if self.level not in BUILT_LEVELS:
@@ -307,6 +310,7 @@ def train(
         "samples": [pair.source for pair in splits.test[:SAMPLE_COUNT]],
         "search": length_limit(data),
     }
+    began_training = time.perf_counter()
 
     for epoch in range(start_epoch + 1, cfg.epochs + 1):
         model.train()
@@ -351,25 +355,36 @@ def train(
         })
         emit(f"epoch {epoch}/{cfg.epochs}: loss {stats.loss:.4f}, {stats.tokens_per_s:.0f} tokens/s, "
              f"valid {valid.summary()}{' (best, saved)' if improved else ''}")
+        if cfg.patience is not None and epoch - best_epoch >= cfg.patience:
+            emit(f"stopping early: no better valid exact match for {cfg.patience} epochs")
+            break
     assert best_scores is not None
-    test = _score_test_split(out, plugin, splits, max_steps, device) if splits.test else None
+    extra = {"train_seconds": round(time.perf_counter() - began_training, 1)}
+    test = _score_test_split(out, plugin, splits, max_steps, device, extra) if splits.test else None
     if test is not None:
         emit(f"test (epoch {best_epoch} checkpoint): {test.summary()}")
+        if "ood_exact_match" in extra:
+            emit(f"ood: exact match {100 * extra['ood_exact_match']:.1f}%, BLEU {extra['ood_bleu']:.2f}")
     return TrainResult(out, best_epoch, best_scores, tuple(history), test)
 
 
 def _score_test_split(out: Path, plugin: ArchitecturePlugin, splits: TaskSplits, max_steps: int,
-                      device: torch.device) -> Scores:
-    """Score the kept checkpoint once on the test split and record it in its info (never used to select)."""
+                      device: torch.device, extra: dict[str, Any]) -> Scores:
+    """Score the kept checkpoint once on the test (and ood) split and record it in its info (never used to select)."""
     checkpoint = load_checkpoint(out)
     model = build_model(checkpoint, plugin).to(device)
-    test, _ = evaluate(model, plugin, checkpoint.config, splits.test, checkpoint.src_vocab, checkpoint.tgt_vocab,
-                       splits.bleu_tokenize, max_steps, device)
-    save_checkpoint(out, plugin, checkpoint.config, model, checkpoint.src_vocab, checkpoint.tgt_vocab, {
-        **checkpoint.info, "test_bleu": test.bleu, "test_exact_match": test.exact_match,
-        "test_d2l_bleu": test.d2l_bleu, "test_pairs": test.count,
-    })
-    return test
+    scored = {}
+    for split in ("test", "ood"):
+        pairs = getattr(splits, split)
+        if pairs:
+            scores, _ = evaluate(model, plugin, checkpoint.config, pairs, checkpoint.src_vocab, checkpoint.tgt_vocab,
+                                 splits.bleu_tokenize, max_steps + 10, device)
+            extra |= {f"{split}_bleu": scores.bleu, f"{split}_exact_match": scores.exact_match,
+                      f"{split}_d2l_bleu": scores.d2l_bleu, f"{split}_pairs": scores.count}
+            scored[split] = scores
+    save_checkpoint(out, plugin, checkpoint.config, model, checkpoint.src_vocab, checkpoint.tgt_vocab,
+                    {**checkpoint.info, **extra})
+    return scored["test"]
 
 
 def _stats_to_dict(stats: EpochStats) -> dict[str, Any]:
