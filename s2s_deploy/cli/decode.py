@@ -173,15 +173,15 @@ def translate_command(export_dir: str, texts: tuple[str, ...], input_path: str |
     translator = Translator(export_dir, device=device, threads=threads, engine=engine)
     translator.search_config(beam, n_best, max_len, alpha, **options)  # reject bad options first
     if ids:
-        if options or stream:
-            raise S2SError("--ids takes --beam, --n-best, --alpha and --max-len only")
+        if stream:
+            raise S2SError("--ids prints whole hypotheses: no --stream")
         source = translator.manifest.src_vocab  # bad ids are refused before the notice
         rows = check_ids([parse_ids(line, number) for number, line in enumerate(sentences, 1)], len(source),
                          translator.manifest.max_source_length)
     if not quiet:
         echo_device(translator.notice, translator.provider)
     if ids:
-        for hyps in translator.translate_ids(rows, beam or 1, n_best or 1, max_len, alpha, batch_size):
+        for hyps in translator.translate_ids(rows, beam, n_best, max_len, alpha, batch_size, **options):
             for hyp in hyps:
                 line = " ".join(map(str, hyp.tokens))
                 click.echo(f"{hyp.score:.4f}\t{line}" if scores else line)

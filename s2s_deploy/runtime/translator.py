@@ -336,13 +336,14 @@ class Translator:
             found.extend(score(self.backend, src, src_len, ids))
         return found
 
-    def translate_ids(self, ids: Sequence[Sequence[int]], beam: int = 1, n_best: int = 1,
-                      max_len: int | None = None, alpha: float | None = None,
-                      batch_size: int = 32) -> list[list[Hypothesis]]:
+    def translate_ids(self, ids: Sequence[Sequence[int]], beam: int | None = None, n_best: int | None = None,
+                      max_len: int | None = None, alpha: float | None = None, batch_size: int = 32,
+                      **options: object) -> list[list[Hypothesis]]:
         """For applications that tokenise themselves: each row is the encoder's input as it stands
         (``manifest.src_vocab.encode(text)`` frames it with the prefix and EOS suffix), and each
-        hypothesis's ``tokens`` are target ids without the start token and EOS."""
-        config = self.search_config(beam, n_best, max_len, alpha)
+        hypothesis's ``tokens`` are target ids without the start token and EOS. ``options``: any
+        SearchConfig field by name, as for ``__call__``; defaults come from the manifest."""
+        config = self.search_config(beam, n_best, max_len, alpha, **options)
         manifest = self.manifest
         rows = check_ids(ids, len(manifest.src_vocab), manifest.max_source_length)
         return search_ids(self.engine, rows, manifest.src_vocab.pad_id, config, batch_size)
