@@ -139,7 +139,9 @@ async function main() {
   for (const text of texts) {
     const pieces = srcVocab.level === 'char' ? Array.from(text) : (text.match(WORD) || []);
     const ids = [...pieces.map((t) => (index.has(t) ? index.get(t) : special.unk)), special.eos];
-    const best = await beamSearch(ctx, ids, Number(beamText), Number(nBestText), alpha, maxLen);
+    const { max_len_a: a = 0, max_len_b: b = 0, min_len: minLen = 0 } = manifest.search; // the length limit
+    const limit = a || b ? Math.min(maxLen, Math.max(minLen, 1, Math.ceil(a * ids.length + b))) : maxLen;
+    const best = await beamSearch(ctx, ids, Number(beamText), Number(nBestText), alpha, limit);
     for (const h of best) {
       const words = h.tokens.filter((i) => i !== special.pad && i !== special.bos).map((i) => tgtVocab.tokens[i]);
       const line = words.join(tgtVocab.level === 'char' ? '' : ' ');

@@ -47,7 +47,7 @@
         throw new Error(`unsupported manifest format ${manifest.format}`);
       }
       for (const side of [manifest.vocab.source, manifest.vocab.target]) { // subword levels need a JS tokenizer
-        if (!['char', 'word', undefined].includes(side.level)) throw new Error(`the page runs char and word vocabularies, not ${side.level}`);
+        if (!['char', 'word', undefined].includes(side.level)) throw new Error(`a ${side.level} vocabulary needs its tokenizer library, which this search module does not run: char and word only (docs/manifest.md)`);
       }
       this.ort = ort;
       this.manifest = manifest;
@@ -146,6 +146,8 @@
     // One sentence: { text, tokens, score, attention: [[src weights] per output token] | null }.
     async translate(text, { beam = 1, alpha = this.alpha, maxLen = this.maxLen, attention = false } = {}) {
       const ids = this.encodeText(text);
+      const { max_len_a: a = 0, max_len_b: b = 0, min_len: minLen = 0 } = this.manifest.search;
+      if (a || b) maxLen = Math.min(maxLen, Math.max(minLen, 1, Math.ceil(a * ids.length + b))); // the sentence's own limit
       const withMaps = attention && this.hasAttention;
       const found = beam === 1 ? await this.greedy(ids, maxLen, alpha, withMaps)
         : await this.beamSearch(ids, beam, maxLen, alpha, withMaps);
