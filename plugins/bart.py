@@ -243,7 +243,9 @@ class BartFamily(Seq2SeqModel):
     def run_encoder(self, src: Tensor, src_len: Tensor) -> tuple[Tensor, Tensor]:
         bias = padding_bias(src, src_len)
         stack = self.encoder
-        x = stack.embed(self.shared(src) * self.embed_scale, stack.position_table()[: src.shape[1]])
+        # a Gather, as in the step decoder, so int8 quantises this table like the decoder's (one Slice stayed fp32)
+        positions = nn.functional.embedding(torch.arange(src.shape[1], device=src.device), stack.position_table())
+        x = stack.embed(self.shared(src) * self.embed_scale, positions)
         for layer in stack.layers:
             x = layer(x, bias)
         return stack.finish(x), bias

@@ -229,7 +229,20 @@ def _graph(entry: dict[str, Any]) -> GraphEntry:
     return GraphEntry(entry["file"], entry["sha256"], *names, entry.get("ort_file"), entry.get("ort_sha256"), external)
 
 
+def manifest_text(raw: dict[str, Any]) -> str:
+    """Indented for reading, except each vocabulary's token list, kept on one line: one token a
+    line would make a 32k-token manifest twice its size."""
+    vocab = raw.get("vocab", {})
+    marks = {side: f"\0tokens of {side}\0" for side in vocab if isinstance(vocab[side].get("tokens"), list)}
+    folded = {**raw, "vocab": {side: {**entry, "tokens": marks[side]} if side in marks else entry
+                               for side, entry in vocab.items()}} if marks else raw
+    text = json.dumps(folded, indent=2, ensure_ascii=False)
+    for side, mark in marks.items():
+        text = text.replace(json.dumps(mark), json.dumps(vocab[side]["tokens"], ensure_ascii=False), 1)
+    return text + "\n"
+
+
 def write_manifest(directory: Path, raw: dict[str, Any]) -> Path:
     path = directory / MANIFEST_NAME
-    path.write_text(json.dumps(raw, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    path.write_text(manifest_text(raw), encoding="utf-8")
     return path

@@ -28,7 +28,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from s2s_deploy.runtime.errors import S2SError
-from s2s_deploy.runtime.manifest import MANIFEST_NAME, Manifest, sha256_of
+from s2s_deploy.runtime.manifest import MANIFEST_NAME, Manifest, manifest_text, sha256_of
 
 GENERATE_FILE = "generate.onnx"
 IR_VERSION = 10  # ONNX Runtime 1.31 reads at most 13; onnx.helper would stamp 14
@@ -106,7 +106,7 @@ def add_to_manifest(manifest: Manifest, path: Path, beam: bool, options: bool = 
         "outputs": [io.entry() for io in outputs],
     }
     target = manifest.directory / MANIFEST_NAME
-    _atomic_write(target, (json.dumps(raw, indent=2, ensure_ascii=False) + "\n").encode("utf-8"))
+    _atomic_write(target, manifest_text(raw).encode("utf-8"))
     return target
 
 
