@@ -289,3 +289,39 @@ def test_translator_takes_its_defaults_from_the_manifest(hf_exports: HFExports) 
     assert config.max_len == search.get("max_len", translator.manifest.max_target_length)
     assert translator.search_config(beam=2, alpha=0.5, max_len=5) == replace(
         config, beam_size=2, alpha=0.5, max_len=5, min_len=min(config.min_len, 5))
+
+
+def test_a_folder_with_tokenizer_json_exports_a_text_model(tmp_path: Path) -> None:
+    """BART with a tokenizers ``tokenizer.json`` whose post-processor frames a sentence as
+    ``<s> ... </s>``: the export takes text (level ``hf``, the file copied and hashed), frames it
+    the same way, and translates text exactly as transformers does on the tokenizer's ids."""
+    from click.testing import CliRunner
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    from s2s_deploy.cli import main
+    from s2s_deploy.runtime.translator import Translator
+
+    words = ["<s>", "<pad>", "</s>", "<unk>", *(f"w{i}" for i in range(4, VOCAB))]
+    tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.post_processor = processors.TemplateProcessing(single="<s> $A </s>",
+                                                             special_tokens=[("<s>", 0), ("</s>", 2)])
+    torch.manual_seed(0)
+    model = _bart().eval()
+    _favour_eos(model, model.config.eos_token_id)
+    hf_dir, out = tmp_path / "bart-hf", tmp_path / "bart"
+    model.save_pretrained(hf_dir)
+    tokenizer.save(str(hf_dir / "tokenizer.json"))
+    result = CliRunner().invoke(main, ["export", "--hf", str(hf_dir), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    manifest = load_manifest(out)
+    source = manifest.raw["vocab"]["source"]
+    assert source["level"] == "hf" and source["prefix"] == [0] and source["suffix"] == [2]
+    assert (out / source["tokenizer"]["file"]).read_bytes() == (hf_dir / "tokenizer.json").read_bytes()
+    texts = ["w5 w17 w40 w41", "w90 w4", "w63 w63 w12 w77 w30 w8"]
+    translator = Translator(out, device="cpu")
+    ours = [t.text for t in translator(texts, beam=1, max_len=MAX_NEW, alpha=1.0, forced_eos=False)]
+    encoded = [tokenizer.encode(text).ids for text in texts]
+    src, src_len = _padded(encoded, model.config.pad_token_id)
+    theirs = [tokenizer.decode(list(ids)) for ids in _generate(model, src, src_len, 1, 1.0, model.config.eos_token_id)]
+    assert ours == theirs and any(ours)

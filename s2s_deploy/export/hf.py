@@ -21,10 +21,12 @@ from s2s_deploy.export.checkpoint import Checkpoint, build_model, save_checkpoin
 from s2s_deploy.export.contract import ArchitecturePlugin
 from s2s_deploy.export.registry import REGISTRY
 from s2s_deploy.runtime.errors import CheckpointError, UnknownNameError
+from s2s_deploy.runtime.subword import HF, HFTokenizer, TokenizerFile
 from s2s_deploy.runtime.vocab import Vocabulary
 
 CONFIG_FILE = "config.json"
 GENERATION_FILE = "generation_config.json"
+TOKENIZER_FILE = "tokenizer.json"
 SAMPLE_COUNT = 16
 SAMPLE_SEED = 0
 
@@ -162,12 +164,39 @@ def vocabulary(size: int, ids: Mapping[str, int | None]) -> Vocabulary:
                       decoder_start_id=ids["decoder_start"])
 
 
+def tokenizer_vocabulary(directory: Path, size: int, ids: Mapping[str, int | None]) -> Vocabulary | None:
+    """The folder's ``tokenizer.json`` as an ``hf`` vocabulary, so the export takes text: its ids
+    must be the model's (as many, no gaps). The framing its post-processor adds around a
+    sentence (BART's ``<s> ... </s>``, T5's and Marian's ``... </s>``, mBART's ``... </s> en_XX``)
+    becomes the vocabulary's prefix and suffix. None without the file; refused if it disagrees."""
+    path = inside(directory, TOKENIZER_FILE)
+    if not path.is_file():
+        return None
+    file = TokenizerFile.read(path)
+    model = HFTokenizer(file)
+    table = {i: token for token, i in model.vocab().items()}
+    if sorted(table) != list(range(size)):
+        raise CheckpointError(f"{path} holds {len(table)} ids, not the model's 0..{size - 1}: move it aside to "
+                              "export an ids-only vocabulary")
+    probe = "a"
+    plain = model.ids(probe)
+    framed = model.tokenizer.encode(probe, add_special_tokens=True).ids
+    at = next((i for i in range(len(framed) - len(plain) + 1) if framed[i : i + len(plain)] == plain), None)
+    if not plain or at is None:
+        raise CheckpointError(f"{path}: cannot tell which special tokens frame a sentence")
+    suffix = tuple(framed[at + len(plain):])
+    return Vocabulary(tuple(table[i] for i in range(size)), HF, pad_id=ids["pad"], bos_id=ids["bos"],
+                      eos_id=ids["eos"], unk_id=ids["unk"], decoder_start_id=ids["decoder_start"],
+                      prefix=tuple(framed[:at]), suffix=suffix or None, tokenizer=file)
+
+
 def sample_texts(vocab: Vocabulary, count: int = SAMPLE_COUNT) -> tuple[str, ...]:
     """Seeded random sentences of ordinary tokens, of mixed lengths, for parity checks."""
     rng = random.Random(SAMPLE_SEED)
     specials = {i for i in vocab.special_ids().values() if i is not None}
-    ordinary = [t for i, t in enumerate(vocab.tokens) if i not in specials]
-    return tuple(" ".join(rng.choice(ordinary) for _ in range(rng.randint(2, 12))) for _ in range(count))
+    ordinary = [i for i in range(len(vocab.tokens)) if i not in specials]
+    texts = (vocab.decode([rng.choice(ordinary) for _ in range(rng.randint(2, 12))]) for _ in range(count))
+    return tuple(text for text in texts if text.strip())
 
 
 @dataclass(frozen=True)
@@ -186,8 +215,12 @@ def load_hf(plugin: ArchitecturePlugin, directory: str | Path) -> HFSource:
                               f"{', '.join(plugin.hf_model_types) or 'no Hugging Face models'}")
     weights = plugin.from_hf(folder.config, folder.tensors)
     ids = special_ids(folder.config, folder.generation)
-    src_vocab = vocabulary(weights.src_vocab_size, ids)
-    tgt_vocab = vocabulary(weights.tgt_vocab_size, ids)
+    text_vocab = tokenizer_vocabulary(Path(directory), weights.src_vocab_size, ids)
+    if text_vocab is not None and weights.tgt_vocab_size == weights.src_vocab_size:
+        src_vocab = tgt_vocab = text_vocab
+    else:
+        src_vocab = vocabulary(weights.src_vocab_size, ids)
+        tgt_vocab = vocabulary(weights.tgt_vocab_size, ids)
     info = {"hf_model_type": model_type, "hf_folder": Path(directory).name}
     checkpoint = Checkpoint(plugin.name, plugin.version, weights.config, src_vocab, tgt_vocab, weights.tensors, info)
     model = build_model(checkpoint, plugin)
