@@ -325,3 +325,58 @@ def test_a_folder_with_tokenizer_json_exports_a_text_model(tmp_path: Path) -> No
     src, src_len = _padded(encoded, model.config.pad_token_id)
     theirs = [tokenizer.decode(list(ids)) for ids in _generate(model, src, src_len, 1, 1.0, model.config.eos_token_id)]
     assert ours == theirs and any(ours)
+
+
+def test_an_opus_mt_folder_exports_a_text_model(tmp_path: Path) -> None:
+    """opus-mt's own tokenizer files (``source.spm``, ``target.spm``, ``vocab.json``): the export
+    takes text, and translates it exactly as transformers' MarianTokenizer and generate do."""
+    import io
+
+    import sentencepiece
+    from click.testing import CliRunner
+
+    from s2s_deploy.cli import main
+    from s2s_deploy.runtime.translator import Translator
+
+    words = ("alpha", "beta", "gamma", "delta", "march", "april", "one", "two", "three", "hello", "world")
+    rng = np.random.default_rng(0)
+    corpus = [" ".join(rng.choice(words, rng.integers(2, 8))) for _ in range(300)]
+    hf_dir, out = tmp_path / "opus-mt-hf", tmp_path / "opus-mt"
+    hf_dir.mkdir()
+    for name in ("source.spm", "target.spm"):
+        model_bytes = io.BytesIO()
+        sentencepiece.SentencePieceTrainer.train(sentence_iterator=iter(corpus), model_writer=model_bytes,
+                                                 vocab_size=28 if name == "source.spm" else 31, minloglevel=2)
+        (hf_dir / name).write_bytes(model_bytes.getvalue())
+    pieces = sorted({p for name in ("source.spm", "target.spm")
+                     for p in _pieces(hf_dir / name) if p not in ("<unk>", "<s>", "</s>")})
+    vocab = ["</s>", "<unk>", *pieces]
+    vocab += [f"x{i}" for i in range(len(vocab), VOCAB - 1)] + ["<pad>"]  # opus-mt: eos 0, unk 1, pad last
+    (hf_dir / "vocab.json").write_text(json.dumps({piece: i for i, piece in enumerate(vocab)}))
+    torch.manual_seed(0)
+    model = _marian().eval()
+    _favour_eos(model, model.config.eos_token_id)
+    model.save_pretrained(hf_dir)
+    result = CliRunner().invoke(main, ["export", "--hf", str(hf_dir), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    manifest = load_manifest(out)
+    assert manifest.raw["vocab"]["source"]["level"] == "sentencepiece"
+    assert {"source.spm", "target.spm"} <= {p.name for p in out.iterdir()}
+    texts = ["hello world", "three alpha march", "gamma gamma beta one two", "delta"]
+    ours = [t.text for t in Translator(out, device="cpu")(texts, beam=1, max_len=MAX_NEW, alpha=1.0, forced_eos=False)]
+    tokenizer = transformers.MarianTokenizer(str(hf_dir / "source.spm"), str(hf_dir / "target.spm"),
+                                             str(hf_dir / "vocab.json"))
+    batch = tokenizer(texts, return_tensors="np", padding=True)
+    src, src_len = batch["input_ids"].astype(np.int64), batch["attention_mask"].sum(axis=1).astype(np.int64)
+    assert [list(row[:n]) for row, n in zip(src, src_len, strict=True)] == [
+        manifest.src_vocab.encode(text) for text in texts]
+    generated = _generate(model, src, src_len, 1, 1.0, model.config.eos_token_id)
+    theirs = [tokenizer.decode(list(ids), skip_special_tokens=True) for ids in generated]
+    assert ours == theirs and any(ours)
+
+
+def _pieces(path: Path) -> list[str]:
+    import sentencepiece
+
+    processor = sentencepiece.SentencePieceProcessor(model_file=str(path))
+    return [processor.id_to_piece(i) for i in range(processor.get_piece_size())]

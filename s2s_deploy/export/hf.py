@@ -21,12 +21,13 @@ from s2s_deploy.export.checkpoint import Checkpoint, build_model, save_checkpoin
 from s2s_deploy.export.contract import ArchitecturePlugin
 from s2s_deploy.export.registry import REGISTRY
 from s2s_deploy.runtime.errors import CheckpointError, UnknownNameError
-from s2s_deploy.runtime.subword import HF, HFTokenizer, TokenizerFile
+from s2s_deploy.runtime.subword import HF, SENTENCEPIECE, HFTokenizer, TokenizerFile
 from s2s_deploy.runtime.vocab import Vocabulary
 
 CONFIG_FILE = "config.json"
 GENERATION_FILE = "generation_config.json"
 TOKENIZER_FILE = "tokenizer.json"
+MARIAN_FILES = ("source.spm", "target.spm", "vocab.json")
 SAMPLE_COUNT = 16
 SAMPLE_SEED = 0
 
@@ -190,6 +191,26 @@ def tokenizer_vocabulary(directory: Path, size: int, ids: Mapping[str, int | Non
                       prefix=tuple(framed[:at]), suffix=suffix or None, tokenizer=file)
 
 
+def marian_vocabularies(directory: Path, size: int, ids: Mapping[str, int | None]
+                        ) -> tuple[Vocabulary, Vocabulary] | None:
+    """opus-mt's own files, as MarianTokenizer reads them: ``source.spm`` and ``target.spm`` split
+    text into pieces, and ``vocab.json`` maps a piece to the model's id (unknown pieces to unk);
+    a source sentence ends with EOS. None unless all three are there."""
+    paths = {name: inside(directory, name) for name in MARIAN_FILES}
+    if not all(path.is_file() for path in paths.values()):
+        return None
+    mapping = _json(directory, "vocab.json", True)
+    table = {i: piece for piece, i in mapping.items() if isinstance(i, int)}
+    if sorted(table) != list(range(size)):
+        raise CheckpointError(f"{paths['vocab.json']} maps {len(table)} ids, not the model's 0..{size - 1}")
+    tokens = tuple(table[i] for i in range(size))
+    unk = ids["unk"] if ids["unk"] is not None else mapping.get("<unk>")  # MarianConfig names no unk id
+    special = {"pad_id": ids["pad"], "bos_id": ids["bos"], "eos_id": ids["eos"], "unk_id": unk,
+               "decoder_start_id": ids["decoder_start"]}
+    return tuple(Vocabulary(tokens, SENTENCEPIECE, tokenizer=TokenizerFile.read(paths[name]), **special)
+                 for name in ("source.spm", "target.spm"))  # type: ignore[return-value]
+
+
 def sample_texts(vocab: Vocabulary, count: int = SAMPLE_COUNT) -> tuple[str, ...]:
     """Seeded random sentences of ordinary tokens, of mixed lengths, for parity checks."""
     rng = random.Random(SAMPLE_SEED)
@@ -215,8 +236,12 @@ def load_hf(plugin: ArchitecturePlugin, directory: str | Path) -> HFSource:
                               f"{', '.join(plugin.hf_model_types) or 'no Hugging Face models'}")
     weights = plugin.from_hf(folder.config, folder.tensors)
     ids = special_ids(folder.config, folder.generation)
-    text_vocab = tokenizer_vocabulary(Path(directory), weights.src_vocab_size, ids)
-    if text_vocab is not None and weights.tgt_vocab_size == weights.src_vocab_size:
+    shared_size = weights.src_vocab_size if weights.tgt_vocab_size == weights.src_vocab_size else None
+    marian = marian_vocabularies(Path(directory), shared_size, ids) if shared_size else None
+    text_vocab = tokenizer_vocabulary(Path(directory), shared_size, ids) if shared_size and not marian else None
+    if marian is not None:
+        src_vocab, tgt_vocab = marian
+    elif text_vocab is not None:
         src_vocab = tgt_vocab = text_vocab
     else:
         src_vocab = vocabulary(weights.src_vocab_size, ids)
