@@ -201,6 +201,24 @@ def test_cli_file_stdin_stdout_and_summary(translator: Translator, tmp_path: Pat
     assert piped.stderr.strip().splitlines() == [piped.stderr.strip()]
 
 
+def test_output_takes_the_manifests_beam_like_the_terminal(translator: Translator, tmp_path: Path) -> None:
+    """An export whose manifest says beam 4 decodes ``--output`` files with beam 4 too, not greedy."""
+    copy = tmp_path / "beam4"
+    shutil.copytree(translator.manifest.directory, copy)
+    raw = json.loads((copy / "manifest.json").read_text())
+    raw["search"]["beam_size"] = 4
+    (copy / "manifest.json").write_text(json.dumps(raw))
+    lines = short_lines(translator, 12)
+    source = write(tmp_path / "in.txt", lines)
+    common = ("--max-len", str(MAX_LEN), "--device", "cpu", "--quiet")
+    to_file = run("translate", str(copy), "--input", str(source), "--output", "-", *common)
+    on_terminal = run("translate", str(copy), *lines, *common)
+    assert to_file.exit_code == 0 and on_terminal.exit_code == 0, to_file.stderr + on_terminal.stderr
+    assert to_file.stdout == on_terminal.stdout
+    beam4 = [t.text for t in Translator(copy, device="cpu")(lines, beam=4, max_len=MAX_LEN)]
+    assert to_file.stdout.splitlines() == beam4
+
+
 def test_cli_interrupt_and_option_errors(translator: Translator, tmp_path: Path,
                                          monkeypatch: pytest.MonkeyPatch) -> None:
     source = write(tmp_path / "in.txt", short_lines(translator, 3))

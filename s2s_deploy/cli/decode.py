@@ -145,7 +145,8 @@ def translate_command(export_dir: str, texts: tuple[str, ...], input_path: str |
         if options or stream or max_batch_tokens:
             raise S2SError("--output takes --beam, --alpha and --max-len only; other decoding options need "
                            "output to the terminal")
-        file_options = FileOptions(beam=beam or 1, batch_size=batch_size, max_len=max_len, alpha=alpha,
+        file_options = FileOptions(beam=beam or _manifest_beam(export_dir), batch_size=batch_size, max_len=max_len,
+                                   alpha=alpha,
                                    on_long=on_long or "truncate", errors=utf8_errors or "strict", scores=scores,
                                    chunk_lines=chunk_lines or CHUNK_LINES, ids=ids)
         _translate_file(export_dir, input_path, output_path, file_options, resume, quiet, ray_address, actors,
@@ -233,6 +234,13 @@ def score_command(export_dir: str, source_path: str, target_path: str, per_token
     for scored in translator.score(sources, targets, batch_size):
         values = "\t" + " ".join(f"{v:.4f}" for v in scored.token_log_probs) if per_token else ""
         click.echo(f"{scored.log_prob:.4f}{values}")
+
+
+def _manifest_beam(export_dir: str) -> int:
+    """The export's own beam size (``search.beam_size``), as translate uses without --output."""
+    from s2s_deploy.runtime.manifest import load_manifest
+
+    return int(load_manifest(export_dir).raw.get("search", {}).get("beam_size", 1))
 
 
 def _translate_file(export_dir: str, input_path: str, output_path: str, options: FileOptions, resume: bool,
