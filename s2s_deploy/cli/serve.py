@@ -74,5 +74,7 @@ def serve_command(export_dir: str, host: str, port: int, workers: int, threads: 
     os.environ[CONFIG_ENV] = config.to_env()
     click.echo(f"serving {export_dir} on http://{host}:{port} with {workers} worker(s) × {per_worker} thread(s) "
                f"({cores} cores)", err=True)
+    from s2s_deploy.serve.nodelay import NoDelayH11Protocol
+
     uvicorn.run("s2s_deploy.serve.app:app_from_env", factory=True, host=host, port=port, workers=workers,
-                log_level="warning", timeout_graceful_shutdown=30)
+                log_level="warning", timeout_graceful_shutdown=30, http=NoDelayH11Protocol)
