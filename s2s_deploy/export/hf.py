@@ -176,7 +176,7 @@ def tokenizer_vocabulary(directory: Path, size: int, ids: Mapping[str, int | Non
     file = TokenizerFile.read(path)
     model = HFTokenizer(file)
     table = {i: token for token, i in model.vocab().items()}
-    if sorted(table) != list(range(size)):
+    if sorted(table) != list(range(len(table))) or len(table) > size:
         raise CheckpointError(f"{path} holds {len(table)} ids, not the model's 0..{size - 1}: move it aside to "
                               "export an ids-only vocabulary")
     probe = "a"
@@ -186,9 +186,15 @@ def tokenizer_vocabulary(directory: Path, size: int, ids: Mapping[str, int | Non
     if not plain or at is None:
         raise CheckpointError(f"{path}: cannot tell which special tokens frame a sentence")
     suffix = tuple(framed[at + len(plain):])
-    return Vocabulary(tuple(table[i] for i in range(size)), HF, pad_id=ids["pad"], bos_id=ids["bos"],
+    return Vocabulary(_padded_table(table, size), HF, pad_id=ids["pad"], bos_id=ids["bos"],
                       eos_id=ids["eos"], unk_id=ids["unk"], decoder_start_id=ids["decoder_start"],
                       prefix=tuple(framed[:at]), suffix=suffix or None, tokenizer=file)
+
+
+def _padded_table(table: Mapping[int, str], size: int) -> tuple[str, ...]:
+    """Token strings of ids 0..size-1. A model's embedding may have more rows than its tokenizer
+    has ids (T5: 32,128 against 32,100); those ids get names no text can produce."""
+    return tuple(table.get(i, f"<unused:{i}>") for i in range(size))
 
 
 def marian_vocabularies(directory: Path, size: int, ids: Mapping[str, int | None]
@@ -201,9 +207,9 @@ def marian_vocabularies(directory: Path, size: int, ids: Mapping[str, int | None
         return None
     mapping = _json(directory, "vocab.json", True)
     table = {i: piece for piece, i in mapping.items() if isinstance(i, int)}
-    if sorted(table) != list(range(size)):
+    if sorted(table) != list(range(len(table))) or len(table) > size:
         raise CheckpointError(f"{paths['vocab.json']} maps {len(table)} ids, not the model's 0..{size - 1}")
-    tokens = tuple(table[i] for i in range(size))
+    tokens = _padded_table(table, size)
     unk = ids["unk"] if ids["unk"] is not None else mapping.get("<unk>")  # MarianConfig names no unk id
     special = {"pad_id": ids["pad"], "bos_id": ids["bos"], "eos_id": ids["eos"], "unk_id": unk,
                "decoder_start_id": ids["decoder_start"]}
