@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import sys
 from pathlib import Path
 from typing import Any
 
 
 def load_harness(peers: Path) -> Any:
     spec = importlib.util.spec_from_file_location("bench_peers", peers / "bench_peers.py")
-    if spec is None or spec.loader is None:
+    if spec is None or spec.loader is None or not (peers / "bench_peers.py").is_file():
         raise SystemExit(f"error: no bench_peers.py in {peers}")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -65,11 +64,16 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=4)
     parser.add_argument("--b1-beam4-sents", type=int, default=32)
     args = parser.parse_args()
+    from s2s_deploy.runtime.errors import S2SError
+
     harness = load_harness(args.peers)
     harness.SYSTEMS["s2s"] = lambda: S2SDeploy(args.export, harness.THREADS, harness.GEN_LEN, args.engine)
-    harness.run_one(argparse.Namespace(system="s2s", label=args.label, reps=args.reps,
-                                       b1_beam4_sents=args.b1_beam4_sents))
+    try:
+        harness.run_one(argparse.Namespace(system="s2s", label=args.label, reps=args.reps,
+                                           b1_beam4_sents=args.b1_beam4_sents))
+    except S2SError as exc:  # a missing export or generate.onnx: one line, as the CLI says it
+        raise SystemExit(f"error: {exc}") from None
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

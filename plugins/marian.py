@@ -24,6 +24,7 @@ class MarianPlugin(BartFamilyPlugin):
     presets: ClassVar[dict[str, BartFamilyConfig]] = {"tiny": TINY}
     default_preset = "tiny"
     hf_model_types = ("marian",)
+    hf_sentencepiece_files = ("source.spm", "target.spm", "vocab.json")  # what MarianTokenizer reads
 
     def config_from_hf(self, hf: Mapping[str, Any]) -> BartFamilyConfig:
         return BartFamilyConfig(

@@ -124,6 +124,9 @@ class ArchitecturePlugin(ABC):
     has_attention: ClassVar[bool] = False
     hf_model_types: ClassVar[tuple[str, ...]] = ()
     """``model_type`` values of Hugging Face ``config.json`` files this plugin loads (``from_hf``)."""
+    hf_sentencepiece_files: ClassVar[tuple[str, str, str] | None] = None
+    """The family's own tokenizer files in a Hugging Face folder, when it ships SentencePiece models
+    rather than a ``tokenizer.json``: (source model, target model, JSON mapping piece to model id)."""
 
     @abstractmethod
     def build(self, config: Any, src_vocab_size: int, tgt_vocab_size: int) -> Seq2SeqModel:

@@ -94,7 +94,7 @@ def export_model(
     minimal builds. Every variant written is compared against PyTorch like the plain export.
     Without ``include_checkpoint`` the folder holds only what a deployment loads; the manifest
     still names the checkpoint and its sha256, for ``parity --checkpoint``. ``search``: the
-    model's own decoding defaults (SearchConfig names), over the generic ones."""
+    model's own decoding defaults (the manifest's ``search`` names), over the generic ones."""
     out_dir = Path(out_dir)
     if out_dir.exists() and not force:
         raise S2SError(f"{out_dir} already exists; pass --force to replace it")
@@ -146,8 +146,6 @@ def export_model(
         raw["training"] = training or {}
         raw["search"].update(_length_limit(raw["training"]))
         raw["search"].update(search or {})
-        if "alpha" in raw["search"]:  # the manifest's name for SearchConfig.alpha
-            raw["search"]["length_penalty_alpha"] = raw["search"].pop("alpha")
         raw["ort_optimized"] = optimize
         for role, path in zip(("encoder", "decoder"), graph_paths, strict=True):
             _write_metadata(path, role, raw)

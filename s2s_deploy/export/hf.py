@@ -18,16 +18,16 @@ from typing import Any
 import torch
 
 from s2s_deploy.export.checkpoint import Checkpoint, build_model, save_checkpoint
-from s2s_deploy.export.contract import ArchitecturePlugin
+from s2s_deploy.export.contract import ArchitecturePlugin, HFWeights
 from s2s_deploy.export.registry import REGISTRY
 from s2s_deploy.runtime.errors import CheckpointError, UnknownNameError
 from s2s_deploy.runtime.subword import HF, SENTENCEPIECE, HFTokenizer, TokenizerFile
+from s2s_deploy.runtime.subword import inside as contained
 from s2s_deploy.runtime.vocab import Vocabulary
 
 CONFIG_FILE = "config.json"
 GENERATION_FILE = "generation_config.json"
 TOKENIZER_FILE = "tokenizer.json"
-MARIAN_FILES = ("source.spm", "target.spm", "vocab.json")
 SAMPLE_COUNT = 16
 SAMPLE_SEED = 0
 
@@ -45,11 +45,7 @@ def is_hf_folder(path: Path) -> bool:
 
 
 def inside(directory: Path, name: str) -> Path:
-    """``directory / name``, refused if it (or a link it goes through) leads outside the folder."""
-    path = (directory / name).resolve()
-    if not path.is_relative_to(directory.resolve()):
-        raise CheckpointError(f"{directory}: {name} points outside the model folder")
-    return path
+    return contained(directory, name, CheckpointError, what="file", folder="model folder")
 
 
 def _json(directory: Path, name: str, required: bool) -> dict[str, Any]:
@@ -136,8 +132,9 @@ def special_ids(config: Mapping[str, Any], generation: Mapping[str, Any]) -> dic
 
 
 def search_defaults(config: Mapping[str, Any], generation: Mapping[str, Any]) -> dict[str, Any]:
-    """generation_config.json under SearchConfig's names; settings the model leaves unset are left out."""
-    mapping = {"num_beams": "beam_size", "length_penalty": "alpha", "max_length": "max_len",
+    """generation_config.json under the manifest's ``search`` names (SearchConfig's, and
+    ``length_penalty_alpha`` for ``alpha``); settings the model leaves unset are left out."""
+    mapping = {"num_beams": "beam_size", "length_penalty": "length_penalty_alpha", "max_length": "max_len",
                "min_length": "min_len", "no_repeat_ngram_size": "no_repeat_ngram_size",
                "repetition_penalty": "repetition_penalty", "bad_words_ids": "bad_words_ids",
                "suppress_tokens": "suppress_tokens", "early_stopping": "early_stopping"}
@@ -167,9 +164,10 @@ def vocabulary(size: int, ids: Mapping[str, int | None]) -> Vocabulary:
 
 def tokenizer_vocabulary(directory: Path, size: int, ids: Mapping[str, int | None]) -> Vocabulary | None:
     """The folder's ``tokenizer.json`` as an ``hf`` vocabulary, so the export takes text: its ids
-    must be the model's (as many, no gaps). The framing its post-processor adds around a
-    sentence (BART's ``<s> ... </s>``, T5's and Marian's ``... </s>``, mBART's ``... </s> en_XX``)
-    becomes the vocabulary's prefix and suffix. None without the file; refused if it disagrees."""
+    must be the model's first ones, without gaps (``_padded_table`` names any spare rows). The
+    framing its post-processor adds around a sentence (``<s> ... </s>``, ``... </s>``,
+    ``... </s> en_XX``) becomes the vocabulary's prefix and suffix. None without the file;
+    refused if it disagrees."""
     path = inside(directory, TOKENIZER_FILE)
     if not path.is_file():
         return None
@@ -197,24 +195,41 @@ def _padded_table(table: Mapping[int, str], size: int) -> tuple[str, ...]:
     return tuple(table.get(i, f"<unused:{i}>") for i in range(size))
 
 
-def marian_vocabularies(directory: Path, size: int, ids: Mapping[str, int | None]
-                        ) -> tuple[Vocabulary, Vocabulary] | None:
-    """opus-mt's own files, as MarianTokenizer reads them: ``source.spm`` and ``target.spm`` split
-    text into pieces, and ``vocab.json`` maps a piece to the model's id (unknown pieces to unk);
-    a source sentence ends with EOS. None unless all three are there."""
-    paths = {name: inside(directory, name) for name in MARIAN_FILES}
-    if not all(path.is_file() for path in paths.values()):
+def sentencepiece_vocabularies(directory: Path, files: tuple[str, str, str], size: int,
+                               ids: Mapping[str, int | None]) -> tuple[Vocabulary, Vocabulary] | None:
+    """A family's own SentencePiece files (the plugin's ``hf_sentencepiece_files``; opus-mt's
+    ``source.spm``, ``target.spm``, ``vocab.json``): each model splits its side's text into pieces,
+    and the JSON maps a piece to the model's id (unknown pieces to unk); a source sentence ends
+    with EOS. None unless all three are there."""
+    source, target, table_file = (inside(directory, name) for name in files)
+    if not all(path.is_file() for path in (source, target, table_file)):
         return None
-    mapping = _json(directory, "vocab.json", True)
+    mapping = _json(directory, files[2], True)
     table = {i: piece for piece, i in mapping.items() if isinstance(i, int)}
     if sorted(table) != list(range(len(table))) or len(table) > size:
-        raise CheckpointError(f"{paths['vocab.json']} maps {len(table)} ids, not the model's 0..{size - 1}")
+        raise CheckpointError(f"{table_file} maps {len(table)} ids, not the model's 0..{size - 1}")
     tokens = _padded_table(table, size)
-    unk = ids["unk"] if ids["unk"] is not None else mapping.get("<unk>")  # MarianConfig names no unk id
+    unk = ids["unk"] if ids["unk"] is not None else mapping.get("<unk>")  # some configs name no unk id
     special = {"pad_id": ids["pad"], "bos_id": ids["bos"], "eos_id": ids["eos"], "unk_id": unk,
                "decoder_start_id": ids["decoder_start"]}
-    return tuple(Vocabulary(tokens, SENTENCEPIECE, tokenizer=TokenizerFile.read(paths[name]), **special)
-                 for name in ("source.spm", "target.spm"))  # type: ignore[return-value]
+    return (Vocabulary(tokens, SENTENCEPIECE, tokenizer=TokenizerFile.read(source), **special),
+            Vocabulary(tokens, SENTENCEPIECE, tokenizer=TokenizerFile.read(target), **special))
+
+
+def text_vocabularies(plugin: ArchitecturePlugin, directory: Path, weights: HFWeights,
+                      ids: Mapping[str, int | None]) -> tuple[Vocabulary, Vocabulary]:
+    """The folder's own tokenizer files, first the family's SentencePiece files, then a
+    ``tokenizer.json``; without either, ids-only vocabularies."""
+    size = weights.src_vocab_size
+    if size == weights.tgt_vocab_size:  # the families here share one vocabulary
+        if plugin.hf_sentencepiece_files is not None:
+            found = sentencepiece_vocabularies(directory, plugin.hf_sentencepiece_files, size, ids)
+            if found is not None:
+                return found
+        shared = tokenizer_vocabulary(directory, size, ids)
+        if shared is not None:
+            return shared, shared
+    return vocabulary(weights.src_vocab_size, ids), vocabulary(weights.tgt_vocab_size, ids)
 
 
 def sample_texts(vocab: Vocabulary, count: int = SAMPLE_COUNT) -> tuple[str, ...]:
@@ -242,16 +257,7 @@ def load_hf(plugin: ArchitecturePlugin, directory: str | Path) -> HFSource:
                               f"{', '.join(plugin.hf_model_types) or 'no Hugging Face models'}")
     weights = plugin.from_hf(folder.config, folder.tensors)
     ids = special_ids(folder.config, folder.generation)
-    shared_size = weights.src_vocab_size if weights.tgt_vocab_size == weights.src_vocab_size else None
-    marian = marian_vocabularies(Path(directory), shared_size, ids) if shared_size else None
-    text_vocab = tokenizer_vocabulary(Path(directory), shared_size, ids) if shared_size and not marian else None
-    if marian is not None:
-        src_vocab, tgt_vocab = marian
-    elif text_vocab is not None:
-        src_vocab = tgt_vocab = text_vocab
-    else:
-        src_vocab = vocabulary(weights.src_vocab_size, ids)
-        tgt_vocab = vocabulary(weights.tgt_vocab_size, ids)
+    src_vocab, tgt_vocab = text_vocabularies(plugin, Path(directory), weights, ids)
     info = {"hf_model_type": model_type, "hf_folder": Path(directory).name}
     checkpoint = Checkpoint(plugin.name, plugin.version, weights.config, src_vocab, tgt_vocab, weights.tensors, info)
     model = build_model(checkpoint, plugin)

@@ -47,12 +47,14 @@ class TokenizerFile:
             raise TokenizerFileError(f"cannot read tokenizer file {path}: {exc.strerror}") from exc
 
 
-def inside(directory: Path, name: str) -> Path:
-    """``directory / name``, refused unless it resolves inside ``directory`` (links included)."""
+def inside(directory: Path, name: str, error: type[S2SError] = TokenizerFileError,
+           what: str = "tokenizer file", folder: str = "export folder") -> Path:
+    """``directory / name``, refused (as ``error``) unless it resolves inside ``directory``, links
+    included: the one containment check for untrusted folders, exports and model folders alike."""
     path = directory / name
     root = directory.resolve()
     if not path.resolve().is_relative_to(root) or path.resolve() == root:
-        raise TokenizerFileError(f"tokenizer file {name!r} resolves outside the export folder {directory}")
+        raise error(f"{what} {name!r} resolves outside the {folder} {directory}")
     return path
 
 
