@@ -88,6 +88,9 @@ MANIFEST_CASES = [
     ("special_tokens.decoder_start", "1", "special_tokens.decoder_start"),
     ("search.length_penalty_alpha", "x", "search.length_penalty_alpha"),
     ("search.length_penalty_alpha", KeyError, "length_penalty_alpha"),
+    ("search.beam_size", "abc", "search.beam_size"),  # decoding defaults are typed: no int("abc") later
+    ("search.min_len", [1], "search.min_len"),
+    ("search.bad_words_ids", [["x"]], "search.bad_words_ids"),
     ("state.0.batch_axis", "1", "state.0.batch_axis"),
     ("state.0.init", "later", "state.0.init"),
     ("memory", {"a": 1}, "memory"),

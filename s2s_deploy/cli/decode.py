@@ -146,9 +146,8 @@ def translate_command(export_dir: str, texts: tuple[str, ...], input_path: str |
             raise S2SError("--output takes --beam, --alpha and --max-len only; other decoding options need "
                            "output to the terminal")
         file_options = FileOptions(beam=beam or _manifest_beam(export_dir), batch_size=batch_size, max_len=max_len,
-                                   alpha=alpha,
-                                   on_long=on_long or "truncate", errors=utf8_errors or "strict", scores=scores,
-                                   chunk_lines=chunk_lines or CHUNK_LINES, ids=ids)
+                                   alpha=alpha, on_long=on_long or "truncate", errors=utf8_errors or "strict",
+                                   scores=scores, chunk_lines=chunk_lines or CHUNK_LINES, ids=ids)
         _translate_file(export_dir, input_path, output_path, file_options, resume, quiet, ray_address, actors,
                         engine, device, threads)
         return
@@ -240,7 +239,7 @@ def _manifest_beam(export_dir: str) -> int:
     """The export's own beam size (``search.beam_size``), as translate uses without --output."""
     from s2s_deploy.runtime.manifest import load_manifest
 
-    return int(load_manifest(export_dir).raw.get("search", {}).get("beam_size", 1))
+    return int(load_manifest(export_dir).raw["search"].get("beam_size", 1))  # typed by the manifest schema
 
 
 def _translate_file(export_dir: str, input_path: str, output_path: str, options: FileOptions, resume: bool,

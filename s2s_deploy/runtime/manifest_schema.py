@@ -47,8 +47,17 @@ _VOCAB = {
                    "tokens": {"type": "array", "minItems": 5, "maxItems": MAX_VOCAB, "items": {"type": "string"}}},
 }
 _LIMIT = {"anyOf": [{"type": "integer", "minimum": 1, "maximum": 1 << 20}, {"type": "null"}]}
-SEARCH_PROPERTIES: dict[str, Any] = {
+_COUNT = {"type": "integer", "minimum": 0, "maximum": 1 << 16}
+_RATIO = {"type": "number", "minimum": 0, "maximum": 1e6}
+_IDS = {"type": "array", "maxItems": 4096, "items": _ID}
+SEARCH_PROPERTIES: dict[str, Any] = {  # the decoding defaults a runtime reads by name (SearchConfig's)
     "length_penalty_alpha": {"type": "number", "minimum": 0, "maximum": 10},
+    "beam_size": {**_COUNT, "minimum": 1}, "n_best": {**_COUNT, "minimum": 1}, "max_len": {**_COUNT, "minimum": 1},
+    "min_len": _COUNT, "max_len_a": _RATIO, "max_len_b": _COUNT, "no_repeat_ngram_size": _COUNT,
+    "sampling_topk": _COUNT, "sampling_topp": {"type": "number", "minimum": 0, "maximum": 1},
+    "sampling_temperature": _RATIO, "repetition_penalty": _RATIO, "seed": {"type": "integer"},
+    "prefix": _IDS, "suppress_tokens": _IDS, "bad_words_ids": {"type": "array", "maxItems": 4096, "items": _IDS},
+    "disable_unk": {"type": "boolean"}, "forced_eos": {"type": "boolean"}, "early_stopping": {"type": "boolean"},
 }
 PROPERTIES: dict[str, Any] = {
     "format": {"enum": list(FORMATS)},
