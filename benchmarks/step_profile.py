@@ -1,6 +1,6 @@
 """Where a decoder step's time goes: ONNX Runtime's own profile of the step loop, per op type.
 
-    python benchmarks/step_profile.py EXPORT_DIR [--sentences 4] [--tokens 32] [--threads 2]
+    python benchmarks/step_profile.py EXPORT_DIR [--sentences 4] [--tokens 32] [--threads 2] [--device cuda]
 
 Greedy, batch 1, exactly ``--tokens`` tokens per sentence (EOS suppressed), as ``bench --fixed-length``.
 """
@@ -23,13 +23,14 @@ def main() -> None:
     parser.add_argument("--sentences", type=int, default=4)
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     args = parser.parse_args()
     manifest = load_manifest(args.export_dir)
-    backend = OrtBackend(manifest, device="cpu", threads=args.threads)
+    backend = OrtBackend(manifest, device=args.device, threads=args.threads)
     options = session_options(args.threads)
     options.enable_profiling = True
-    backend.decoder = ort.InferenceSession(str(manifest.graph_path(manifest.decoder)), options,
-                                           providers=["CPUExecutionProvider"])
+    providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if args.device == "cuda" else ["CPUExecutionProvider"]
+    backend.decoder = ort.InferenceSession(str(manifest.graph_path(manifest.decoder)), options, providers=providers)
     config = SearchConfig(1, 1, args.tokens, min_len=args.tokens)
     for sentence in manifest.samples[: args.sentences]:
         search(backend, *encode_batch([sentence], manifest.src_vocab), config)
@@ -39,12 +40,15 @@ def main() -> None:
     kernels = [e for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")]
     by_op: collections.Counter = collections.Counter()
     nodes: collections.Counter = collections.Counter()
+    providers_used: collections.Counter = collections.Counter()
     for event in kernels:
         by_op[event["args"]["op_name"]] += event["dur"]
         nodes[event["args"]["op_name"]] += 1
+        providers_used[event["args"].get("provider", "?")] += 1
     total = sum(by_op.values())
     print(f"{len(runs)} steps: model_run {sum(e['dur'] for e in runs) / len(runs):.0f} us, "
           f"kernels {total / len(runs):.0f} us per step (profiling adds its own overhead)")
+    print("nodes per step by provider:", {p: n // len(runs) for p, n in providers_used.items()})
     print("| op | us per step | nodes | share of kernel time |\n|---|---|---|---|")
     for op, duration in by_op.most_common():
         print(f"| {op} | {duration / len(runs):.0f} | {nodes[op] // len(runs)} | {duration / total:.1%} |")

@@ -21,7 +21,8 @@ import numpy as np
 
 from s2s_deploy.runtime.errors import S2SError
 
-SYSTEMS = ("pytorch", "onnxruntime-cpu", "onnxruntime-generate", "pytorch-cuda", "onnxruntime-cuda")
+SYSTEMS = ("pytorch", "onnxruntime-cpu", "onnxruntime-generate", "pytorch-cuda", "onnxruntime-cuda",
+           "onnxruntime-generate-cuda")
 
 
 @dataclass(frozen=True)
@@ -153,10 +154,10 @@ def _engine(export_dir: Path, system: str, threads: int):
     from s2s_deploy.runtime.search import StepLoop
 
     manifest = load_manifest(export_dir)
-    if system == "onnxruntime-generate":
+    if system.startswith("onnxruntime-generate"):
         from s2s_deploy.runtime.graph_engine import GraphEngine
 
-        engine = GraphEngine(manifest, device="cpu", threads=threads)
+        engine = GraphEngine(manifest, device="cuda" if system.endswith("cuda") else "cpu", threads=threads)
         return manifest, engine, engine
     if system.startswith("pytorch"):
         import torch

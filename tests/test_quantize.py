@@ -107,3 +107,38 @@ def test_int8_per_row_is_batch_invariant_and_per_tensor_is_not(exports, tmp_path
                           for i in range(len(texts)) for step in (0, 1)])
         moved = float(np.mean(cells > 1e-4))
         assert (moved <= 1 / 16) if mode == "per-row" else (moved >= 0.9), (mode, moved, cells.max())
+
+
+def test_repeated_casts_of_older_fp16_converters_are_merged() -> None:
+    """onnxruntime <= 1.31 writes one Cast per blocked consumer of an fp16 weight, all to one name."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from s2s_deploy.tools.quantize import _drop_repeated_producers
+
+    def cast() -> onnx.NodeProto:
+        return helper.make_node("Cast", ["w"], ["w_cast_to_fp32"], to=TensorProto.FLOAT, name="w_cast")
+
+    graph = helper.make_graph(
+        [cast(), helper.make_node("Add", ["x", "w_cast_to_fp32"], ["a"]), cast(),
+         helper.make_node("Mul", ["a", "w_cast_to_fp32"], ["y"])],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3])],
+        [numpy_helper.from_array(np.array([1, 2, 3], dtype=np.float16), "w")],
+        value_info=[helper.make_tensor_value_info("w_cast_to_fp32", TensorProto.FLOAT, [3])] * 2)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(onnx.checker.ValidationError, match="single static assignment"):
+        onnx.checker.check_model(model)
+    _drop_repeated_producers(model.graph)
+    onnx.checker.check_model(model)
+    assert [n.op_type for n in model.graph.node] == ["Cast", "Add", "Mul"]
+    assert len(model.graph.value_info) == 1
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    assert session.run(None, {"x": np.ones(3, dtype=np.float32)})[0].tolist() == [2, 6, 12]
+
+    different = helper.make_node("Cast", ["x"], ["w_cast_to_fp32"], to=TensorProto.FLOAT)
+    model.graph.node.insert(1, different)
+    _drop_repeated_producers(model.graph)
+    assert different in model.graph.node  # not the same computation: left for the checker to refuse

@@ -33,7 +33,7 @@ MIN_EMBEDDING = 1 << 16
 # log-probs by ~1e-2, enough to flip genuine near-ties, so a few differing sentences are expected.
 MIN_TOKEN_AGREEMENT = {"int8": 0.95, "fp16": 0.98}
 # Kept in fp32 under fp16: reductions whose range or precision fp16 cannot hold.
-FP16_BLOCKED_OPS = ["Softmax", "LogSoftmax", "LayerNormalization", "ReduceMean", "Pow", "Sqrt", "Exp", "Log",
+FP16_BLOCKED_OPS = ["LogSoftmax", "ReduceMean", "Pow", "Sqrt", "Exp", "Log",
                     "Range", "CumSum", "LSTM", "GRU"]
 
 
@@ -303,6 +303,7 @@ def _fp16(source: Path, target: Path) -> None:
     from onnxruntime.transformers.float16 import convert_float_to_float16
 
     model = convert_float_to_float16(onnx.load(str(source)), keep_io_types=True, op_block_list=FP16_BLOCKED_OPS)
+    _drop_repeated_producers(model.graph)
     _unique_node_names(model.graph)
     _topological_sort(model.graph)
     try:
@@ -310,6 +311,32 @@ def _fp16(source: Path, target: Path) -> None:
     except onnx.checker.ValidationError as exc:
         raise S2SError(f"fp16 conversion of {source.name} gave an invalid graph: {str(exc).splitlines()[0]}") from exc
     onnx.save(model, str(target))
+
+
+def _drop_repeated_producers(graph: onnx.GraphProto) -> None:
+    """onnxruntime <= 1.31's fp16 converter inserts one Cast back to fp32 per blocked consumer
+    of a weight, all writing the same output name (invalid ONNX; 1.32 shares one). Identical
+    producers of one name compute the same value, so the first is kept; a name written by
+    two different nodes is left for the checker to refuse."""
+    kept: dict[str, onnx.NodeProto] = {}
+    nodes = []
+    for node in graph.node:
+        first = next((kept[name] for name in node.output if name in kept), None)
+        if first is not None and _same_computation(first, node):
+            continue
+        kept.update((name, node) for name in node.output)
+        nodes.append(node)
+    if len(nodes) != len(graph.node):
+        del graph.node[:]
+        graph.node.extend(nodes)
+        infos = {info.name: info for info in reversed(graph.value_info)}  # the first of each name
+        del graph.value_info[:]
+        graph.value_info.extend(reversed(infos.values()))
+
+
+def _same_computation(a: onnx.NodeProto, b: onnx.NodeProto) -> bool:
+    return (a.op_type, a.domain, list(a.input), list(a.output), list(a.attribute)) == (
+        b.op_type, b.domain, list(b.input), list(b.output), list(b.attribute))
 
 
 def _topological_sort(graph: onnx.GraphProto) -> None:
