@@ -72,16 +72,18 @@ def layer_name(kind: str, layer: int) -> str:
     return f"{kind}{layer}"
 
 
-def marian_sinusoids(positions: int, dim: int) -> Tensor:
-    """MarianSinusoidalPositionalEmbedding: sines in the first half, cosines in the second (not
-    interleaved), computed in float64 as Hugging Face does, then rounded to float32."""
-    position_enc = np.array([[pos / np.power(10000, 2 * (j // 2) / dim) for j in range(dim)]
-                             for pos in range(positions)])
-    table = np.empty((positions, dim), dtype=np.float32)
-    sentinel = dim // 2 if dim % 2 == 0 else dim // 2 + 1
-    table[:, :sentinel] = np.sin(position_enc[:, 0::2])
-    table[:, sentinel:] = np.cos(position_enc[:, 1::2])
-    return torch.from_numpy(table)
+def sinusoid_denominators(dim: int) -> Tensor:
+    """MarianSinusoidalPositionalEmbedding's ``10000 ** (2 * (j // 2) / dim)``, one per sine,
+    in float64 as Hugging Face computes them."""
+    return torch.from_numpy(np.power(10000, 2 * (np.arange(0, dim, 2) // 2) / dim))
+
+
+def marian_sinusoids(positions: Tensor, denominators: Tensor, dim: int) -> Tensor:
+    """Marian's position rows: sines in the first half, cosines in the second (not interleaved).
+    Computed in the graph, in float64 then rounded to float32 as Hugging Face does, instead of
+    stored: the 512-row table was 1 MiB of every export."""
+    angles = positions.to(torch.float64)[..., None] / denominators
+    return torch.cat((torch.sin(angles), torch.cos(angles[..., : dim // 2])), dim=-1).to(torch.float32)
 
 
 def padding_bias(src: Tensor, src_len: Tensor) -> Tensor:
@@ -204,17 +206,17 @@ class Stack(nn.Module):
         if cfg.positions == "learned":
             self.embed_positions = nn.Embedding(cfg.max_position_embeddings + LEARNED_OFFSET, cfg.d_model)
         else:
-            self.register_buffer("sinusoids", marian_sinusoids(cfg.max_position_embeddings, cfg.d_model),
-                                 persistent=False)
+            self.register_buffer("denominators", sinusoid_denominators(cfg.d_model), persistent=False)
+        self.dim = cfg.d_model
         self.layernorm_embedding = nn.LayerNorm(cfg.d_model) if cfg.layernorm_embedding else None
         self.layers = nn.ModuleList(layer(cfg) for _ in range(count))
         self.layer_norm = nn.LayerNorm(cfg.d_model) if cfg.final_layer_norm else None
 
-    def position_table(self) -> Tensor:
-        """Row ``p`` is position ``p``'s embedding."""
+    def positions(self, indices: Tensor) -> Tensor:
+        """``(..., d)``: the embedding of each position in ``indices``."""
         if hasattr(self, "embed_positions"):
-            return self.embed_positions.weight[LEARNED_OFFSET:]
-        return self.sinusoids
+            return nn.functional.embedding(indices, self.embed_positions.weight[LEARNED_OFFSET:])
+        return marian_sinusoids(indices, self.denominators, self.dim)
 
     def embed(self, tokens: Tensor, positions: Tensor) -> Tensor:
         x = tokens + positions
@@ -244,7 +246,7 @@ class BartFamily(Seq2SeqModel):
         bias = padding_bias(src, src_len)
         stack = self.encoder
         # a Gather, as in the step decoder, so int8 quantises this table like the decoder's (one Slice stayed fp32)
-        positions = nn.functional.embedding(torch.arange(src.shape[1], device=src.device), stack.position_table())
+        positions = stack.positions(torch.arange(src.shape[1], device=src.device))
         x = stack.embed(self.shared(src) * self.embed_scale, positions)
         for layer in stack.layers:
             x = layer(x, bias)
@@ -258,7 +260,8 @@ class BartFamily(Seq2SeqModel):
         length = tgt_in.shape[1]
         causal = torch.full((length, length), torch.finfo(torch.float32).min, device=src.device).triu(1)
         stack = self.decoder
-        x = stack.embed(self.shared(tgt_in) * self.embed_scale, stack.position_table()[:length])
+        positions = stack.positions(torch.arange(length, device=tgt_in.device))
+        x = stack.embed(self.shared(tgt_in) * self.embed_scale, positions)
         for layer in stack.layers:
             x = layer(x, causal, memory, bias)
         return self.logits(x)
@@ -273,7 +276,7 @@ class BartFamily(Seq2SeqModel):
     def decode_step(self, tokens: Tensor, step: Tensor, memory: dict[str, Tensor],
                     state: dict[str, Tensor]) -> StepOutput:
         stack = self.decoder
-        position = nn.functional.embedding(step, stack.position_table())  # (d,): one Gather
+        position = stack.positions(step)  # (d,)
         x = stack.embed(self.shared(tokens[:, None]) * self.embed_scale, position)
         new_state, attention = {}, []
         for i, layer in enumerate(stack.layers):

@@ -319,6 +319,9 @@ def test_a_folder_with_tokenizer_json_exports_a_text_model(tmp_path: Path) -> No
     source = manifest.raw["vocab"]["source"]
     assert source["level"] == "hf" and source["prefix"] == [0] and source["suffix"] == [2]
     assert (out / source["tokenizer"]["file"]).read_bytes() == (hf_dir / "tokenizer.json").read_bytes()
+    from s2s_deploy.runtime.inspect import deployable_files
+
+    assert source["tokenizer"]["file"] in deployable_files(manifest)  # translate reads it
     texts = ["w5 w17 w40 w41", "w90 w4", "w63 w63 w12 w77 w30 w8"]
     translator = Translator(out, device="cpu")
     ours = [t.text for t in translator(texts, beam=1, max_len=MAX_NEW, alpha=1.0, forced_eos=False)]
@@ -381,3 +384,15 @@ def _pieces(path: Path) -> list[str]:
 
     processor = sentencepiece.SentencePieceProcessor(model_file=str(path))
     return [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
+
+
+@pytest.mark.parametrize(("positions", "dim"), [(512, 512), (64, 7)])
+def test_marian_positions_computed_in_the_graph_equal_the_transformers_table(positions: int, dim: int) -> None:
+    """The exports compute Marian's sinusoids instead of storing the table: bit for bit the same rows."""
+    from transformers.models.marian.modeling_marian import MarianSinusoidalPositionalEmbedding
+
+    from s2s_deploy_plugins.bart import marian_sinusoids, sinusoid_denominators
+
+    table = MarianSinusoidalPositionalEmbedding(positions, dim).create_weight()
+    computed = marian_sinusoids(torch.arange(positions), sinusoid_denominators(dim), dim)
+    assert torch.equal(computed, table)

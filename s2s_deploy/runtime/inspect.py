@@ -69,10 +69,12 @@ def startable_providers(manifest: Manifest) -> tuple[list[str], list[str]]:
 
 def deployable_files(manifest: Manifest) -> dict[str, int]:
     """Bytes of each file a deployment loads: the graphs, the external data they read, the
-    manifest. The checkpoint (parity only) and generate.onnx (``--engine graph`` only) are not among them."""
+    manifest, and the tokenizer files a text model reads. The checkpoint (parity only) and
+    generate.onnx (``--engine graph`` only) are not among them."""
     names = [MANIFEST_NAME]
     for graph in (manifest.encoder, manifest.decoder):
         names += [graph.file, *(name for name, _ in graph.external_data)]
+    names += [vocab.tokenizer.name for vocab in (manifest.src_vocab, manifest.tgt_vocab) if vocab.tokenizer]
     return {name: (manifest.directory / name).stat().st_size for name in dict.fromkeys(names)}
 
 
