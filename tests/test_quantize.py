@@ -52,7 +52,16 @@ def test_fp16_transformer_runs_and_agrees(exports, tmp_path: Path) -> None:
     report = quantize_export(manifest, "fp16", tmp_path / "fp16")
     assert sum(report.bytes_after.values()) < 0.6 * sum(report.bytes_before.values())
     quantised = load_manifest(report.directory)
-    assert declared_outputs(quantised) == declared_outputs(manifest)
+
+    def shapes(m: Manifest) -> list:
+        return [(v.name, [d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim])
+                for v in declared_outputs(m)]
+
+    assert shapes(quantised) == shapes(manifest)
+    # the cache crosses between the graphs in fp16 (no Casts per step); the scores the search reads stay fp32
+    assert {s["dtype"] for s in quantised.raw["state"]} == {m["dtype"] for m in quantised.raw["memory"]} == {"float16"}
+    dtypes = {io["name"]: io["dtype"] for io in quantised.raw["graphs"]["decoder"]["outputs"]}
+    assert dtypes["log_probs"] == dtypes["top_log_probs"] == "float32"
     parity = check_parity(quantised, torch_backend_for(quantised), OrtBackend(quantised, device="cpu"),
                           list(quantised.samples)[:8], beam_size=2, max_len=30)
     assert parity.min_token_agreement == MIN_TOKEN_AGREEMENT["fp16"]

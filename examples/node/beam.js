@@ -12,9 +12,11 @@ function int64(values, dims) {
   return new ort.Tensor('int64', BigInt64Array.from(values.map(BigInt)), dims);
 }
 
+const ARRAYS = { float32: Float32Array, float16: Uint16Array }; // an fp16 export's cache; zero bits are 0.0
+
 function zeros(spec, batch) {
   const dims = spec.shape.map((d) => (d === 'batch' ? batch : d));
-  return new ort.Tensor(spec.dtype, new Float32Array(dims.reduce((a, b) => a * b, 1)), dims);
+  return new ort.Tensor(spec.dtype, new ARRAYS[spec.dtype](dims.reduce((a, b) => a * b, 1)), dims);
 }
 
 // numpy.repeat(tensor, k, axis): rows i*k .. i*k+k-1 are copies of row i

@@ -10,7 +10,7 @@
 
   // Python's `\w+|[^\w\s]` on str: \w is any letter, digit or underscore, in any script.
   const WORD = /[\p{L}\p{N}_]+|[^\p{L}\p{N}_\s]/gu;
-  const ARRAYS = { float32: Float32Array, int64: BigInt64Array };
+  const ARRAYS = { float32: Float32Array, float16: Uint16Array, int64: BigInt64Array }; // fp16 as raw bits: zeros are zeros
 
   function split(text, level) {
     return level === 'char' ? Array.from(text) : text.match(WORD) || [];
