@@ -121,3 +121,22 @@ def test_node_beam_written_from_the_doc_matches_translate(exports, arch: str) ->
         # printed to 4 decimals, so 1e-4 apart at a rounding edge (and -0.0000 against 0.0000): the
         # engine's first beam step runs one row per sentence, beam.js K rows, which moves log-probs by ulps
         assert max(abs(a - b) for (a, _), (b, _) in zip(got, want, strict=True)) <= 1.5e-4, (n_best, options)
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="Node.js is not installed")
+@pytest.mark.skipif(not (NODE_DIR / "node_modules" / "onnxruntime-node").is_dir(),
+                    reason="run `npm install --ignore-scripts` in examples/node first (.ci/run does)")
+def test_node_clients_translate_an_fp16_copy_like_translate(exports, tmp_path: Path) -> None:
+    """An fp16 copy's cache is float16 (its manifest says so): both Node clients make its zero state."""
+    from s2s_deploy.runtime.manifest import load_manifest
+    from s2s_deploy.tools.quantize import quantize_export
+
+    _, manifest = exports.get("transformer")
+    folder = quantize_export(manifest, "fp16", tmp_path / "fp16").directory
+    assert {s["dtype"] for s in load_manifest(folder).raw["state"]} == {"float16"}
+    texts = list(manifest.samples[:4])
+    want = [t.text for t in Translator(folder, device="cpu")(texts, beam=4)]
+    for script in (["translate.js", str(folder), "--beam", "4"], ["beam.js", str(folder), "4", "1"]):
+        result = subprocess.run(["node", *script, *texts], cwd=NODE_DIR, capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.splitlines() == want, script[0]
