@@ -125,7 +125,7 @@ def test_repeated_casts_of_older_fp16_converters_are_merged() -> None:
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
-    from s2s_deploy.tools.quantize import _drop_repeated_producers
+    from s2s_deploy.tools.fp16 import drop_repeated_producers
 
     def cast() -> onnx.NodeProto:
         return helper.make_node("Cast", ["w"], ["w_cast_to_fp32"], to=TensorProto.FLOAT, name="w_cast")
@@ -140,7 +140,7 @@ def test_repeated_casts_of_older_fp16_converters_are_merged() -> None:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     with pytest.raises(onnx.checker.ValidationError, match="single static assignment"):
         onnx.checker.check_model(model)
-    _drop_repeated_producers(model.graph)
+    drop_repeated_producers(model.graph)
     onnx.checker.check_model(model)
     assert [n.op_type for n in model.graph.node] == ["Cast", "Add", "Mul"]
     assert len(model.graph.value_info) == 1
@@ -149,5 +149,5 @@ def test_repeated_casts_of_older_fp16_converters_are_merged() -> None:
 
     different = helper.make_node("Cast", ["x"], ["w_cast_to_fp32"], to=TensorProto.FLOAT)
     model.graph.node.insert(1, different)
-    _drop_repeated_producers(model.graph)
+    drop_repeated_producers(model.graph)
     assert different in model.graph.node  # not the same computation: left for the checker to refuse

@@ -22,9 +22,9 @@ from onnxruntime.quantization.quant_utils import quantize_data
 from s2s_deploy.runtime.errors import S2SError
 from s2s_deploy.runtime.inspect import deployable_files
 from s2s_deploy.runtime.manifest import Manifest, load_manifest, sha256_of, write_manifest
-from s2s_deploy.runtime.names import past_name
 from s2s_deploy.runtime.staging import staged_directory
 from s2s_deploy.runtime.subword import write_files
+from s2s_deploy.tools.fp16 import cache_interface, convert, record_interface_dtypes
 from s2s_deploy.tools.share import share_weights
 
 KINDS = ("int8", "fp16")
@@ -33,9 +33,6 @@ MIN_EMBEDDING = 1 << 16
 # Token agreement with the fp32 original that parity requires, per kind: int8 weights move
 # log-probs by ~1e-2, enough to flip genuine near-ties, so a few differing sentences are expected.
 MIN_TOKEN_AGREEMENT = {"int8": 0.95, "fp16": 0.98}
-# Kept in fp32 under fp16: reductions whose range or precision fp16 cannot hold.
-FP16_BLOCKED_OPS = ["LogSoftmax", "ReduceMean", "Pow", "Sqrt", "Exp", "Log",
-                    "Range", "CumSum", "LSTM", "GRU"]
 
 
 @dataclass(frozen=True)
@@ -66,7 +63,7 @@ def quantize_export(manifest: Manifest, kind: str, out_dir: Path, force: bool = 
             if kind == "int8":
                 _int8(source, target, activations)
             else:
-                _fp16(source, target, _cache_interface(manifest))
+                _fp16(source, target, cache_interface(manifest))
             _restore_outputs(source, target)
             raw["graphs"][role].pop("ort_file", None)  # .ort copies are of the fp32 graphs
             raw["graphs"][role].pop("ort_sha256", None)
@@ -83,7 +80,7 @@ def quantize_export(manifest: Manifest, kind: str, out_dir: Path, force: bool = 
             shutil.copyfile(checkpoint, work / checkpoint.name)
         write_files((manifest.src_vocab.tokenizer, manifest.tgt_vocab.tokenizer), work)
         if kind == "fp16":
-            _record_interface_dtypes(raw, targets["encoder"], targets["decoder"])
+            record_interface_dtypes(raw, targets["encoder"], targets["decoder"])
         raw["opset"] = max(next(o.version for o in onnx.load(str(path), load_external_data=False).opset_import
                                 if o.domain in ("", "ai.onnx")) for path in targets.values())
         raw["graphs"].pop("generate", None)  # a fused graph embeds the fp32 decoder: fuse the copy anew
@@ -300,32 +297,6 @@ def _restore_outputs(source: Path, target: Path) -> None:
     onnx.save(model, str(target))
 
 
-def _cache_interface(manifest: Manifest) -> frozenset[str]:
-    """The graph inputs and outputs that carry memory and state between the two graphs."""
-    names = {m.name for m in manifest.memory}
-    for spec in manifest.state:
-        names.update((spec.decoder_input, spec.decoder_output))
-        if spec.init == "encoder":
-            names.add(spec.encoder_output)
-    return frozenset(names)
-
-
-def _record_interface_dtypes(raw: dict, encoder: Path, decoder: Path) -> None:
-    """The manifest's dtypes (graph inputs and outputs, memory, state), read from the converted graphs."""
-    types = {}
-    for role, path in (("encoder", encoder), ("decoder", decoder)):
-        graph = onnx.load(str(path), load_external_data=False).graph
-        for kind, values in (("inputs", graph.input), ("outputs", graph.output)):
-            found = {v.name: str(onnx.helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type)) for v in values}
-            for entry in raw["graphs"][role][kind]:
-                entry["dtype"] = found[entry["name"]]
-            types.update(found)
-    for entry in raw["memory"]:
-        entry["dtype"] = types[entry["name"]]
-    for entry in raw["state"]:
-        entry["dtype"] = types[past_name(entry["name"])]
-
-
 def _untie_gemm_weights(model: onnx.ModelProto) -> None:
     """A tied embedding feeds a Gather and a Gemm; the quantiser rewrites the Gemm's weight in
     place, which would corrupt the Gather. Give such a Gemm its own copy (quantised to int8)."""
@@ -352,69 +323,13 @@ def _drop_initializer_value_info(model: onnx.ModelProto) -> None:
 
 
 def _fp16(source: Path, target: Path, interface: frozenset[str]) -> None:
-    """``interface`` names the float inputs and outputs that pass between the graphs (memory and
-    state): they become fp16 too, so a step casts nothing in or out (with them kept fp32, the
-    Casts were ~70 of a Transformer-base step's 255 CUDA nodes). Every other float input or
-    output, the scores the search reads, stays fp32."""
-    from onnxruntime.transformers.float16 import convert_float_to_float16
-
-    model = onnx.load(str(source))
-    floats = [value.name for value in (*model.graph.input, *model.graph.output)
-              if value.type.tensor_type.elem_type == onnx.TensorProto.FLOAT]
-    model = convert_float_to_float16(model, keep_io_types=[name for name in floats if name not in interface],
-                                     op_block_list=FP16_BLOCKED_OPS)
-    _drop_repeated_producers(model.graph)
+    model = convert(onnx.load(str(source)), interface)
     _unique_node_names(model.graph)
-    _topological_sort(model.graph)
     try:
         onnx.checker.check_model(model)
     except onnx.checker.ValidationError as exc:
         raise S2SError(f"fp16 conversion of {source.name} gave an invalid graph: {str(exc).splitlines()[0]}") from exc
     onnx.save(model, str(target))
-
-
-def _drop_repeated_producers(graph: onnx.GraphProto) -> None:
-    """onnxruntime <= 1.31's fp16 converter inserts one Cast back to fp32 per blocked consumer
-    of a weight, all writing the same output name (invalid ONNX; 1.32 shares one). Identical
-    producers of one name compute the same value, so the first is kept; a name written by
-    two different nodes is left for the checker to refuse."""
-    kept: dict[str, onnx.NodeProto] = {}
-    nodes = []
-    for node in graph.node:
-        first = next((kept[name] for name in node.output if name in kept), None)
-        if first is not None and _same_computation(first, node):
-            continue
-        kept.update((name, node) for name in node.output)
-        nodes.append(node)
-    if len(nodes) != len(graph.node):
-        del graph.node[:]
-        graph.node.extend(nodes)
-        infos = {info.name: info for info in reversed(graph.value_info)}  # the first of each name
-        del graph.value_info[:]
-        graph.value_info.extend(reversed(infos.values()))
-
-
-def _same_computation(a: onnx.NodeProto, b: onnx.NodeProto) -> bool:
-    return (a.op_type, a.domain, list(a.input), list(a.output), list(a.attribute)) == (
-        b.op_type, b.domain, list(b.input), list(b.output), list(b.attribute))
-
-
-def _topological_sort(graph: onnx.GraphProto) -> None:
-    """The fp16 converter appends the casts it inserts at the end of the graph; ONNX wants every
-    node after the producers of its inputs."""
-    available = {i.name for i in graph.input} | {i.name for i in graph.initializer} | {""}
-    pending, ordered = list(graph.node), []
-    while pending:
-        ready = [n for n in pending if all(name in available for name in n.input)]
-        if not ready:
-            raise S2SError("fp16 conversion left a node whose input nothing produces")
-        for node in ready:
-            available.update(node.output)
-        ordered.extend(ready)
-        taken = {id(n) for n in ready}
-        pending = [n for n in pending if id(n) not in taken]
-    del graph.node[:]
-    graph.node.extend(ordered)
 
 
 def _unique_node_names(graph: onnx.GraphProto) -> None:
