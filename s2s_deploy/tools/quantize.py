@@ -81,8 +81,8 @@ def quantize_export(manifest: Manifest, kind: str, out_dir: Path, force: bool = 
         write_files((manifest.src_vocab.tokenizer, manifest.tgt_vocab.tokenizer), work)
         if kind == "fp16":
             record_interface_dtypes(raw, targets["encoder"], targets["decoder"])
-        raw["opset"] = max(next(o.version for o in onnx.load(str(path), load_external_data=False).opset_import
-                                if o.domain in ("", "ai.onnx")) for path in targets.values())
+        raw["opset"] = max(_default_opset(onnx.load(str(path), load_external_data=False)).version
+                           for path in targets.values())
         raw["graphs"].pop("generate", None)  # a fused graph embeds the fp32 decoder: fuse the copy anew
         raw["quantization"] = {"kind": kind, "source": manifest.directory.name}  # no build-machine paths
         if kind == "int8":
@@ -151,7 +151,7 @@ def _per_row_activations(model: onnx.ModelProto) -> None:
     does the dividing, rounding and shifting: five elementwise nodes per activation cost beam 4 x
     16 on Marian-base a tenth of its step. That needs opset 21; the ops these graphs use mean
     the same from 18 to 21 (the checker re-validates the result)."""
-    default = next(o for o in model.opset_import if o.domain in ("", "ai.onnx"))
+    default = _default_opset(model)
     default.version = max(default.version, BLOCKED_QUANTIZE_OPSET)
     graph, nodes = model.graph, []
     c = {name: f"s2s_int8/{name}" for name in ("last_axis", "levels", "tiny", "zero")}
@@ -195,6 +195,10 @@ def _per_row_activations(model: onnx.ModelProto) -> None:
             node.input[2] = c["zero"]
     del graph.node[:]
     graph.node.extend(nodes)
+
+
+def _default_opset(model: onnx.ModelProto) -> onnx.OperatorSetIdProto:
+    return next(o for o in model.opset_import if o.domain in ("", "ai.onnx"))
 
 
 def _leading_dims(model: onnx.ModelProto) -> dict[str, tuple]:
