@@ -54,6 +54,8 @@ class BenchRow:
     tokens: int
     ratio_to_pytorch: float | None = None
     precision: str = "fp32"  # a quantised export's kind; its PyTorch baseline is still the fp32 checkpoint
+    step_ms: float | None = None
+    """Mean time of one decoder step inside the runtime, where the backend times steps apart."""
 
 
 @dataclass(frozen=True)
@@ -193,9 +195,10 @@ def _measure_system(export_dir: str, system: str, settings: BenchSettings) -> li
         config = SearchConfig(beam, 1, max_len, min_len=settings.fixed_length or 0)
         for batch in effective_batches(settings):
             chunks = [encode_batch(texts[i : i + batch], manifest.src_vocab) for i in range(0, len(texts), batch)]
-            passes, latencies, overheads, tokens = [], [], [], 0
+            passes, latencies, overheads, step_ms, tokens = [], [], [], [], 0
             for rep in range(settings.warmup + settings.reps):
-                timer.runtime_seconds = 0.0
+                timer.runtime_seconds = timer.step_seconds = 0.0
+                timer.steps_run = 0
                 started = time.perf_counter()
                 count = 0
                 for src, src_len in chunks:
@@ -209,6 +212,8 @@ def _measure_system(export_dir: str, system: str, settings: BenchSettings) -> li
                 if rep >= settings.warmup:
                     passes.append(count / total)
                     overheads.append(1 - timer.runtime_seconds / total)
+                    if timer.steps_run:
+                        step_ms.append(1000 * timer.step_seconds / timer.steps_run)
                     tokens = count
             rows.append(BenchRow(
                 model=Path(export_dir).name, system=system, beam=beam, batch=batch,
@@ -217,6 +222,7 @@ def _measure_system(export_dir: str, system: str, settings: BenchSettings) -> li
                 p95_ms=float(np.percentile(latencies, 95)), engine_overhead=statistics.median(overheads),
                 peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, tokens=tokens,
                 precision="fp32" if system.startswith("pytorch") else precision,
+                step_ms=statistics.median(step_ms) if step_ms else None,
             ))
     return rows
 

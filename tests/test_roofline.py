@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import onnx
 from click.testing import CliRunner
@@ -33,6 +35,26 @@ def test_step_weights_count_matrix_weights_only(tmp_path) -> None:
     assert weights.bytes == 4 * 8 * 12
     assert not weights.integer
     assert weights.flops_per_row == 2 * 8 * 12
+    # the Transpose turns the stored (12, 8) into the product's (K, N) = (8, 12)
+    assert weights.matrices == ((8, 12, False),)
+
+
+def test_matrix_shapes_follow_how_the_product_reads_the_weight(tmp_path) -> None:
+    """A Gemm with transB reads its (N, K) weight as (K, N); an LSTM's (dirs, 4H, I) is an I by 4H product."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((6, 4)).astype(np.float32), "w_gemm"),
+             numpy_helper.from_array(rng.standard_normal((1, 12, 6)).astype(np.float32), "w_lstm"),
+             numpy_helper.from_array(rng.standard_normal((1, 12, 3)).astype(np.float32), "r_lstm")]
+    nodes = [helper.make_node("Gemm", ["x", "w_gemm"], ["g"], transB=1),
+             helper.make_node("Unsqueeze", ["g", "axis"], ["seq"]),
+             helper.make_node("LSTM", ["seq", "w_lstm", "r_lstm"], ["y"], hidden_size=3)]
+    inits.append(numpy_helper.from_array(np.array([0], np.int64), "axis"))
+    graph = helper.make_graph(nodes, "d", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "d.onnx"))
+    weights = roofline.step_weights(tmp_path / "d.onnx")
+    assert sorted(weights.matrices) == [(3, 12, False), (4, 6, False), (6, 12, False)]
+    assert (weights.inner, weights.outer) == (6, 12)  # the largest matrix, as its product reads it
 
 
 def test_bound_takes_the_slower_of_memory_and_compute() -> None:
@@ -52,16 +74,34 @@ def test_measured_limits_are_positive(tmp_path) -> None:
     limits = roofline.measure_limits(weights, [1, 4], threads=1, budget_s=0.05)
     assert limits.bandwidth_gb_s > 0 and set(limits.gemm_gflop_s) == {1, 4}
     assert all(g > 0 for g in limits.gemm_gflop_s.values())
+    assert set(limits.products_ms) == {1, 4} and all(ms > 0 for ms in limits.products_ms.values())
 
 
-def test_bench_prints_each_cell_as_a_share_of_its_bound(exports) -> None:
+def test_int8_products_time_the_integer_kernels(tmp_path) -> None:
+    times = roofline.products_ms([(64, 32, True), (32, 64, True), (64, 16, False)], [1, 3], threads=1, budget_s=0.05)
+    assert set(times) == {1, 3} and all(ms > 0 for ms in times.values())
+
+
+def test_cell_shares_compare_one_step_with_its_bound() -> None:
+    cell = roofline.RooflineCell("m", "onnxruntime-cpu", 1, 1, tokens_per_s=100.0, bound_tokens_per_s=250.0,
+                                 bound_by="memory", bound_step_ms=4.0, products_ms=5.0, step_ms=8.0)
+    assert cell.share == 0.4 and cell.products_share == 0.8 and cell.step_share == 0.5
+    unknown = roofline.RooflineCell("m", "onnxruntime-generate", 1, 1, 100.0, 250.0, "memory", 4.0)
+    assert unknown.products_share is None and unknown.step_share is None
+
+
+def test_bench_prints_each_cell_as_a_share_of_its_bound(exports, tmp_path) -> None:
     _, manifest = exports.get("gru")
     result = CliRunner().invoke(main, ["bench", str(manifest.directory), "--systems", "onnxruntime-cpu",
                                        "--beams", "1", "--batches", "1", "--sentences", "2", "--reps", "1",
-                                       "--warmup", "0", "--threads", "1", "--roofline"])
+                                       "--warmup", "0", "--threads", "1", "--roofline",
+                                       "--json", str(tmp_path / "bench.json")])
     assert result.exit_code == 0, result.output
     rows = [line for line in result.stdout.splitlines() if line.startswith(f"| {manifest.directory.name} |")
             and line.endswith("% |")]
     assert len(rows) == 1
-    share = float(rows[0].split("|")[-2].strip().rstrip("%"))
-    assert share > 0
+    *_, products, step, share = (cell.strip() for cell in rows[0].split("|")[1:-1])
+    assert all(value.endswith("%") and float(value.rstrip("%")) > 0 for value in (products, step, share))
+    cell = json.loads((tmp_path / "bench.json").read_text())["roofline"][0]
+    assert cell["step_ms"] > 0 and cell["products_ms"] > 0 and cell["bound_step_ms"] > 0
+    assert abs(cell["step_share"] - cell["bound_step_ms"] / cell["step_ms"]) < 1e-9

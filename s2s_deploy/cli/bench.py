@@ -47,7 +47,7 @@ def _ints(text: str) -> tuple[int, ...]:
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None, help="Write a chart (PNG).")
 @click.option("--roofline", is_flag=True,
               help="Also measure this machine's bandwidth and GEMM limits and give each ONNX Runtime CPU cell as a "
-              "share of its bound.")
+              "share of its bound, with the step's matrix products timed alone and the measured step beside it.")
 @plugin_option
 def bench_command(export_dirs: tuple[str, ...], synthetic: str | None, vocab_size: int, synthetic_dir: str | None,
                   fixed_length: int | None,
@@ -106,7 +106,8 @@ def bench_command(export_dirs: tuple[str, ...], synthetic: str | None, vocab_siz
             "machine": result.machine, "settings": asdict(settings),
             "rows": [asdict(r) for r in result.rows], "skipped": result.skipped,
             "beam_costs": [asdict(c) for c in beam_costs(result.rows)],
-            "roofline": [{**asdict(c), "share": c.share} for c in cells],
+            "roofline": [{**asdict(c), "share": c.share, "products_share": c.products_share,
+                          "step_share": c.step_share} for c in cells],
         }, indent=2))
     if plot_path:
         from s2s_deploy.tools.plot import plot_benchmark

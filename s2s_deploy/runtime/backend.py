@@ -42,13 +42,17 @@ class DecodeRun(ABC):
 
 class Backend(ABC):
     """``runtime_seconds`` accumulates the time spent inside the runtime's own calls, so a
-    benchmark can tell the engine's Python overhead apart from the model's compute."""
+    benchmark can tell the engine's Python overhead apart from the model's compute. A backend
+    that can also tell its decoder steps apart counts them in ``step_seconds`` and ``steps_run``
+    (a part of ``runtime_seconds``), which ``bench --roofline`` holds against a step's bound."""
 
     name: str
     decoder_start_id: int
     eos_id: int
     vocab_size: int
     runtime_seconds: float = 0.0
+    step_seconds: float = 0.0
+    steps_run: int = 0
     unk_id: int | None = None
     """The target vocabulary's unknown token, for ``disable_unk``."""
 

@@ -148,6 +148,12 @@ class OrtBackend(Backend):
     def describe(self) -> dict[str, Any]:
         return {"backend": self.name, "provider": self.choice.provider, "onnxruntime": ort.__version__}
 
+    def count_step(self, started: float) -> None:
+        elapsed = time.perf_counter() - started
+        self.runtime_seconds += elapsed
+        self.step_seconds += elapsed
+        self.steps_run += 1
+
     def start(self, src: np.ndarray, src_len: np.ndarray, expand: int = 1, keep_attention: bool = False) -> DecodeRun:
         manifest = self.manifest
         names = list(manifest.encoder.outputs)
@@ -327,7 +333,7 @@ class _OrtRun(DecodeRun):
             # alternates between the same two buffers, so only the run itself is left to do
             started = time.perf_counter()
             self.session.run_with_iobinding(buffers.bindings[self.steps & 1].io)
-            self.backend.runtime_seconds += time.perf_counter() - started
+            self.backend.count_step(started)
             self.state, self.spare = self.spare, self.state
             self.steps += 1
             return steady[2]
@@ -355,7 +361,7 @@ class _OrtRun(DecodeRun):
                                          for array in (np.empty_like(h) for h in head)]
         else:
             head = [array for array, _ in host]
-        self.backend.runtime_seconds += time.perf_counter() - started
+        self.backend.count_step(started)
         previous, self.state = self.state, [
             produced[len(names) + i] if spare is None else spare for i, spare in enumerate(self.spare)]
         self.spare = self.second if self.steps == self.first_wide else [
@@ -400,7 +406,7 @@ class _OrtRun(DecodeRun):
         self.session.run_with_iobinding(binding.io)
         produced = binding.io.get_outputs()
         head = [produced[i].numpy() for i in range(len(names))]
-        self.backend.runtime_seconds += time.perf_counter() - started
+        self.backend.count_step(started)
         self.state = list(produced[len(names):])
         if self.keep_attention:
             self._attention = head.pop()

@@ -7,13 +7,17 @@ step's flops at the throughput a matrix product of the step's shape reaches here
 measured with ONNX Runtime itself, at the run's thread count, on random weights of the
 export's precision; nothing is taken from a data sheet. A ``Gather`` (an embedding lookup)
 reads one row per token and is left out: it is not what bounds a step.
+
+A third time tells the kernels apart from the graph around them: the step's own matrix
+products, each weight at its shape and none of the other ops, timed as one ONNX Runtime graph
+(random weights again). A step cannot beat it without faster kernels, whatever its graph.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -38,6 +42,8 @@ class StepWeights:
     inner: int
     outer: int
     """The largest matrix's (K, N): the shape used to time the step's matrix products."""
+    matrices: tuple[tuple[int, int, bool], ...] = ()
+    """Every matrix as (K, N, int8): the reduction and output sizes of its product."""
 
     @property
     def flops_per_row(self) -> int:
@@ -51,6 +57,8 @@ class MachineLimits:
     """Bytes per second of a weights-sized matrix-vector product, in GB/s."""
     gemm_gflop_s: dict[int, float]
     """Flops per second of a (rows x K) by (K x N) product, by row count, in GFLOP/s."""
+    products_ms: dict[int, float] = field(default_factory=dict)
+    """The step's matrix products alone, one graph, by row count, in ms."""
 
 
 @dataclass(frozen=True)
@@ -62,10 +70,24 @@ class RooflineCell:
     tokens_per_s: float
     bound_tokens_per_s: float
     bound_by: str
+    bound_step_ms: float
+    products_ms: float | None = None
+    """The step's matrix products alone (``MachineLimits.products_ms``) at this cell's rows."""
+    step_ms: float | None = None
+    """The measured mean decoder step, where the backend times its steps."""
 
     @property
     def share(self) -> float:
         return self.tokens_per_s / self.bound_tokens_per_s
+
+    @property
+    def products_share(self) -> float | None:
+        """How close the kernels alone come to the bound: the part no graph change can win back."""
+        return self.bound_step_ms / self.products_ms if self.products_ms else None
+
+    @property
+    def step_share(self) -> float | None:
+        return self.bound_step_ms / self.step_ms if self.step_ms else None
 
 
 def _subgraphs(graph: onnx.GraphProto) -> Iterable[onnx.GraphProto]:
@@ -89,82 +111,133 @@ def step_weights(decoder: Path) -> StepWeights:
                 feeds.setdefault(name, []).append(node)
     pass_through = {"Cast", "DequantizeLinear", "Transpose", "Reshape", "Identity"}
 
-    def reaches_matrix_op(name: str, depth: int = 0) -> bool:
+    def matrix_use(name: str, flipped: bool = False, depth: int = 0) -> tuple[str, bool] | None:
+        """The matrix op a weight reaches, and whether a Transpose or ``transB`` turned it on the way."""
         for node in feeds.get(name, ()):
             if node.op_type in MATRIX_OPS:
-                return True
-            if node.op_type in pass_through and depth < 3 and any(reaches_matrix_op(o, depth + 1) for o in node.output):
-                return True
-        return False
+                trans_b = any(a.name == "transB" and a.i for a in node.attribute)
+                return node.op_type, flipped ^ trans_b
+            if node.op_type in pass_through and depth < 3:
+                for output in node.output:
+                    use = matrix_use(output, flipped ^ (node.op_type == "Transpose"), depth + 1)
+                    if use is not None:
+                        return use
+        return None
 
     parameters = size = 0
     largest: tuple[int, int, int, bool] = (0, 1, 1, False)
+    matrices = []
     for name, tensor in initializers.items():
         count = int(np.prod(tensor.dims)) if tensor.dims else 1
-        if count < 2 or not reaches_matrix_op(name):
+        use = matrix_use(name) if count >= 2 else None
+        if use is None:
             continue
         parameters += count
         size += count * _ITEM_BYTES.get(tensor.data_type, 4)
-        if count > largest[0] and len(tensor.dims) >= 2:
-            largest = (count, int(tensor.dims[-2]), int(tensor.dims[-1]), _ITEM_BYTES.get(tensor.data_type) == 1)
+        if len(tensor.dims) >= 2:
+            integer = _ITEM_BYTES.get(tensor.data_type) == 1
+            inner, outer = _product_shape(use[0], use[1], [int(d) for d in tensor.dims])
+            matrices.append((inner, outer, integer))
+            if count > largest[0]:
+                largest = (count, inner, outer, integer)
     if not parameters:
         raise ValueError(f"{decoder} has no matrix-op weights to bound a step with")
-    return StepWeights(parameters, size, largest[3], largest[1], largest[2])
+    return StepWeights(parameters, size, largest[3], largest[1], largest[2], tuple(matrices))
 
 
-def _matmul_session(rows: int, inner: int, outer: int, integer: bool, threads: int):
+def _product_shape(op_type: str, flipped: bool, dims: list[int]) -> tuple[int, int]:
+    """(K, N) of the product that reads a weight: a convolution's or recurrent cell's weight is
+    taken as the matrix product that reads the same values."""
+    if op_type == "Conv":
+        return int(np.prod(dims[1:])), dims[0]
+    if op_type in ("GRU", "LSTM", "RNN"):
+        return dims[-1], int(np.prod(dims[:-1]))
+    rows, columns = int(np.prod(dims[:-1])), dims[-1]
+    return (columns, rows) if flipped else (rows, columns)
+
+
+def _products_session(matrices: Sequence[tuple[int, int, bool]], threads: int):
+    """One graph holding every matrix product of a step side by side, with a dynamic row count.
+    An int8 product gets uint8 codes ready-made: what is timed is the kernels, not quantisation."""
     import onnxruntime as ort
 
     rng = np.random.default_rng(0)
-    if integer:
-        weight = numpy_helper.from_array(rng.integers(-127, 127, (inner, outer), dtype=np.int8), "w")
-        nodes = [helper.make_node("DynamicQuantizeLinear", ["x"], ["xq", "xs", "xz"]),
-                 helper.make_node("MatMulInteger", ["xq", "w", "xz"], ["y"])]
-        output_type = TensorProto.INT32
-    else:
-        weight = numpy_helper.from_array(rng.standard_normal((inner, outer), dtype=np.float32) * 0.01, "w")
-        nodes = [helper.make_node("MatMul", ["x", "w"], ["y"])]
-        output_type = TensorProto.FLOAT
-    graph = helper.make_graph(nodes, "roofline", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [rows, inner])],
-                              [helper.make_tensor_value_info("y", output_type, [rows, outer])], [weight])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    nodes, weights, outputs, inputs = [], [], [], {}
+    for index, (inner, outer, integer) in enumerate(matrices):
+        x = f"x{inner}{'q' if integer else ''}"
+        if x not in inputs:
+            inputs[x] = helper.make_tensor_value_info(x, TensorProto.UINT8 if integer else TensorProto.FLOAT,
+                                                      ["rows", inner])
+        w, y = f"w{index}", f"y{index}"
+        if integer:
+            weights += [numpy_helper.from_array(rng.integers(-127, 127, (inner, outer), dtype=np.int8), w),
+                        numpy_helper.from_array(np.array(128, np.uint8), f"z{index}")]
+            nodes.append(helper.make_node("MatMulInteger", [x, w, f"z{index}"], [y]))
+        else:
+            weights.append(numpy_helper.from_array(rng.standard_normal((inner, outer), dtype=np.float32) * 0.01, w))
+            nodes.append(helper.make_node("MatMul", [x, w], [y]))
+        outputs.append(helper.make_tensor_value_info(y, TensorProto.INT32 if integer else TensorProto.FLOAT,
+                                                     ["rows", outer]))
+    graph = helper.make_graph(nodes, "step-products", list(inputs.values()), outputs, weights)
+    session = ort.InferenceSession(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+                                   .SerializeToString(), _options(threads), providers=["CPUExecutionProvider"])
+    return session, [(name, info.type.tensor_type) for name, info in inputs.items()]
+
+
+def _options(threads: int):
+    import onnxruntime as ort
+
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.log_severity_level = 3
-    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    return session, np.random.default_rng(1).standard_normal((rows, inner), dtype=np.float32)
+    return options
 
 
-def _seconds_per_call(rows: int, inner: int, outer: int, integer: bool, threads: int, budget_s: float) -> float:
+def _fastest(call, budget_s: float) -> float:
     """The fastest of repeated calls: a limit is what the machine can do, not what it did while busy."""
-    session, x = _matmul_session(rows, inner, outer, integer, threads)
     for _ in range(3):
-        session.run(None, {"x": x})
+        call()
     times = []
     deadline = time.perf_counter() + budget_s
     while len(times) < 10 or (time.perf_counter() < deadline and len(times) < 200):
         started = time.perf_counter()
-        session.run(None, {"x": x})
+        call()
         times.append(time.perf_counter() - started)
     return min(times)
 
 
+def products_ms(matrices: Sequence[tuple[int, int, bool]], rows: Sequence[int], threads: int,
+                budget_s: float = 1.0) -> dict[int, float]:
+    """Matrix products side by side in one graph, by row count: for a step's own matrices, the
+    fastest a step can be on these kernels."""
+    session, inputs = _products_session(matrices, threads)
+    rng = np.random.default_rng(1)
+    times = {}
+    for r in sorted(set(rows)):
+        feeds = {name: rng.integers(0, 256, (r, tensor.shape.dim[1].dim_value), dtype=np.uint8)
+                 if tensor.elem_type == TensorProto.UINT8
+                 else rng.standard_normal((r, tensor.shape.dim[1].dim_value), dtype=np.float32)
+                 for name, tensor in inputs}
+        times[r] = 1000 * _fastest(lambda feeds=feeds: session.run(None, feeds), budget_s)
+    return times
+
+
 def measure_limits(weights: StepWeights, rows: Sequence[int], threads: int, budget_s: float = 1.0) -> MachineLimits:
     """Time a matrix-vector product holding as many weight bytes as the step, then the step's
-    largest matrix at each row count. The weights are spread over a square-ish (K, N) so the
-    product is one kernel call, as the step's largest matrices are."""
+    largest matrix at each row count, then all of the step's matrix products together. The
+    weights-sized product spreads the bytes over a square-ish (K, N) so it is one kernel call,
+    as the step's largest matrices are."""
     item = 1 if weights.integer else 4
     elements = max(weights.bytes // item, 1)
     inner = min(weights.inner, elements)
     outer = max(elements // inner, 1)
-    gemv = _seconds_per_call(1, inner, outer, weights.integer, threads, budget_s)
-    bandwidth = inner * outer * item / gemv / 1e9
-    gemm = {}
-    for r in sorted(set(rows)):
-        seconds = _seconds_per_call(r, weights.inner, weights.outer, weights.integer, threads, budget_s)
-        gemm[r] = 2 * r * weights.inner * weights.outer / seconds / 1e9
-    return MachineLimits(threads, bandwidth, gemm)
+    gemv_ms = products_ms([(inner, outer, weights.integer)], [1], threads, budget_s)[1]
+    bandwidth = inner * outer * item / gemv_ms / 1e6
+    largest_ms = products_ms([(weights.inner, weights.outer, weights.integer)], rows, threads, budget_s)
+    gemm = {r: 2 * r * weights.inner * weights.outer / ms / 1e6 for r, ms in largest_ms.items()}
+    step_ms = products_ms(weights.matrices, rows, threads, budget_s) if weights.matrices else {}
+    return MachineLimits(threads, bandwidth, gemm, step_ms)
 
 
 def bound(weights: StepWeights, limits: MachineLimits, batch: int, beam: int) -> tuple[float, str]:
@@ -189,8 +262,19 @@ def roofline_cells(rows: Sequence, decoders: dict[str, Path], threads: int) -> t
         limits_by_model[model] = (weights, limits)
         for r in mine:
             tokens_bound, which = bound(weights, limits, r.batch, r.beam)
-            cells.append(RooflineCell(model, r.system, r.beam, r.batch, r.tokens_per_s, tokens_bound, which))
+            cells.append(RooflineCell(model, r.system, r.beam, r.batch, r.tokens_per_s, tokens_bound, which,
+                                      bound_step_ms=1000 * r.batch / tokens_bound,
+                                      products_ms=limits.products_ms.get(r.batch * r.beam),
+                                      step_ms=getattr(r, "step_ms", None)))
     return cells, limits_by_model
+
+
+def _ms(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f}"
+
+
+def _percent(value: float | None) -> str:
+    return "–" if value is None else f"{100 * value:.0f}%"
 
 
 def markdown(cells: Sequence[RooflineCell], limits_by_model: dict) -> str:
@@ -200,8 +284,12 @@ def markdown(cells: Sequence[RooflineCell], limits_by_model: dict) -> str:
         lines.append(f"- {model}: a step reads {weights.bytes / 1e6:.1f} MB of {'int8' if weights.integer else 'fp32'} "
                      f"matrix weights ({weights.parameters / 1e6:.2f}M parameters); weights-sized GEMV "
                      f"{limits.bandwidth_gb_s:.1f} GB/s; GEMM GFLOP/s at {gemm} ({limits.threads} threads)")
-    lines += ["", "| model | system | beam | batch | tokens/s | bound tokens/s | bound by | % of bound |",
-              "|---|---|---|---|---|---|---|---|"]
+    lines += ["", "Per decoder step: the bound; the step's matrix products alone, as this ONNX Runtime runs them; "
+              "the measured step (mean, inside the runtime). Tokens/s also pays for the encoder and the search.", "",
+              "| model | system | beam | batch | tokens/s | bound tokens/s | bound by | bound ms | products ms "
+              "| step ms | products, % of bound | step, % of bound | % of bound |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     lines += [f"| {c.model} | {c.system} | {c.beam} | {c.batch} | {c.tokens_per_s:.1f} | {c.bound_tokens_per_s:.1f} "
-              f"| {c.bound_by} | {100 * c.share:.0f}% |" for c in cells]
+              f"| {c.bound_by} | {c.bound_step_ms:.2f} | {_ms(c.products_ms)} | {_ms(c.step_ms)} "
+              f"| {_percent(c.products_share)} | {_percent(c.step_share)} | {100 * c.share:.0f}% |" for c in cells]
     return "\n".join(lines)
