@@ -24,6 +24,7 @@ def test_every_cell_is_measured_and_ratios_refer_to_pytorch(exports) -> None:
         assert 0 <= row.engine_overhead < 1
         if row.system == "pytorch":
             assert row.ratio_to_pytorch == pytest.approx(1.0)
+        assert (row.step_ms is not None and row.step_ms > 0) == (row.system == "onnxruntime-cpu")
     if "CUDAExecutionProvider" not in __import__("onnxruntime").get_available_providers() or result.skipped:
         assert any("cuda" in key for key in result.skipped)
     costs = beam_costs(result.rows)
@@ -45,3 +46,22 @@ def test_cli_rejects_unknown_systems_and_writes_json(exports, tmp_path: Path) ->
     data = json.loads(out.read_text())
     assert data["machine"]["logical_cpus"] >= 1 and len(data["rows"]) == 1
     assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_backend_times_its_steps_and_its_sessions_spin_only_while_running(exports) -> None:
+    from s2s_deploy.runtime.ort_backend import OrtBackend
+    from s2s_deploy.runtime.search import SearchConfig, search
+    from s2s_deploy.runtime.translator import encode_batch
+
+    _, manifest = exports.get("gru")
+    backend = OrtBackend(manifest, device="cpu", threads=2)
+    # the encoder runs once per batch and never spins; the decoder's workers spin within a step
+    # and stop when it returns, leaving the cores to the next encoder and the search loop
+    assert backend.encoder.get_session_options().get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    decoder = backend.decoder.get_session_options()
+    assert decoder.get_session_config_entry("session.force_spinning_stop") == "1"
+    with pytest.raises(RuntimeError):  # no such entry: ONNX Runtime's default, spinning allowed
+        decoder.get_session_config_entry("session.intra_op.allow_spinning")
+    search(backend, *encode_batch(manifest.samples[:2], manifest.src_vocab), SearchConfig(1, 1, 7, min_len=7))
+    assert backend.steps_run == 7
+    assert 0 < backend.step_seconds < backend.runtime_seconds

@@ -40,10 +40,15 @@ def default_threads() -> int:
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
 
 
-def session_options(threads: int | None = None, spin: bool = True) -> ort.SessionOptions:
+def session_options(threads: int | None = None, spin: bool = True,
+                    spin_between_runs: bool = True) -> ort.SessionOptions:
     """``spin=False`` for a session that runs once per batch: its idle intra-op workers would
     otherwise spin-wait on cores the step decoder needs (measured: the int8 ``base`` step loop
-    ran greedy at 300 instead of 495 tok/s on 2 cores while the encoder's worker spun)."""
+    ran greedy at 300 instead of 495 tok/s on 2 cores while the encoder's worker spun).
+    ``spin_between_runs=False`` keeps the workers spinning inside a run but stops them when it
+    returns, so the next batch's encoder and the search loop get the cores (measured on the
+    2-core machine: the encoder of a 15-25 token sentence between step loops took 8 instead of
+    11.5 ms; docs/performance.md)."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads or default_threads()
     options.inter_op_num_threads = 1
@@ -52,6 +57,8 @@ def session_options(threads: int | None = None, spin: bool = True) -> ort.Sessio
     options.log_severity_level = 3
     if not spin:
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    elif not spin_between_runs:
+        options.add_session_config_entry("session.force_spinning_stop", "1")
     return options
 
 
@@ -76,12 +83,12 @@ def create_session(
     return _create(path, device, threads, spin)[0]
 
 
-def _create(path: str | Path, device: str, threads: int | None,
-            spin: bool = True) -> tuple[ort.InferenceSession, SessionChoice]:
+def _create(path: str | Path, device: str, threads: int | None, spin: bool = True,
+            spin_between_runs: bool = True) -> tuple[ort.InferenceSession, SessionChoice]:
     if device not in DEVICES:
         raise S2SError(f"unknown device {device!r}; known: {', '.join(DEVICES)}")
     ort.set_default_logger_severity(3)
-    options = session_options(threads, spin)
+    options = session_options(threads, spin, spin_between_runs)
     try:
         if device in ("auto", "cuda") and CUDA in ort.get_available_providers():
             with quiet_stderr():
@@ -137,7 +144,8 @@ class OrtBackend(Backend):
         self.encoder, self.choice = _create(manifest.graph_path(manifest.encoder, graph_format), device, threads,
                                             spin=False)
         self.device = "cuda" if self.choice.provider == CUDA else "cpu"
-        self.decoder, _ = _create(manifest.graph_path(manifest.decoder, graph_format), self.device, threads, spin)
+        self.decoder, _ = _create(manifest.graph_path(manifest.decoder, graph_format), self.device, threads, spin,
+                                  spin_between_runs=False)
         self.decoder_start_id = manifest.decoder_start_id
         self.eos_id = manifest.eos_id
         self.vocab_size = len(manifest.tgt_vocab)
