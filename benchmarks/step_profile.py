@@ -1,8 +1,10 @@
 """Where a decoder step's time goes: ONNX Runtime's own profile of the step loop, per op type.
 
     python benchmarks/step_profile.py EXPORT_DIR [--sentences 4] [--tokens 32] [--threads 2] [--device cuda]
+        [--beam 4] [--batch 16]
 
-Greedy, batch 1, exactly ``--tokens`` tokens per sentence (EOS suppressed), as ``bench --fixed-length``.
+Greedy batch 1 unless told, exactly ``--tokens`` tokens per sentence (EOS suppressed), as
+``bench --fixed-length``; ``--sentences`` counts batches.
 """
 
 import argparse
@@ -24,6 +26,8 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--beam", type=int, default=1)
+    parser.add_argument("--batch", type=int, default=1, help="sentences per batch (repeated from the samples)")
     args = parser.parse_args()
     manifest = load_manifest(args.export_dir)
     backend = OrtBackend(manifest, device=args.device, threads=args.threads)
@@ -31,9 +35,11 @@ def main() -> None:
     options.enable_profiling = True
     providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if args.device == "cuda" else ["CPUExecutionProvider"]
     backend.decoder = ort.InferenceSession(str(manifest.graph_path(manifest.decoder)), options, providers=providers)
-    config = SearchConfig(1, 1, args.tokens, min_len=args.tokens)
-    for sentence in manifest.samples[: args.sentences]:
-        search(backend, *encode_batch([sentence], manifest.src_vocab), config)
+    config = SearchConfig(args.beam, 1, args.tokens, min_len=args.tokens)
+    samples = manifest.samples
+    for first in range(args.sentences):
+        batch = [samples[(first + i) % len(samples)] for i in range(args.batch)]
+        search(backend, *encode_batch(batch, manifest.src_vocab), config)
     with open(backend.decoder.end_profiling()) as handle:
         events = json.load(handle)
     runs = [e for e in events if e.get("name") == "model_run"]
