@@ -103,6 +103,15 @@ def test_an_export_can_leave_the_checkpoint_out(lean_export) -> None:
     assert result.exit_code == 0 and result.stdout.strip().endswith("parity: PASS")
 
 
+def test_a_lean_export_is_recognised_when_exported_again(lean_export) -> None:
+    """Without its checkpoint the folder is still the same export; asking for the checkpoint is a difference."""
+    same = CliRunner().invoke(main, ["export", "--arch", "gru", "--out", str(lean_export), "--no-checkpoint"])
+    assert same.exit_code == 0 and "is up to date" in same.stdout
+    fuller = CliRunner().invoke(main, ["export", "--arch", "gru", "--out", str(lean_export)])
+    assert fuller.exit_code == 1
+    assert "holds another export (checkpoint included False, not True); pass --force" in fuller.stderr
+
+
 def test_inspect_reports_what_a_deployment_loads(lean_export) -> None:
     result = CliRunner().invoke(main, ["inspect", str(lean_export)])
     assert result.exit_code == 0

@@ -74,7 +74,7 @@ def export_command(arch: str | None, checkpoint: str | None, hf_dir: str | None,
             wanted = {"plugin": f"{plugin.name} v{plugin.version}",
                       "checkpoint sha256": sha256_of(source.checkpoint_path),
                       "exporter": exporter or plugin.exporter, "opset": opset, "with-attention": with_attention,
-                      "optimize": optimize, "ort-format": ort_format}
+                      "optimize": optimize, "ort-format": ort_format, "checkpoint included": not no_checkpoint}
             difference = _difference(destination, wanted)
             if difference is None:
                 click.echo(f"{destination} is up to date: same {plugin.name} export of the same checkpoint "
@@ -106,10 +106,11 @@ def _difference(folder: Path, wanted: dict[str, object]) -> str | None:
     try:
         manifest = load_manifest(folder)
         raw = manifest.raw
+        included = raw["checkpoint"].get("included", True)
         checkpoint = folder / raw["checkpoint"]["file"]
-        if not checkpoint.is_file() or sha256_of(checkpoint) != raw["checkpoint"]["sha256"]:
+        if included and (not checkpoint.is_file() or sha256_of(checkpoint) != raw["checkpoint"]["sha256"]):
             return "its checkpoint copy is missing or modified"
-        found = {"plugin": f"{manifest.plugin} v{manifest.plugin_version}",
+        found = {"checkpoint included": included,"plugin": f"{manifest.plugin} v{manifest.plugin_version}",
                  "checkpoint sha256": raw["checkpoint"]["sha256"], "exporter": raw["exporter"],
                  "opset": raw["opset"], "with-attention": manifest.has_attention_output,
                  "optimize": bool(raw.get("ort_optimized")), "ort-format": manifest.encoder.ort_file is not None}
