@@ -110,7 +110,7 @@ def _difference(folder: Path, wanted: dict[str, object]) -> str | None:
         checkpoint = folder / raw["checkpoint"]["file"]
         if included and (not checkpoint.is_file() or sha256_of(checkpoint) != raw["checkpoint"]["sha256"]):
             return "its checkpoint copy is missing or modified"
-        found = {"checkpoint included": included,"plugin": f"{manifest.plugin} v{manifest.plugin_version}",
+        found = {"checkpoint included": included, "plugin": f"{manifest.plugin} v{manifest.plugin_version}",
                  "checkpoint sha256": raw["checkpoint"]["sha256"], "exporter": raw["exporter"],
                  "opset": raw["opset"], "with-attention": manifest.has_attention_output,
                  "optimize": bool(raw.get("ort_optimized")), "ort-format": manifest.encoder.ort_file is not None}

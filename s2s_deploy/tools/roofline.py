@@ -158,16 +158,17 @@ def _product_shape(op_type: str, flipped: bool, dims: list[int]) -> tuple[int, i
 
 def _products_session(matrices: Sequence[tuple[int, int, bool]], threads: int):
     """One graph holding every matrix product of a step side by side, with a dynamic row count.
-    An int8 product gets uint8 codes ready-made: what is timed is the kernels, not quantisation."""
+    An int8 product gets uint8 codes ready-made: what is timed is the kernels, not quantisation.
+    The session options are the step decoder's own. Returns the session and each input's (name, K, int8)."""
     import onnxruntime as ort
+
+    from s2s_deploy.runtime.ort_backend import session_options
 
     rng = np.random.default_rng(0)
     nodes, weights, outputs, inputs = [], [], [], {}
     for index, (inner, outer, integer) in enumerate(matrices):
         x = f"x{inner}{'q' if integer else ''}"
-        if x not in inputs:
-            inputs[x] = helper.make_tensor_value_info(x, TensorProto.UINT8 if integer else TensorProto.FLOAT,
-                                                      ["rows", inner])
+        inputs[x] = (inner, integer)
         w, y = f"w{index}", f"y{index}"
         if integer:
             weights += [numpy_helper.from_array(rng.integers(-127, 127, (inner, outer), dtype=np.int8), w),
@@ -178,20 +179,12 @@ def _products_session(matrices: Sequence[tuple[int, int, bool]], threads: int):
             nodes.append(helper.make_node("MatMul", [x, w], [y]))
         outputs.append(helper.make_tensor_value_info(y, TensorProto.INT32 if integer else TensorProto.FLOAT,
                                                      ["rows", outer]))
-    graph = helper.make_graph(nodes, "step-products", list(inputs.values()), outputs, weights)
+    declared = [helper.make_tensor_value_info(x, TensorProto.UINT8 if integer else TensorProto.FLOAT, ["rows", inner])
+                for x, (inner, integer) in inputs.items()]
+    graph = helper.make_graph(nodes, "step-products", declared, outputs, weights)
     session = ort.InferenceSession(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-                                   .SerializeToString(), _options(threads), providers=["CPUExecutionProvider"])
-    return session, [(name, info.type.tensor_type) for name, info in inputs.items()]
-
-
-def _options(threads: int):
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    options.log_severity_level = 3
-    return options
+                                   .SerializeToString(), session_options(threads), providers=["CPUExecutionProvider"])
+    return session, [(x, inner, integer) for x, (inner, integer) in inputs.items()]
 
 
 def _fastest(call, budget_s: float) -> float:
@@ -215,10 +208,8 @@ def products_ms(matrices: Sequence[tuple[int, int, bool]], rows: Sequence[int], 
     rng = np.random.default_rng(1)
     times = {}
     for r in sorted(set(rows)):
-        feeds = {name: rng.integers(0, 256, (r, tensor.shape.dim[1].dim_value), dtype=np.uint8)
-                 if tensor.elem_type == TensorProto.UINT8
-                 else rng.standard_normal((r, tensor.shape.dim[1].dim_value), dtype=np.float32)
-                 for name, tensor in inputs}
+        feeds = {name: rng.integers(0, 256, (r, inner), dtype=np.uint8) if integer
+                 else rng.standard_normal((r, inner), dtype=np.float32) for name, inner, integer in inputs}
         times[r] = 1000 * _fastest(lambda feeds=feeds: session.run(None, feeds), budget_s)
     return times
 
