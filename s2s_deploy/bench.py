@@ -22,7 +22,12 @@ import numpy as np
 from s2s_deploy.runtime.errors import S2SError
 
 SYSTEMS = ("pytorch", "onnxruntime-cpu", "onnxruntime-generate", "pytorch-cuda", "onnxruntime-cuda",
-           "onnxruntime-generate-cuda")
+           "onnxruntime-generate-cuda", "onnxruntime-cuda-graph")
+
+
+def on_cuda(system: str) -> bool:
+    """``onnxruntime-cuda-graph``: the step loop replaying captured CUDA graphs (runtime/cuda_graph.py)."""
+    return "cuda" in system.split("-")
 
 
 @dataclass(frozen=True)
@@ -141,11 +146,11 @@ def effective_batches(settings: BenchSettings) -> tuple[int, ...]:
 
 
 def _with_ratios(rows: list[BenchRow]) -> list[BenchRow]:
-    baseline = {(r.model, r.beam, r.batch, r.system.endswith("cuda")): r.tokens_per_s
+    baseline = {(r.model, r.beam, r.batch, on_cuda(r.system)): r.tokens_per_s
                 for r in rows if r.system.startswith("pytorch")}
     out = []
     for r in rows:
-        base = baseline.get((r.model, r.beam, r.batch, r.system.endswith("cuda")))
+        base = baseline.get((r.model, r.beam, r.batch, on_cuda(r.system)))
         out.append(BenchRow(**{**asdict(r), "ratio_to_pytorch": r.tokens_per_s / base if base else None}))
     return out
 
@@ -156,7 +161,7 @@ def _engine(export_dir: Path, system: str, threads: int):
     from s2s_deploy.runtime.search import StepLoop
 
     manifest = load_manifest(export_dir)
-    device = "cuda" if system.endswith("cuda") else "cpu"
+    device = "cuda" if on_cuda(system) else "cpu"
     if system.startswith("onnxruntime-generate"):
         from s2s_deploy.runtime.graph_engine import GraphEngine
 
@@ -175,7 +180,7 @@ def _engine(export_dir: Path, system: str, threads: int):
         return manifest, StepLoop(backend), backend
     from s2s_deploy.runtime.ort_backend import OrtBackend
 
-    backend = OrtBackend(manifest, device=device, threads=threads)
+    backend = OrtBackend(manifest, device=device, threads=threads, cuda_graph=system.endswith("-graph"))
     return manifest, StepLoop(backend), backend
 
 

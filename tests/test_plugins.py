@@ -178,3 +178,25 @@ def test_graph_files_hold_little_beyond_their_weights(exports, arch: str, max_le
     _, manifest = exports.get(arch)
     for graph in summarise(manifest):
         assert graph.size_ratio <= 1.05, (graph.role, graph.size_ratio)
+
+
+@pytest.mark.parametrize(("arch", "max_len"), ARCHS)
+def test_fixed_address_steps_decode_as_the_step_loop(exports, monkeypatch, arch: str, max_len: int) -> None:
+    """The CUDA-graph loop (runtime/cuda_graph.py) keeps every input and output at a fixed address;
+    on CPU it runs the same bookkeeping uncaptured and must find the same hypotheses: across
+    batches that reuse its buffers, a narrow first step, and a state outgrowing its buffers."""
+    from s2s_deploy.runtime import cuda_graph
+
+    monkeypatch.setattr(cuda_graph, "FIRST_CAPACITY", 4)
+    _, manifest = exports.get(arch)
+    plain, fixed = OrtBackend(manifest, device="cpu"), OrtBackend(manifest, device="cpu", cuda_graph=True)
+    texts = sorted(manifest.samples, key=len)
+    batches = (texts[:1], texts[-2:], texts[:1], texts[-2:], (texts * 8)[:8])
+    for config in (SearchConfig(1, 1, max_len), SearchConfig(3, 2, max_len)):
+        for batch in batches:
+            src, src_len = encode_batch(list(batch), manifest.src_vocab)
+            expected, got = search(plain, src, src_len, config), search(fixed, src, src_len, config)
+            for want, have in zip(expected, got, strict=True):
+                assert [h.tokens for h in have] == [h.tokens for h in want]
+                np.testing.assert_allclose([h.score for h in have], [h.score for h in want], atol=1e-5)
+    assert fixed.graph_steps is not None and len(fixed.graph_steps._graphs) > 0

@@ -16,6 +16,7 @@ import numpy as np
 import onnxruntime as ort
 
 from s2s_deploy.runtime.backend import Backend, DecodeRun
+from s2s_deploy.runtime.cuda_graph import GraphRun, GraphSteps
 from s2s_deploy.runtime.errors import S2SError
 from s2s_deploy.runtime.manifest import Manifest
 from s2s_deploy.runtime.names import TOP_K, TOP_OUTPUTS
@@ -84,7 +85,7 @@ def create_session(
 
 
 def _create(path: str | Path, device: str, threads: int | None, spin: bool = True,
-            spin_between_runs: bool = True) -> tuple[ort.InferenceSession, SessionChoice]:
+            spin_between_runs: bool = True, cuda_graph: bool = False) -> tuple[ort.InferenceSession, SessionChoice]:
     if device not in DEVICES:
         raise S2SError(f"unknown device {device!r}; known: {', '.join(DEVICES)}")
     ort.set_default_logger_severity(3)
@@ -92,7 +93,8 @@ def _create(path: str | Path, device: str, threads: int | None, spin: bool = Tru
     try:
         if device in ("auto", "cuda") and CUDA in ort.get_available_providers():
             with quiet_stderr():
-                session = ort.InferenceSession(str(path), options, providers=[CUDA, CPU])
+                cuda = (CUDA, {"enable_cuda_graph": "1"}) if cuda_graph else CUDA
+                session = ort.InferenceSession(str(path), options, providers=[cuda, CPU])
             if session.get_providers()[0] == CUDA:
                 return session, SessionChoice(CUDA, "")
             reason = "CUDA provider is installed but could not start: CUDA libraries or GPU missing"
@@ -139,19 +141,22 @@ class OrtBackend(Backend):
     """Row counts whose step buffers are kept for reuse after their run ends."""
 
     def __init__(self, manifest: Manifest, device: str = "auto", threads: int | None = None,
-                 graph_format: str = "onnx", spin: bool = True) -> None:
+                 graph_format: str = "onnx", spin: bool = True, cuda_graph: bool = False) -> None:
+        """``cuda_graph``: replay each decoder step as a captured CUDA graph (``runtime/cuda_graph.py``);
+        on CPU the same fixed-address step loop runs without capture."""
         self.manifest = manifest
         self.encoder, self.choice = _create(manifest.graph_path(manifest.encoder, graph_format), device, threads,
                                             spin=False)
         self.device = "cuda" if self.choice.provider == CUDA else "cpu"
         self.decoder, _ = _create(manifest.graph_path(manifest.decoder, graph_format), self.device, threads, spin,
-                                  spin_between_runs=False)
+                                  spin_between_runs=False, cuda_graph=cuda_graph)
         self.decoder_start_id = manifest.decoder_start_id
         self.eos_id = manifest.eos_id
         self.vocab_size = len(manifest.tgt_vocab)
         self.unk_id = manifest.tgt_vocab.unk_id
         self.layout = _StepLayout.of(manifest)
         self._idle: dict[int, _StepBuffers] = {}
+        self.graph_steps = GraphSteps(self) if cuda_graph else None
 
     def describe(self) -> dict[str, Any]:
         return {"backend": self.name, "provider": self.choice.provider, "onnxruntime": ort.__version__}
@@ -171,6 +176,8 @@ class OrtBackend(Backend):
         if keep_attention and not manifest.has_attention_output:
             raise S2SError(f"{manifest.directory} was exported without --with-attention")
         sentences = src.shape[0]
+        if self.graph_steps is not None:
+            return GraphRun(self.graph_steps, encoded, sentences, expand, keep_attention)
         rows = sentences * expand
 
         def on_device(array: np.ndarray, times: int, axis: int) -> ort.OrtValue:

@@ -1,0 +1,342 @@
+"""Decoder steps replayed as CUDA graphs: ``OrtBackend(cuda_graph=True)``.
+
+Why: at batch 1 a GPU decoder step is bound by the host launching ~200 kernels, about 6 µs
+each against ~50 µs of arithmetic (docs/performance.md). ONNX Runtime's CUDA provider can
+capture a run as a CUDA graph and replay it with one launch, provided every input and output
+keeps the address and shape it had at capture. A growing cache changes shape every step, so
+each (rows, memory shapes, position, outputs) gets a graph id of its own, and the addresses
+are made to repeat from batch to batch:
+
+* every state lives in two flat device buffers; step t reads a view of one and writes the
+  one-longer view of the other;
+* memory is copied into buffers kept per memory shape;
+* tokens, position and reorder are small device tensors written in place before each step;
+* outputs land in device buffers kept per (rows, outputs), copied to the host after the run.
+
+ONNX Runtime runs a graph id's first step normally, captures the second and replays the
+rest. The first step of a batch binds the encoder's own state and is never captured. The
+same bookkeeping runs on CPU without capture, which is how CI tests it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import onnxruntime as ort
+
+from s2s_deploy.runtime.backend import DecodeRun
+from s2s_deploy.runtime.names import TOP_K, TOP_OUTPUTS
+
+if TYPE_CHECKING:
+    from s2s_deploy.runtime.ort_backend import OrtBackend
+
+GRAPH_ID_KEY = "gpu_graph_id"
+NO_CAPTURE = -1
+FIRST_CAPACITY = 64
+"""Positions the state buffers hold at first; doubled (and the graphs on them dropped) when outgrown."""
+KEPT_MEMORY_SHAPES = 64
+"""Memory-shape buffer sets kept per backend; the least recently used one goes first, with its graphs."""
+
+
+@dataclass
+class _Graph:
+    """One graph id: its binding stays as it was at capture, so a replay only runs."""
+
+    graph_id: int
+    run_options: ort.RunOptions
+    binding: ort.IOBinding
+    fixed_outputs: bool = False
+    keep: list[ort.OrtValue] = field(default_factory=list)
+    """Values bound by reference that must outlive the run (a first step's initial state)."""
+
+
+@dataclass
+class _Rows:
+    """What a row count keeps across batches: the two flat buffers per state, the small device
+    inputs, and the output buffers by requested outputs."""
+
+    rows: int
+    capacity: int
+    generation: int
+    states: list[tuple[ort.OrtValue, ort.OrtValue]]
+    small: dict[str, ort.OrtValue]
+    outputs: dict[tuple[Any, ...], list[ort.OrtValue]] = field(default_factory=dict)
+
+
+class GraphSteps:
+    """The backend's part of captured decoding: buffers and graph ids, kept across batches."""
+
+    def __init__(self, backend: OrtBackend) -> None:
+        self.backend = backend
+        self.session = backend.decoder
+        self.device = backend.device
+        self.manifest = backend.manifest
+        self.layout = backend.layout
+        self.capture = self.device == "cuda"
+        self.grows = any(s.grow_axis is not None for s in self.manifest.state)
+        self.limit = (self.manifest.max_target_length or 0) + 1
+        self._ids = itertools.count()
+        self._rows: dict[int, _Rows] = {}
+        self._memory: dict[tuple[Any, ...], dict[str, ort.OrtValue]] = {}
+        self._graphs: dict[tuple[Any, ...], _Graph] = {}
+        self._ids_by_memory: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}
+        self._top_k: dict[int, ort.OrtValue] = {}
+        self._host_small = _host_inputs(self.session)
+
+    def value(self, shape: Sequence[int], dtype: np.dtype, on_host: bool = False) -> ort.OrtValue:
+        return ort.OrtValue.ortvalue_from_shape_and_type(list(shape), dtype, "cpu" if on_host else self.device, 0)
+
+    def rows(self, rows: int, positions: int, sizes_at: Any) -> _Rows:
+        """The buffers for ``rows`` with room for ``positions`` steps of every growing state;
+        ``sizes_at(capacity)`` gives each state's element count at a capacity."""
+        kept = self._rows.get(rows)
+        capacity = FIRST_CAPACITY if kept is None else kept.capacity
+        while capacity < positions:
+            capacity *= 2
+        if self.limit > 1:
+            capacity = min(capacity, max(self.limit, positions))
+        sizes = sizes_at(capacity)
+        if kept is not None and kept.capacity >= positions and all(
+                n <= first.shape()[0] for n, (first, _) in zip(sizes, kept.states, strict=True)):
+            return kept
+        if kept is not None:
+            self._drop(lambda key: key[0] == rows)
+        states = [(self.value([n], np.dtype(s.dtype)), self.value([n], np.dtype(s.dtype)))
+                  for n, s in zip(sizes, self.manifest.state, strict=True)]
+        small = {name: self.value(shape, np.dtype(np.int64), on_host=name in self._host_small)
+                 for name, shape in (("tokens", [rows]), ("reorder", [rows]), ("step", []))}
+        made = _Rows(rows, capacity, next(self._ids), states, small)
+        self._rows[rows] = made
+        return made
+
+    def memory(self, rows: int, encoded: dict[str, np.ndarray]) -> tuple[tuple[Any, ...], dict[str, ort.OrtValue]]:
+        """Device buffers holding this batch's memory, one set per (rows, shapes), refilled in place."""
+        key = (rows, *((name, array.shape, array.dtype.str) for name, array in encoded.items()))
+        buffers = self._memory.pop(key, None)
+        if buffers is None:
+            buffers = {name: self.value(array.shape, array.dtype) for name, array in encoded.items()}
+            if len(self._memory) >= KEPT_MEMORY_SHAPES:
+                oldest = next(iter(self._memory))
+                del self._memory[oldest]
+                self._drop(lambda graph_key: graph_key[2] == oldest)
+        self._memory[key] = buffers
+        for name, array in encoded.items():
+            buffers[name].update_inplace(np.ascontiguousarray(array))
+        return key, buffers
+
+    def top_k(self, k: int) -> ort.OrtValue:
+        if k not in self._top_k:
+            self._top_k[k] = ort.OrtValue.ortvalue_from_numpy(np.array([k], dtype=np.int64))
+        return self._top_k[k]
+
+    def graph(self, key: tuple[Any, ...]) -> tuple[_Graph, bool]:
+        """The graph for ``key`` and whether it is new (its binding still to be made)."""
+        found = self._graphs.get(key)
+        if found is not None:
+            return found, False
+        graph_id = next(self._ids) if self.capture else NO_CAPTURE
+        options = ort.RunOptions()
+        options.add_run_config_entry(GRAPH_ID_KEY, str(graph_id))
+        made = _Graph(graph_id, options, self.session.io_binding())
+        self._graphs[key] = made
+        return made, True
+
+    def uncaptured(self) -> ort.RunOptions:
+        options = ort.RunOptions()
+        options.add_run_config_entry(GRAPH_ID_KEY, str(NO_CAPTURE))
+        return options
+
+    def _drop(self, doomed: Any) -> None:
+        """Forget graphs whose buffers are going away; ids are never reused, so a stale capture
+        can never be replayed, and the session frees the graph where it can."""
+        release = getattr(self.session, "release_captured_graph", None)
+        for key in [key for key in self._graphs if doomed(key)]:
+            graph = self._graphs.pop(key)
+            if release is not None and graph.graph_id != NO_CAPTURE:
+                with contextlib.suppress(RuntimeError, ort.capi.onnxruntime_pybind11_state.Fail):
+                    release(graph.graph_id)
+
+
+def _host_inputs(session: ort.InferenceSession) -> frozenset[str]:
+    """Inputs the session reads from host memory (shape-like inputs of device kernels): those
+    are bound on the host, the rest on the device, so no copy enters a capture."""
+    infos = getattr(session, "get_input_memory_infos", None)
+    names = [i.name for i in session.get_inputs()]
+    if infos is None:
+        return frozenset({TOP_K})
+    try:
+        return frozenset(name for name, info in zip(names, infos(), strict=True) if info.name.lower().startswith("cpu"))
+    except (RuntimeError, ValueError, ort.capi.onnxruntime_pybind11_state.Fail):
+        return frozenset({TOP_K})
+
+
+def _shape_at(shape: Sequence[int], grow_axis: int | None, length: int) -> tuple[int, ...]:
+    if grow_axis is None:
+        return tuple(shape)
+    return tuple(length if i == grow_axis else d for i, d in enumerate(shape))
+
+
+class GraphRun(DecodeRun):
+    """A batch decoded through ``GraphSteps``; see the module docstring for the scheme."""
+
+    def __init__(self, steps: GraphSteps, encoded: dict[str, np.ndarray], sentences: int, expand: int,
+                 keep_attention: bool) -> None:
+        manifest = steps.manifest
+        self.steps = steps
+        self.expand = expand
+        self.rows = rows = sentences * expand
+        self.keep_attention = keep_attention
+        tiled = {m.name: np.repeat(encoded[m.name], expand, axis=m.batch_axis) if expand > 1 else encoded[m.name]
+                 for m in manifest.memory}
+        self.memory_key, self.memory = steps.memory(rows, tiled)
+        self.initial = [
+            np.repeat(encoded[s.encoder_output], expand, axis=s.batch_axis) if s.init == "encoder" and expand > 1
+            else encoded[s.encoder_output] if s.init == "encoder"
+            else np.zeros(s.zeros_shape(rows), dtype=s.dtype)
+            for s in manifest.state]
+        self.start_lengths = [None if s.grow_axis is None else int(array.shape[s.grow_axis])
+                              for s, array in zip(manifest.state, self.initial, strict=True)]
+        self.buffers = steps.rows(rows, self._positions(1), self._sizes)
+        self.t = 0
+        self._last_reorder: np.ndarray | None = None
+        self.widen_next = False
+        self._attention: np.ndarray | None = None
+
+    def close(self) -> None:
+        self.memory = {}
+
+    def _positions(self, t: int) -> int:
+        """The longest growing state after ``t`` steps."""
+        return max((start + t for start in self.start_lengths if start is not None), default=0)
+
+    def _sizes(self, capacity: int) -> list[int]:
+        return [int(np.prod(array.shape if start is None else _shape_at(array.shape, s.grow_axis, capacity)))
+                for s, array, start in zip(self.steps.manifest.state, self.initial, self.start_lengths, strict=True)]
+
+    def _shapes(self, t: int) -> list[tuple[int, ...]]:
+        """Each state's shape before step ``t``."""
+        return [tuple(array.shape) if start is None else _shape_at(array.shape, s.grow_axis, start + t)
+                for s, array, start in zip(self.steps.manifest.state, self.initial, self.start_lengths, strict=True)]
+
+    def _run(self, tokens: np.ndarray, reorder: np.ndarray, names: tuple[str, ...],
+             top_k: int) -> list[np.ndarray]:
+        steps, buffers, t = self.steps, self.buffers, self.t
+        narrow = len(tokens) != self.rows
+        if narrow:  # one row per sentence: run every row and keep each sentence's first
+            tokens, reorder = np.repeat(tokens, self.expand), np.arange(self.rows)
+        elif self.widen_next:  # the search's rows after a narrow step are sentences: point at their first copy
+            reorder = np.asarray(reorder) * self.expand
+        widen, self.widen_next = self.widen_next, narrow
+        if self._positions(t + 1) > buffers.capacity:
+            self._move(steps.rows(self.rows, self._positions(t + 1), self._sizes))
+            buffers = self.buffers
+        names = (*names, "attention") if self.keep_attention else names
+        key = (self.rows, buffers.generation, self.memory_key, t if steps.grows else t & 1, names, top_k)
+        small, accepted = buffers.small, steps.layout.accepted
+        small["tokens"].update_inplace(np.ascontiguousarray(tokens, dtype=np.int64))
+        if "reorder" in accepted and (narrow or widen or reorder is not self._last_reorder):
+            small["reorder"].update_inplace(np.ascontiguousarray(reorder, dtype=np.int64))
+            self._last_reorder = None if narrow or widen else reorder
+        if "step" in accepted:
+            small["step"].update_inplace(np.array(t, dtype=np.int64))
+        started = time.perf_counter()
+        if t == 0:
+            graph = _Graph(NO_CAPTURE, steps.uncaptured(), steps.session.io_binding())
+            self._bind(graph, t, names, top_k, state_inputs=self._initial_values())
+        else:
+            graph, new = steps.graph(key)
+            if new:
+                self._bind(graph, t, names, top_k)
+        steps.session.run_with_iobinding(graph.binding, graph.run_options)
+        out_key = (names, top_k, self.memory_key)
+        if graph.fixed_outputs:
+            produced = buffers.outputs[out_key]
+        else:
+            produced = graph.binding.get_outputs()[: len(names)]
+            if t > 0:
+                fixed = buffers.outputs.get(out_key)
+                if fixed is None:
+                    fixed = [steps.value(value.shape(), _numpy_dtype(value)) for value in produced]
+                    buffers.outputs[out_key] = fixed
+                self._bind_outputs(graph, t, names, fixed)
+        head = [value.numpy() for value in produced]
+        self.steps.backend.count_step(started)
+        if narrow:
+            head = [array[:: self.expand] for array in head]
+        if self.keep_attention:
+            self._attention = head.pop()
+        self.t += 1
+        return head
+
+    def _initial_values(self) -> list[ort.OrtValue]:
+        return [ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array), self.steps.device, 0)
+                for array in self.initial]
+
+    def _bind(self, graph: _Graph, t: int, names: tuple[str, ...], top_k: int,
+              state_inputs: list[ort.OrtValue] | None = None) -> None:
+        steps, buffers, layout = self.steps, self.buffers, self.steps.layout
+        io = graph.binding
+        for name, value in self.memory.items():
+            if name in layout.accepted:
+                io.bind_ortvalue_input(name, value)
+        for name, value in buffers.small.items():
+            if name in layout.accepted:
+                io.bind_ortvalue_input(name, value)
+        io.bind_ortvalue_input(TOP_K, steps.top_k(top_k))
+        if state_inputs is not None:
+            graph.keep = state_inputs
+            for name, value in zip(layout.state_inputs, state_inputs, strict=True):
+                io.bind_ortvalue_input(name, value)
+        else:
+            for name, shape, (first, second), state in zip(layout.state_inputs, self._shapes(t), buffers.states,
+                                                           steps.manifest.state, strict=True):
+                source = (first, second)[t & 1]
+                io.bind_input(name, source.device_name(), 0, np.dtype(state.dtype), list(shape), source.data_ptr())
+        self._bind_outputs(graph, t, names, None)
+
+    def _bind_outputs(self, graph: _Graph, t: int, names: tuple[str, ...],
+                      fixed: list[ort.OrtValue] | None) -> None:
+        steps, io = self.steps, graph.binding
+        io.clear_binding_outputs()
+        for i, name in enumerate(names):
+            if fixed is None:
+                io.bind_output(name, steps.device)
+            else:
+                io.bind_ortvalue_output(name, fixed[i])
+        graph.fixed_outputs = fixed is not None
+        for name, shape, (first, second), state in zip(steps.layout.state_outputs, self._shapes(t + 1),
+                                                       self.buffers.states, steps.manifest.state, strict=True):
+            target = (second, first)[t & 1]
+            io.bind_output(name, target.device_name(), 0, np.dtype(state.dtype), list(shape), target.data_ptr())
+
+    def _move(self, bigger: _Rows) -> None:
+        """The state outgrew its buffers: copy what the next step reads into the new ones."""
+        side = self.t & 1
+        for old, new, shape in zip(self.buffers.states, bigger.states, self._shapes(self.t), strict=True):
+            current = old[side].numpy()[: int(np.prod(shape))]
+            staged = np.zeros(new[side].shape(), dtype=current.dtype)
+            staged[: current.size] = current
+            new[side].update_inplace(staged)
+        self.buffers = bigger
+        self._last_reorder = None  # the new buffers' reorder is unwritten
+
+    def step(self, tokens: np.ndarray, reorder: np.ndarray) -> np.ndarray:
+        return self._run(tokens, reorder, ("log_probs",), 1)[0]
+
+    def step_top(self, tokens: np.ndarray, reorder: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        values, ids = self._run(tokens, reorder, TOP_OUTPUTS, k)
+        return values, ids
+
+    def attention(self) -> np.ndarray | None:
+        return self._attention
+
+
+def _numpy_dtype(value: ort.OrtValue) -> np.dtype:
+    return np.dtype({"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int64)": np.int64,
+                     "tensor(int32)": np.int32, "tensor(double)": np.float64}[value.data_type()])

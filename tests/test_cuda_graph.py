@@ -1,0 +1,40 @@
+"""Captured CUDA graphs decode as the CUDA step loop does. Needs onnxruntime-gpu and a GPU:
+skipped, with the reason, elsewhere (CI has none). The capture-free bookkeeping is tested on
+CPU for every plugin in test_plugins.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from s2s_deploy.runtime.errors import S2SError
+from s2s_deploy.runtime.manifest import Manifest
+from s2s_deploy.runtime.ort_backend import OrtBackend
+from s2s_deploy.runtime.search import SearchConfig, search
+from s2s_deploy.runtime.translator import encode_batch
+
+# a growing cache, a fixed-shape recurrent state, and a Hugging Face family
+CASES = ["transformer", "gru", "marian"]
+
+
+def _cuda(manifest: Manifest, cuda_graph: bool) -> OrtBackend:
+    try:
+        return OrtBackend(manifest, device="cuda", cuda_graph=cuda_graph)
+    except S2SError as exc:
+        pytest.skip(f"no CUDA for ONNX Runtime here: {exc}")
+
+
+@pytest.mark.parametrize("arch", CASES)
+def test_captured_steps_decode_as_the_cuda_step_loop(exports, arch: str) -> None:
+    _, manifest = exports.get(arch)
+    plain, captured = _cuda(manifest, False), _cuda(manifest, True)
+    texts = sorted(manifest.samples, key=len)
+    # each batch three times: a graph id runs normally, is captured, then replayed
+    batches = [texts[:1]] * 3 + [texts[-2:]] * 3 + [(texts * 8)[:8]] * 3
+    for config in (SearchConfig(1, 1, 40), SearchConfig(4, 2, 40)):
+        for batch in batches:
+            src, src_len = encode_batch(list(batch), manifest.src_vocab)
+            expected, got = search(plain, src, src_len, config), search(captured, src, src_len, config)
+            for want, have in zip(expected, got, strict=True):
+                assert [h.tokens for h in have] == [h.tokens for h in want]
+                np.testing.assert_allclose([h.score for h in have], [h.score for h in want], atol=1e-4)
