@@ -1,4 +1,5 @@
-"""Captured CUDA graphs decode as the CUDA step loop does. Needs onnxruntime-gpu and a GPU:
+"""The CUDA step loop decodes as the CPU one, and captured CUDA graphs as the CUDA step loop.
+Needs onnxruntime-gpu and a GPU:
 skipped, with the reason, elsewhere (CI has none). The capture-free bookkeeping is tested on
 CPU for every plugin in test_plugins.py."""
 
@@ -38,3 +39,17 @@ def test_captured_steps_decode_as_the_cuda_step_loop(exports, arch: str) -> None
             for want, have in zip(expected, got, strict=True):
                 assert [h.tokens for h in have] == [h.tokens for h in want]
                 np.testing.assert_allclose([h.score for h in have], [h.score for h in want], atol=1e-4)
+
+
+@pytest.mark.parametrize("arch", CASES)
+def test_cuda_step_loop_decodes_as_cpu(exports, arch: str) -> None:
+    """Guards the bug where host inputs bound once were copied to the GPU at bind time, so every
+    step after the first decoded the first step's tokens again."""
+    _, manifest = exports.get(arch)
+    cpu, cuda = OrtBackend(manifest, device="cpu"), _cuda(manifest, False)
+    src, src_len = encode_batch(list(manifest.samples), manifest.src_vocab)
+    for config in (SearchConfig(1, 1, 40), SearchConfig(4, 2, 40)):
+        expected, got = search(cpu, src, src_len, config), search(cuda, src, src_len, config)
+        for want, have in zip(expected, got, strict=True):
+            assert [h.tokens for h in have] == [h.tokens for h in want]
+            np.testing.assert_allclose([h.score for h in have], [h.score for h in want], atol=1e-3)

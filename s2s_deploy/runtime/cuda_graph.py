@@ -72,13 +72,13 @@ class _Rows:
 class GraphSteps:
     """The backend's part of captured decoding: buffers and graph ids, kept across batches."""
 
-    def __init__(self, backend: OrtBackend) -> None:
+    def __init__(self, backend: OrtBackend, capture: bool) -> None:
         self.backend = backend
         self.session = backend.decoder
         self.device = backend.device
         self.manifest = backend.manifest
         self.layout = backend.layout
-        self.capture = self.device == "cuda"
+        self.capture = capture
         self.grows = any(s.grow_axis is not None for s in self.manifest.state)
         self.limit = (self.manifest.max_target_length or 0) + 1
         self._ids = itertools.count()
@@ -254,6 +254,8 @@ class GraphRun(DecodeRun):
             if new:
                 self._bind(graph, t, names, top_k)
         steps.session.run_with_iobinding(graph.binding, graph.run_options)
+        if steps.device != "cpu":
+            graph.binding.synchronize_outputs()  # a replay returns before the graph has run
         out_key = (names, top_k, self.memory_key)
         if graph.fixed_outputs:
             produced = buffers.outputs[out_key]
@@ -262,7 +264,7 @@ class GraphRun(DecodeRun):
             if t > 0:
                 fixed = buffers.outputs.get(out_key)
                 if fixed is None:
-                    fixed = [steps.value(value.shape(), _numpy_dtype(value)) for value in produced]
+                    fixed = list(produced)  # the session's own allocations: a capture writes into them
                     buffers.outputs[out_key] = fixed
                 self._bind_outputs(graph, t, names, fixed)
         head = [value.numpy() for value in produced]
@@ -335,8 +337,3 @@ class GraphRun(DecodeRun):
 
     def attention(self) -> np.ndarray | None:
         return self._attention
-
-
-def _numpy_dtype(value: ort.OrtValue) -> np.dtype:
-    return np.dtype({"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int64)": np.int64,
-                     "tensor(int32)": np.int32, "tensor(double)": np.float64}[value.data_type()])

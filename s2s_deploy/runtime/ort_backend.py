@@ -156,7 +156,10 @@ class OrtBackend(Backend):
         self.unk_id = manifest.tgt_vocab.unk_id
         self.layout = _StepLayout.of(manifest)
         self._idle: dict[int, _StepBuffers] = {}
-        self.graph_steps = GraphSteps(self) if cuda_graph else None
+        # On CUDA every step goes through fixed device buffers written in place: a host array
+        # bound once is copied to the device at bind time, so writing it later changes nothing.
+        self.graph_steps = (GraphSteps(self, capture=cuda_graph and self.device == "cuda")
+                            if cuda_graph or self.device == "cuda" else None)
 
     def describe(self) -> dict[str, Any]:
         return {"backend": self.name, "provider": self.choice.provider, "onnxruntime": ort.__version__}
