@@ -30,7 +30,7 @@ def test_captured_steps_decode_as_the_cuda_step_loop(exports, arch: str) -> None
     _, manifest = exports.get(arch)
     plain, captured = _cuda(manifest, False), _cuda(manifest, True)
     texts = sorted(manifest.samples, key=len)
-    # each batch three times: a graph id runs normally, is captured, then replayed
+    # each batch three times: its graph ids are captured, then replayed
     batches = [texts[:1]] * 3 + [texts[-2:]] * 3 + [(texts * 8)[:8]] * 3
     for config in (SearchConfig(1, 1, 40), SearchConfig(4, 2, 40)):
         for batch in batches:
@@ -52,4 +52,4 @@ def test_cuda_step_loop_decodes_as_cpu(exports, arch: str) -> None:
         expected, got = search(cpu, src, src_len, config), search(cuda, src, src_len, config)
         for want, have in zip(expected, got, strict=True):
             assert [h.tokens for h in have] == [h.tokens for h in want]
-            np.testing.assert_allclose([h.score for h in have], [h.score for h in want], atol=1e-3)
+            np.testing.assert_allclose([h.score for h in have], [h.score for h in want], atol=1e-4)

@@ -13,8 +13,10 @@ are made to repeat from batch to batch:
 * tokens, position and reorder are small device tensors written in place before each step;
 * outputs land in device buffers kept per (rows, outputs), copied to the host after the run.
 
-ONNX Runtime runs a graph id's first step normally, captures the second and replays the
-rest. The first step of a batch binds the encoder's own state and is never captured. The
+ONNX Runtime captures a graph id within its first run (after warm-up runs of its own) and
+replays it from then on, so everything is bound before that run. Never captured: a batch's
+first step, which binds the encoder's own state, and a step whose outputs have a shape not
+seen yet, which lets the session allocate them (those buffers are kept for the captures). The
 same bookkeeping runs on CPU without capture, which is how CI tests it.
 """
 
@@ -51,7 +53,6 @@ class _Graph:
     graph_id: int
     run_options: ort.RunOptions
     binding: ort.IOBinding
-    fixed_outputs: bool = False
     keep: list[ort.OrtValue] = field(default_factory=list)
     """Values bound by reference that must outlive the run (a first step's initial state)."""
 
@@ -246,27 +247,24 @@ class GraphRun(DecodeRun):
         if "step" in accepted:
             small["step"].update_inplace(np.array(t, dtype=np.int64))
         started = time.perf_counter()
-        if t == 0:
+        out_key = (names, top_k, self.memory_key)
+        fixed = buffers.outputs.get(out_key)
+        if t == 0 or fixed is None:
+            # uncaptured: the first step binds the encoder's state, and outputs of a new shape are
+            # first allocated by the session itself, then kept as the buffers later captures write
             graph = _Graph(NO_CAPTURE, steps.uncaptured(), steps.session.io_binding())
-            self._bind(graph, t, names, top_k, state_inputs=self._initial_values())
+            self._bind(graph, t, names, top_k, None, self._initial_values() if t == 0 else None)
+            steps.session.run_with_iobinding(graph.binding, graph.run_options)
+            produced = graph.binding.get_outputs()[: len(names)]
+            if fixed is None:
+                buffers.outputs[out_key] = list(produced)
         else:
+            # ONNX Runtime captures within a graph id's first run: everything is bound before it
             graph, new = steps.graph(key)
             if new:
-                self._bind(graph, t, names, top_k)
-        steps.session.run_with_iobinding(graph.binding, graph.run_options)
-        if steps.device != "cpu":
-            graph.binding.synchronize_outputs()  # a replay returns before the graph has run
-        out_key = (names, top_k, self.memory_key)
-        if graph.fixed_outputs:
-            produced = buffers.outputs[out_key]
-        else:
-            produced = graph.binding.get_outputs()[: len(names)]
-            if t > 0:
-                fixed = buffers.outputs.get(out_key)
-                if fixed is None:
-                    fixed = list(produced)  # the session's own allocations: a capture writes into them
-                    buffers.outputs[out_key] = fixed
-                self._bind_outputs(graph, t, names, fixed)
+                self._bind(graph, t, names, top_k, fixed)
+            steps.session.run_with_iobinding(graph.binding, graph.run_options)
+            produced = fixed
         head = [value.numpy() for value in produced]
         self.steps.backend.count_step(started)
         if narrow:
@@ -281,7 +279,7 @@ class GraphRun(DecodeRun):
                 for array in self.initial]
 
     def _bind(self, graph: _Graph, t: int, names: tuple[str, ...], top_k: int,
-              state_inputs: list[ort.OrtValue] | None = None) -> None:
+              outputs: list[ort.OrtValue] | None, state_inputs: list[ort.OrtValue] | None = None) -> None:
         steps, buffers, layout = self.steps, self.buffers, self.steps.layout
         io = graph.binding
         for name, value in self.memory.items():
@@ -300,18 +298,11 @@ class GraphRun(DecodeRun):
                                                            steps.manifest.state, strict=True):
                 source = (first, second)[t & 1]
                 io.bind_input(name, source.device_name(), 0, np.dtype(state.dtype), list(shape), source.data_ptr())
-        self._bind_outputs(graph, t, names, None)
-
-    def _bind_outputs(self, graph: _Graph, t: int, names: tuple[str, ...],
-                      fixed: list[ort.OrtValue] | None) -> None:
-        steps, io = self.steps, graph.binding
-        io.clear_binding_outputs()
         for i, name in enumerate(names):
-            if fixed is None:
+            if outputs is None:
                 io.bind_output(name, steps.device)
             else:
-                io.bind_ortvalue_output(name, fixed[i])
-        graph.fixed_outputs = fixed is not None
+                io.bind_ortvalue_output(name, outputs[i])
         for name, shape, (first, second), state in zip(steps.layout.state_outputs, self._shapes(t + 1),
                                                        self.buffers.states, steps.manifest.state, strict=True):
             target = (second, first)[t & 1]

@@ -93,7 +93,8 @@ def _create(path: str | Path, device: str, threads: int | None, spin: bool = Tru
     try:
         if device in ("auto", "cuda") and CUDA in ort.get_available_providers():
             with quiet_stderr():
-                cuda = (CUDA, {"enable_cuda_graph": "1"}) if cuda_graph else CUDA
+                # TF32 matrix products moved beam scores by 1e-3 against the CPU; fp32 means fp32
+                cuda = (CUDA, {"use_tf32": "0", **({"enable_cuda_graph": "1"} if cuda_graph else {})})
                 session = ort.InferenceSession(str(path), options, providers=[cuda, CPU])
             if session.get_providers()[0] == CUDA:
                 return session, SessionChoice(CUDA, "")
