@@ -26,7 +26,8 @@ SYSTEMS = ("pytorch", "onnxruntime-cpu", "onnxruntime-generate", "pytorch-cuda",
 
 
 def on_cuda(system: str) -> bool:
-    """``onnxruntime-cuda-graph``: the step loop replaying captured CUDA graphs (runtime/cuda_graph.py)."""
+    """``onnxruntime-cuda-graph``: the step loop replaying captured CUDA graphs (runtime/cuda_graph.py),
+    which ``translate`` does on CUDA by default; ``onnxruntime-cuda`` is the same loop uncaptured."""
     return "cuda" in system.split("-")
 
 
@@ -180,6 +181,7 @@ def _engine(export_dir: Path, system: str, threads: int):
         return manifest, StepLoop(backend), backend
     from s2s_deploy.runtime.ort_backend import OrtBackend
 
+    # onnxruntime-cuda: the step loop uncaptured; onnxruntime-cuda-graph: as translate runs it on CUDA
     backend = OrtBackend(manifest, device=device, threads=threads, cuda_graph=system.endswith("-graph"))
     return manifest, StepLoop(backend), backend
 

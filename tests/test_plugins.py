@@ -189,7 +189,7 @@ def test_fixed_address_steps_decode_as_the_step_loop(exports, monkeypatch, arch:
 
     monkeypatch.setattr(cuda_graph, "FIRST_CAPACITY", 4)
     _, manifest = exports.get(arch)
-    plain, fixed = OrtBackend(manifest, device="cpu"), OrtBackend(manifest, device="cpu", cuda_graph=True)
+    plain, fixed = OrtBackend(manifest, device="cpu"), OrtBackend(manifest, device="cpu", fixed_addresses=True)
     texts = sorted(manifest.samples, key=len)
     batches = (texts[:1], texts[-2:], texts[:1], texts[-2:], (texts * 8)[:8])
     for config in (SearchConfig(1, 1, max_len), SearchConfig(3, 2, max_len)):

@@ -41,7 +41,8 @@ def _ints(text: str) -> tuple[int, ...]:
               help="Threads for both PyTorch and ONNX Runtime.")
 @click.option("--systems", default="pytorch,onnxruntime-cpu,onnxruntime-generate,onnxruntime-cuda",
               show_default=True, help="Comma-separated: pytorch, onnxruntime-cpu, onnxruntime-generate (the fused "
-              "generate.onnx; run `s2s-deploy fuse` first), pytorch-cuda, onnxruntime-cuda, "
+              "generate.onnx; run `s2s-deploy fuse` first), pytorch-cuda, onnxruntime-cuda (the step loop, "
+              "uncaptured), onnxruntime-cuda-graph (replaying CUDA graphs, as translate does on CUDA), "
               "onnxruntime-generate-cuda.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False), default=None, help="Write results as JSON.")
 @click.option("--plot", "plot_path", type=click.Path(dir_okay=False), default=None, help="Write a chart (PNG).")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import os
 import sys
@@ -24,6 +25,7 @@ from s2s_deploy.runtime.names import TOP_K, TOP_OUTPUTS
 DEVICES = ("auto", "cpu", "cuda")
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
+CUDA_GRAPH_ENV = "S2S_DEPLOY_CUDA_GRAPH"
 _StepInputs = tuple[dict[str, ort.OrtValue], list[ort.OrtValue]]  # memory by name, then the first state
 
 
@@ -142,15 +144,31 @@ class OrtBackend(Backend):
     """Row counts whose step buffers are kept for reuse after their run ends."""
 
     def __init__(self, manifest: Manifest, device: str = "auto", threads: int | None = None,
-                 graph_format: str = "onnx", spin: bool = True, cuda_graph: bool = False) -> None:
-        """``cuda_graph``: replay each decoder step as a captured CUDA graph (``runtime/cuda_graph.py``);
-        on CPU the same fixed-address step loop runs without capture."""
+                 graph_format: str = "onnx", spin: bool = True, cuda_graph: bool | None = None,
+                 fixed_addresses: bool = False) -> None:
+        """``cuda_graph``: on CUDA, replay each decoder step as a captured CUDA graph
+        (``runtime/cuda_graph.py``); None reads ``S2S_DEPLOY_CUDA_GRAPH`` (on unless ``0``). A decoder
+        that cannot be captured falls back to the uncaptured loop, and the device notice says so.
+        ``fixed_addresses``: run that fixed-buffer loop on CPU too, uncaptured (how CI tests it)."""
         self.manifest = manifest
-        self.encoder, self.choice = _create(manifest.graph_path(manifest.encoder, graph_format), device, threads,
-                                            spin=False)
-        self.device = "cuda" if self.choice.provider == CUDA else "cpu"
-        self.decoder, _ = _create(manifest.graph_path(manifest.decoder, graph_format), self.device, threads, spin,
-                                  spin_between_runs=False, cuda_graph=cuda_graph)
+        self.encoder, choice = _create(manifest.graph_path(manifest.encoder, graph_format), device, threads,
+                                       spin=False)
+        self.device = "cuda" if choice.provider == CUDA else "cpu"
+        if cuda_graph is None:
+            cuda_graph = os.environ.get(CUDA_GRAPH_ENV, "1") != "0"
+        self.cuda_graph = cuda_graph and self.device == "cuda"
+        decoder_path = manifest.graph_path(manifest.decoder, graph_format)
+        try:
+            self.decoder, _ = _create(decoder_path, self.device, threads, spin, spin_between_runs=False,
+                                      cuda_graph=self.cuda_graph)
+            graphs = "decoder steps replayed as CUDA graphs" if self.cuda_graph else "CUDA graphs off"
+        except S2SError as exc:
+            if not self.cuda_graph:
+                raise
+            self.cuda_graph = False
+            self.decoder, _ = _create(decoder_path, self.device, threads, spin, spin_between_runs=False)
+            graphs = f"CUDA graphs off: {exc}"
+        self.choice = dataclasses.replace(choice, reason=graphs) if self.device == "cuda" else choice
         self.decoder_start_id = manifest.decoder_start_id
         self.eos_id = manifest.eos_id
         self.vocab_size = len(manifest.tgt_vocab)
@@ -159,8 +177,8 @@ class OrtBackend(Backend):
         self._idle: dict[int, _StepBuffers] = {}
         # On CUDA every step goes through fixed device buffers written in place: a host array
         # bound once is copied to the device at bind time, so writing it later changes nothing.
-        self.graph_steps = (GraphSteps(self, capture=cuda_graph and self.device == "cuda")
-                            if cuda_graph or self.device == "cuda" else None)
+        self.graph_steps = (GraphSteps(self, capture=self.cuda_graph)
+                            if fixed_addresses or self.device == "cuda" else None)
 
     def describe(self) -> dict[str, Any]:
         return {"backend": self.name, "provider": self.choice.provider, "onnxruntime": ort.__version__}
