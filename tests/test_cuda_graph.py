@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_plugins import ARCH_CASES
 
 from s2s_deploy.runtime.errors import S2SError
 from s2s_deploy.runtime.manifest import Manifest
@@ -14,8 +15,7 @@ from s2s_deploy.runtime.ort_backend import OrtBackend
 from s2s_deploy.runtime.search import SearchConfig, search
 from s2s_deploy.runtime.translator import encode_batch
 
-# a growing cache, a fixed-shape recurrent state, and a Hugging Face family
-CASES = ["transformer", "gru", "marian"]
+CASES = [arch for arch, _ in ARCH_CASES]
 
 
 def _cuda(manifest: Manifest, cuda_graph: bool) -> OrtBackend:
