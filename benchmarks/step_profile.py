@@ -13,6 +13,7 @@ import json
 
 import onnxruntime as ort
 
+from s2s_deploy.runtime.cuda_graph import GraphSteps
 from s2s_deploy.runtime.manifest import load_manifest
 from s2s_deploy.runtime.ort_backend import OrtBackend, session_options
 from s2s_deploy.runtime.search import SearchConfig, search
@@ -30,11 +31,13 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1, help="sentences per batch (repeated from the samples)")
     args = parser.parse_args()
     manifest = load_manifest(args.export_dir)
-    backend = OrtBackend(manifest, device=args.device, threads=args.threads)
+    backend = OrtBackend(manifest, device=args.device, threads=args.threads, cuda_graph=False)  # a replay has no nodes
     options = session_options(args.threads)
     options.enable_profiling = True
     providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if args.device == "cuda" else ["CPUExecutionProvider"]
     backend.decoder = ort.InferenceSession(str(manifest.graph_path(manifest.decoder)), options, providers=providers)
+    if backend.graph_steps is not None:  # CUDA steps run through the fixed-buffer loop: point it at this session
+        backend.graph_steps = GraphSteps(backend, capture=False)
     config = SearchConfig(args.beam, 1, args.tokens, min_len=args.tokens)
     samples = manifest.samples
     for first in range(args.sentences):

@@ -184,10 +184,12 @@ def test_graph_files_hold_little_beyond_their_weights(exports, arch: str, max_le
 def test_fixed_address_steps_decode_as_the_step_loop(exports, monkeypatch, arch: str, max_len: int) -> None:
     """The CUDA-graph loop (runtime/cuda_graph.py) keeps every input and output at a fixed address;
     on CPU it runs the same bookkeeping uncaptured and must find the same hypotheses: across
-    batches that reuse its buffers, a narrow first step, and a state outgrowing its buffers."""
+    batches that reuse its buffers, a narrow first step, a state outgrowing its buffers, and
+    buffers dropped for a newer batch shape."""
     from s2s_deploy.runtime import cuda_graph
 
     monkeypatch.setattr(cuda_graph, "FIRST_CAPACITY", 4)
+    monkeypatch.setattr(cuda_graph, "KEPT_MEMORY_SHAPES", 2)  # three batch shapes below: one is dropped
     _, manifest = exports.get(arch)
     plain, fixed = OrtBackend(manifest, device="cpu"), OrtBackend(manifest, device="cpu", fixed_addresses=True)
     texts = sorted(manifest.samples, key=len)

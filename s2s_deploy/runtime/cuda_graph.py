@@ -53,8 +53,6 @@ class _Graph:
     graph_id: int
     run_options: ort.RunOptions
     binding: ort.IOBinding
-    keep: list[ort.OrtValue] = field(default_factory=list)
-    """Values bound by reference that must outlive the run (a first step's initial state)."""
 
 
 @dataclass
@@ -86,7 +84,7 @@ class GraphSteps:
         self._rows: dict[int, _Rows] = {}
         self._memory: dict[tuple[Any, ...], dict[str, ort.OrtValue]] = {}
         self._graphs: dict[tuple[Any, ...], _Graph] = {}
-        self._ids_by_memory: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}
+        self._uncaptured = _run_options(NO_CAPTURE)
         self._top_k: dict[int, ort.OrtValue] = {}
         self._host_small = _host_inputs(self.session)
 
@@ -126,6 +124,8 @@ class GraphSteps:
                 oldest = next(iter(self._memory))
                 del self._memory[oldest]
                 self._drop(lambda graph_key: graph_key[2] == oldest)
+                for kept in self._rows.values():
+                    kept.outputs = {out: values for out, values in kept.outputs.items() if out[2] != oldest}
         self._memory[key] = buffers
         for name, array in encoded.items():
             buffers[name].update_inplace(np.ascontiguousarray(array))
@@ -142,16 +142,13 @@ class GraphSteps:
         if found is not None:
             return found, False
         graph_id = next(self._ids) if self.capture else NO_CAPTURE
-        options = ort.RunOptions()
-        options.add_run_config_entry(GRAPH_ID_KEY, str(graph_id))
-        made = _Graph(graph_id, options, self.session.io_binding())
+        made = _Graph(graph_id, _run_options(graph_id), self.session.io_binding())
         self._graphs[key] = made
         return made, True
 
-    def uncaptured(self) -> ort.RunOptions:
-        options = ort.RunOptions()
-        options.add_run_config_entry(GRAPH_ID_KEY, str(NO_CAPTURE))
-        return options
+    def uncaptured(self) -> _Graph:
+        """A binding for one run that is never captured."""
+        return _Graph(NO_CAPTURE, self._uncaptured, self.session.io_binding())
 
     def _drop(self, doomed: Any) -> None:
         """Forget graphs whose buffers are going away; ids are never reused, so a stale capture
@@ -162,6 +159,12 @@ class GraphSteps:
             if release is not None and graph.graph_id != NO_CAPTURE:
                 with contextlib.suppress(RuntimeError, ort.capi.onnxruntime_pybind11_state.Fail):
                     release(graph.graph_id)
+
+
+def _run_options(graph_id: int) -> ort.RunOptions:
+    options = ort.RunOptions()
+    options.add_run_config_entry(GRAPH_ID_KEY, str(graph_id))
+    return options
 
 
 def _host_inputs(session: ort.InferenceSession) -> frozenset[str]:
@@ -252,8 +255,8 @@ class GraphRun(DecodeRun):
         if t == 0 or fixed is None:
             # uncaptured: the first step binds the encoder's state, and outputs of a new shape are
             # first allocated by the session itself, then kept as the buffers later captures write
-            graph = _Graph(NO_CAPTURE, steps.uncaptured(), steps.session.io_binding())
-            self._bind(graph, t, names, top_k, None, self._initial_values() if t == 0 else None)
+            graph, initial = steps.uncaptured(), self._initial_values() if t == 0 else None
+            self._bind(graph, t, names, top_k, None, initial)
             steps.session.run_with_iobinding(graph.binding, graph.run_options)
             produced = graph.binding.get_outputs()[: len(names)]
             if fixed is None:
@@ -290,7 +293,6 @@ class GraphRun(DecodeRun):
                 io.bind_ortvalue_input(name, value)
         io.bind_ortvalue_input(TOP_K, steps.top_k(top_k))
         if state_inputs is not None:
-            graph.keep = state_inputs
             for name, value in zip(layout.state_inputs, state_inputs, strict=True):
                 io.bind_ortvalue_input(name, value)
         else:
