@@ -13,7 +13,7 @@ import json
 
 import onnxruntime as ort
 
-from s2s_deploy.runtime.cuda_graph import GraphSteps
+from s2s_deploy.runtime.fixed_steps import FixedSteps
 from s2s_deploy.runtime.manifest import load_manifest
 from s2s_deploy.runtime.ort_backend import OrtBackend, session_options
 from s2s_deploy.runtime.search import SearchConfig, search
@@ -36,8 +36,7 @@ def main() -> None:
     options.enable_profiling = True
     providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if args.device == "cuda" else ["CPUExecutionProvider"]
     backend.decoder = ort.InferenceSession(str(manifest.graph_path(manifest.decoder)), options, providers=providers)
-    if backend.graph_steps is not None:  # CUDA steps run through the fixed-buffer loop: point it at this session
-        backend.graph_steps = GraphSteps(backend, capture=False)
+    backend.fixed_steps = FixedSteps(backend, capture=False)  # the step loop, pointed at this session
     config = SearchConfig(args.beam, 1, args.tokens, min_len=args.tokens)
     samples = manifest.samples
     for first in range(args.sentences):

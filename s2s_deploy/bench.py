@@ -26,7 +26,7 @@ SYSTEMS = ("pytorch", "onnxruntime-cpu", "onnxruntime-generate", "pytorch-cuda",
 
 
 def on_cuda(system: str) -> bool:
-    """``onnxruntime-cuda-graph``: the step loop replaying captured CUDA graphs (runtime/cuda_graph.py),
+    """``onnxruntime-cuda-graph``: the step loop replaying captured CUDA graphs (runtime/fixed_steps.py),
     which ``translate`` does on CUDA by default; ``onnxruntime-cuda`` is the same loop uncaptured."""
     return "cuda" in system.split("-")
 

@@ -181,24 +181,24 @@ def test_graph_files_hold_little_beyond_their_weights(exports, arch: str, max_le
 
 
 @pytest.mark.parametrize(("arch", "max_len"), ARCHS)
-def test_fixed_address_steps_decode_as_the_step_loop(exports, monkeypatch, arch: str, max_len: int) -> None:
-    """The CUDA-graph loop (runtime/cuda_graph.py) keeps every input and output at a fixed address;
-    on CPU it runs the same bookkeeping uncaptured and must find the same hypotheses: across
-    batches that reuse its buffers, a narrow first step, a state outgrowing its buffers, and
-    buffers dropped for a newer batch shape."""
-    from s2s_deploy.runtime import cuda_graph
+def test_kept_buffers_decode_as_a_fresh_backend(exports, monkeypatch, arch: str, max_len: int) -> None:
+    """The step loop (runtime/fixed_steps.py) keeps every input and output in buffers reused
+    across batches, which is what lets CUDA replay steps as captured graphs. One backend decoding
+    batch after batch, its state buffers outgrown and a memory shape dropped on the way, must
+    find what a fresh backend finds for each batch alone; beam search's narrow first step included."""
+    from s2s_deploy.runtime import fixed_steps
 
-    monkeypatch.setattr(cuda_graph, "FIRST_CAPACITY", 4)
-    monkeypatch.setattr(cuda_graph, "KEPT_MEMORY_SHAPES", 2)  # three batch shapes below: one is dropped
     _, manifest = exports.get(arch)
-    plain, fixed = OrtBackend(manifest, device="cpu"), OrtBackend(manifest, device="cpu", fixed_addresses=True)
     texts = sorted(manifest.samples, key=len)
-    batches = (texts[:1], texts[-2:], texts[:1], texts[-2:], (texts * 8)[:8])
-    for config in (SearchConfig(1, 1, max_len), SearchConfig(3, 2, max_len)):
-        for batch in batches:
-            src, src_len = encode_batch(list(batch), manifest.src_vocab)
-            expected, got = search(plain, src, src_len, config), search(fixed, src, src_len, config)
-            for want, have in zip(expected, got, strict=True):
-                assert [h.tokens for h in have] == [h.tokens for h in want]
-                np.testing.assert_allclose([h.score for h in have], [h.score for h in want], atol=1e-5)
-    assert fixed.graph_steps is not None and len(fixed.graph_steps._graphs) > 0
+    batches = [encode_batch(list(batch), manifest.src_vocab)
+               for batch in (texts[:1], texts[-2:], texts[:1], texts[-2:], (texts * 8)[:8])]
+    configs = (SearchConfig(1, 1, max_len), SearchConfig(3, 2, max_len))
+    expected = [search(OrtBackend(manifest, device="cpu"), *batch, config) for config in configs for batch in batches]
+    monkeypatch.setattr(fixed_steps, "FIRST_CAPACITY", 4)
+    monkeypatch.setattr(fixed_steps, "KEPT_MEMORY_SHAPES", 2)  # three batch shapes: one is dropped
+    shared = OrtBackend(manifest, device="cpu")
+    got = [search(shared, *batch, config) for config in configs for batch in batches]
+    for want_batch, have_batch in zip(expected, got, strict=True):
+        for want, have in zip(want_batch, have_batch, strict=True):
+            assert [h.tokens for h in have] == [h.tokens for h in want]
+            np.testing.assert_allclose([h.score for h in have], [h.score for h in want], atol=1e-6)

@@ -1,23 +1,30 @@
-"""Decoder steps replayed as CUDA graphs: ``OrtBackend(cuda_graph=True)``.
+"""The decoder step loop: every input and output in buffers kept across batches, written in place.
 
-Why: at batch 1 a GPU decoder step is bound by the host launching ~200 kernels, about 6 µs
-each against ~50 µs of arithmetic (docs/performance.md). ONNX Runtime's CUDA provider can
-capture a run as a CUDA graph and replay it with one launch, provided every input and output
-keeps the address and shape it had at capture. A growing cache changes shape every step, so
-each (rows, memory shapes, position, outputs) gets a graph id of its own, and the addresses
-are made to repeat from batch to batch:
+Why, on both devices: nothing is allocated or rebound per step, and a binding made once per
+(rows, memory shapes, position, outputs) is reused by every later batch of that shape. On CPU
+that made the identical Marian-base 3.5-10% faster than rebinding each step (docs/performance.md).
+On CUDA it is what makes a step replayable as a CUDA graph, and it is required there: a host
+array bound once is copied to the GPU at bind time, so writing it later changes nothing.
 
-* every state lives in two flat device buffers; step t reads a view of one and writes the
-  one-longer view of the other;
+CUDA graphs: at batch 1 a GPU step is bound by the host launching ~200 kernels, about 6 µs
+each against ~50 µs of arithmetic. ONNX Runtime's CUDA provider can capture a run as a graph
+and replay it with one launch, provided every input and output keeps the address and shape it
+had at capture. A growing cache changes shape every step, so each key above gets a graph id of
+its own, and the addresses are made to repeat from batch to batch:
+
+* every state lives in two flat buffers; step t reads a view of one and writes the one-longer
+  view of the other;
 * memory is copied into buffers kept per memory shape;
-* tokens, position and reorder are small device tensors written in place before each step;
-* outputs land in device buffers kept per (rows, outputs), copied to the host after the run.
+* tokens, position and reorder are small tensors written in place before each step;
+* the requested outputs land in buffers kept per (rows, outputs): host arrays on CPU, read in
+  place; on CUDA the session's own allocations, copied out after each run.
 
 ONNX Runtime captures a graph id within its first run (after warm-up runs of its own) and
 replays it from then on, so everything is bound before that run. Never captured: a batch's
 first step, which binds the encoder's own state, and a step whose outputs have a shape not
-seen yet, which lets the session allocate them (those buffers are kept for the captures). The
-same bookkeeping runs on CPU without capture, which is how CI tests it.
+seen yet, which lets the session allocate them (those buffers are kept for the captures).
+Beam search's narrow first step (one row per sentence) runs on all rows here, and each
+sentence's first copy is returned.
 """
 
 from __future__ import annotations
@@ -55,6 +62,19 @@ class _Graph:
     binding: ort.IOBinding
 
 
+@dataclass(frozen=True)
+class _Outputs:
+    """The requested outputs' buffers, by requested outputs: on CPU host arrays the session
+    writes into and the search reads in place; on CUDA the session's own device allocations
+    (a capture writes into them), copied out after each run."""
+
+    values: list[ort.OrtValue]
+    host: list[np.ndarray] | None
+
+    def read(self) -> list[np.ndarray]:
+        return list(self.host) if self.host is not None else [value.numpy() for value in self.values]
+
+
 @dataclass
 class _Rows:
     """What a row count keeps across batches: the two flat buffers per state, the small device
@@ -65,10 +85,10 @@ class _Rows:
     generation: int
     states: list[tuple[ort.OrtValue, ort.OrtValue]]
     small: dict[str, ort.OrtValue]
-    outputs: dict[tuple[Any, ...], list[ort.OrtValue]] = field(default_factory=dict)
+    outputs: dict[tuple[Any, ...], _Outputs] = field(default_factory=dict)
 
 
-class GraphSteps:
+class FixedSteps:
     """The backend's part of captured decoding: buffers and graph ids, kept across batches."""
 
     def __init__(self, backend: OrtBackend, capture: bool) -> None:
@@ -131,6 +151,12 @@ class GraphSteps:
             buffers[name].update_inplace(np.ascontiguousarray(array))
         return key, buffers
 
+    def kept_outputs(self, produced: Sequence[ort.OrtValue], arrays: Sequence[np.ndarray]) -> _Outputs:
+        if self.device == "cpu":
+            host = [np.empty_like(array) for array in arrays]
+            return _Outputs([ort.OrtValue.ortvalue_from_numpy(array) for array in host], host)
+        return _Outputs(list(produced), None)
+
     def top_k(self, k: int) -> ort.OrtValue:
         if k not in self._top_k:
             self._top_k[k] = ort.OrtValue.ortvalue_from_numpy(np.array([k], dtype=np.int64))
@@ -186,10 +212,10 @@ def _shape_at(shape: Sequence[int], grow_axis: int | None, length: int) -> tuple
     return tuple(length if i == grow_axis else d for i, d in enumerate(shape))
 
 
-class GraphRun(DecodeRun):
-    """A batch decoded through ``GraphSteps``; see the module docstring for the scheme."""
+class FixedRun(DecodeRun):
+    """A batch decoded through ``FixedSteps``; see the module docstring for the scheme."""
 
-    def __init__(self, steps: GraphSteps, encoded: dict[str, np.ndarray], sentences: int, expand: int,
+    def __init__(self, steps: FixedSteps, encoded: dict[str, np.ndarray], sentences: int, expand: int,
                  keep_attention: bool) -> None:
         manifest = steps.manifest
         self.steps = steps
@@ -259,16 +285,16 @@ class GraphRun(DecodeRun):
             self._bind(graph, t, names, top_k, None, initial)
             steps.session.run_with_iobinding(graph.binding, graph.run_options)
             produced = graph.binding.get_outputs()[: len(names)]
+            head = [value.numpy() for value in produced]
             if fixed is None:
-                buffers.outputs[out_key] = list(produced)
+                buffers.outputs[out_key] = steps.kept_outputs(produced, head)
         else:
             # ONNX Runtime captures within a graph id's first run: everything is bound before it
             graph, new = steps.graph(key)
             if new:
                 self._bind(graph, t, names, top_k, fixed)
             steps.session.run_with_iobinding(graph.binding, graph.run_options)
-            produced = fixed
-        head = [value.numpy() for value in produced]
+            head = fixed.read()
         self.steps.backend.count_step(started)
         if narrow:
             head = [array[:: self.expand] for array in head]
@@ -282,7 +308,7 @@ class GraphRun(DecodeRun):
                 for array in self.initial]
 
     def _bind(self, graph: _Graph, t: int, names: tuple[str, ...], top_k: int,
-              outputs: list[ort.OrtValue] | None, state_inputs: list[ort.OrtValue] | None = None) -> None:
+              outputs: _Outputs | None, state_inputs: list[ort.OrtValue] | None = None) -> None:
         steps, buffers, layout = self.steps, self.buffers, self.steps.layout
         io = graph.binding
         for name, value in self.memory.items():
@@ -304,7 +330,7 @@ class GraphRun(DecodeRun):
             if outputs is None:
                 io.bind_output(name, steps.device)
             else:
-                io.bind_ortvalue_output(name, outputs[i])
+                io.bind_ortvalue_output(name, outputs.values[i])
         for name, shape, (first, second), state in zip(steps.layout.state_outputs, self._shapes(t + 1),
                                                        self.buffers.states, steps.manifest.state, strict=True):
             target = (second, first)[t & 1]
