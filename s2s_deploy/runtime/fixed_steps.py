@@ -58,7 +58,8 @@ class _Graph:
     """One graph id: its binding stays as it was at capture, so a replay only runs."""
 
     graph_id: int
-    run_options: ort.RunOptions
+    run_options: ort.RunOptions | None
+    """None where nothing is captured: a graph id costs a parse per run."""
     binding: ort.IOBinding
 
 
@@ -85,7 +86,16 @@ class _Rows:
     generation: int
     states: list[tuple[ort.OrtValue, ort.OrtValue]]
     small: dict[str, ort.OrtValue]
+    small_host: dict[str, np.ndarray]
+    """On CPU, the arrays behind ``small``: written with numpy, read in place by the session."""
     outputs: dict[tuple[Any, ...], _Outputs] = field(default_factory=dict)
+
+    def write(self, name: str, values: np.ndarray | int) -> None:
+        host = self.small_host.get(name)
+        if host is not None:
+            host[...] = values
+        else:
+            self.small[name].update_inplace(np.ascontiguousarray(values, dtype=np.int64))
 
 
 class FixedSteps:
@@ -102,9 +112,9 @@ class FixedSteps:
         self.limit = (self.manifest.max_target_length or 0) + 1
         self._ids = itertools.count()
         self._rows: dict[int, _Rows] = {}
-        self._memory: dict[tuple[Any, ...], dict[str, ort.OrtValue]] = {}
+        self._memory: dict[tuple[Any, ...], tuple[int, dict[str, ort.OrtValue]]] = {}
         self._graphs: dict[tuple[Any, ...], _Graph] = {}
-        self._uncaptured = _run_options(NO_CAPTURE)
+        self._uncaptured = _run_options(NO_CAPTURE) if capture else None
         self._top_k: dict[int, ort.OrtValue] = {}
         self._host_small = _host_inputs(self.session)
 
@@ -128,28 +138,35 @@ class FixedSteps:
             self._drop(lambda key: key[0] == rows)
         states = [(self.value([n], np.dtype(s.dtype)), self.value([n], np.dtype(s.dtype)))
                   for n, s in zip(sizes, self.manifest.state, strict=True)]
-        small = {name: self.value(shape, np.dtype(np.int64), on_host=name in self._host_small)
-                 for name, shape in (("tokens", [rows]), ("reorder", [rows]), ("step", []))}
-        made = _Rows(rows, capacity, next(self._ids), states, small)
+        shapes = (("tokens", (rows,)), ("reorder", (rows,)), ("step", ()))
+        if self.device == "cpu":
+            small_host = {name: np.zeros(shape, dtype=np.int64) for name, shape in shapes}
+            small = {name: ort.OrtValue.ortvalue_from_numpy(array) for name, array in small_host.items()}
+        else:  # a host array bound to a CUDA session is copied at bind time: written in place instead
+            small_host = {}
+            small = {name: self.value(shape, np.dtype(np.int64), on_host=name in self._host_small)
+                     for name, shape in shapes}
+        made = _Rows(rows, capacity, next(self._ids), states, small, small_host)
         self._rows[rows] = made
         return made
 
-    def memory(self, rows: int, encoded: dict[str, np.ndarray]) -> tuple[tuple[Any, ...], dict[str, ort.OrtValue]]:
-        """Device buffers holding this batch's memory, one set per (rows, shapes), refilled in place."""
+    def memory(self, rows: int, encoded: dict[str, np.ndarray]) -> tuple[int, dict[str, ort.OrtValue]]:
+        """Buffers holding this batch's memory, one set per (rows, shapes), refilled in place, and
+        that set's id (keys use it: a small int hashes faster each step than the shapes)."""
         key = (rows, *((name, array.shape, array.dtype.str) for name, array in encoded.items()))
-        buffers = self._memory.pop(key, None)
-        if buffers is None:
-            buffers = {name: self.value(array.shape, array.dtype) for name, array in encoded.items()}
+        found = self._memory.pop(key, None)
+        if found is None:
+            found = (next(self._ids), {name: self.value(array.shape, array.dtype) for name, array in encoded.items()})
             if len(self._memory) >= KEPT_MEMORY_SHAPES:
-                oldest = next(iter(self._memory))
-                del self._memory[oldest]
+                oldest, _ = self._memory.pop(next(iter(self._memory)))
                 self._drop(lambda graph_key: graph_key[2] == oldest)
                 for kept in self._rows.values():
                     kept.outputs = {out: values for out, values in kept.outputs.items() if out[2] != oldest}
-        self._memory[key] = buffers
+        self._memory[key] = found
+        memory_id, buffers = found
         for name, array in encoded.items():
             buffers[name].update_inplace(np.ascontiguousarray(array))
-        return key, buffers
+        return memory_id, buffers
 
     def kept_outputs(self, produced: Sequence[ort.OrtValue], arrays: Sequence[np.ndarray]) -> _Outputs:
         if self.device == "cpu":
@@ -168,7 +185,7 @@ class FixedSteps:
         if found is not None:
             return found, False
         graph_id = next(self._ids) if self.capture else NO_CAPTURE
-        made = _Graph(graph_id, _run_options(graph_id), self.session.io_binding())
+        made = _Graph(graph_id, _run_options(graph_id) if self.capture else None, self.session.io_binding())
         self._graphs[key] = made
         return made, True
 
@@ -224,7 +241,7 @@ class FixedRun(DecodeRun):
         self.keep_attention = keep_attention
         tiled = {m.name: np.repeat(encoded[m.name], expand, axis=m.batch_axis) if expand > 1 else encoded[m.name]
                  for m in manifest.memory}
-        self.memory_key, self.memory = steps.memory(rows, tiled)
+        self.memory_id, self.memory = steps.memory(rows, tiled)
         self.initial = [
             np.repeat(encoded[s.encoder_output], expand, axis=s.batch_axis) if s.init == "encoder" and expand > 1
             else encoded[s.encoder_output] if s.init == "encoder"
@@ -236,6 +253,7 @@ class FixedRun(DecodeRun):
         self.t = 0
         self._last_reorder: np.ndarray | None = None
         self.widen_next = False
+        self._steady: list[tuple[tuple[str, ...], int, _Graph, _Outputs] | None] = [None, None]
         self._attention: np.ndarray | None = None
 
     def close(self) -> None:
@@ -256,6 +274,9 @@ class FixedRun(DecodeRun):
 
     def _run(self, tokens: np.ndarray, reorder: np.ndarray, names: tuple[str, ...],
              top_k: int) -> list[np.ndarray]:
+        steady = self._steady[self.t & 1]
+        if steady is not None and steady[0] is names and steady[1] == top_k and len(tokens) == self.rows:
+            return self._run_steady(tokens, reorder, steady[2], steady[3])
         steps, buffers, t = self.steps, self.buffers, self.t
         narrow = len(tokens) != self.rows
         if narrow:  # one row per sentence: run every row and keep each sentence's first
@@ -263,20 +284,21 @@ class FixedRun(DecodeRun):
         elif self.widen_next:  # the search's rows after a narrow step are sentences: point at their first copy
             reorder = np.asarray(reorder) * self.expand
         widen, self.widen_next = self.widen_next, narrow
-        if self._positions(t + 1) > buffers.capacity:
+        if steps.grows and self._positions(t + 1) > buffers.capacity:
             self._move(steps.rows(self.rows, self._positions(t + 1), self._sizes))
             buffers = self.buffers
-        names = (*names, "attention") if self.keep_attention else names
-        key = (self.rows, buffers.generation, self.memory_key, t if steps.grows else t & 1, names, top_k)
-        small, accepted = buffers.small, steps.layout.accepted
-        small["tokens"].update_inplace(np.ascontiguousarray(tokens, dtype=np.int64))
+        if self.keep_attention:
+            names = (*names, "attention")
+        key = (self.rows, buffers.generation, self.memory_id, t if steps.grows else t & 1, names, top_k)
+        accepted, write = steps.layout.accepted, buffers.write
+        write("tokens", tokens)
         if "reorder" in accepted and (narrow or widen or reorder is not self._last_reorder):
-            small["reorder"].update_inplace(np.ascontiguousarray(reorder, dtype=np.int64))
+            write("reorder", reorder)
             self._last_reorder = None if narrow or widen else reorder
         if "step" in accepted:
-            small["step"].update_inplace(np.array(t, dtype=np.int64))
+            write("step", t)
         started = time.perf_counter()
-        out_key = (names, top_k, self.memory_key)
+        out_key = (names, top_k, self.memory_id)
         fixed = buffers.outputs.get(out_key)
         if t == 0 or fixed is None:
             # uncaptured: the first step binds the encoder's state, and outputs of a new shape are
@@ -295,11 +317,30 @@ class FixedRun(DecodeRun):
                 self._bind(graph, t, names, top_k, fixed)
             steps.session.run_with_iobinding(graph.binding, graph.run_options)
             head = fixed.read()
+            if not (steps.grows or narrow or widen or self.keep_attention):
+                self._steady[t & 1] = (names, top_k, graph, fixed)
         self.steps.backend.count_step(started)
         if narrow:
             head = [array[:: self.expand] for array in head]
         if self.keep_attention:
             self._attention = head.pop()
+        self.t += 1
+        return head
+
+    def _run_steady(self, tokens: np.ndarray, reorder: np.ndarray, graph: _Graph, fixed: _Outputs) -> list[np.ndarray]:
+        """A fixed-shape state alternates between the same two bindings: once both are made, a
+        step writes the small inputs and runs (the small recurrent models' steps are ~50 µs)."""
+        buffers, accepted = self.buffers, self.steps.layout.accepted
+        buffers.write("tokens", tokens)
+        if "reorder" in accepted and reorder is not self._last_reorder:
+            buffers.write("reorder", reorder)
+            self._last_reorder = reorder
+        if "step" in accepted:
+            buffers.write("step", self.t)
+        started = time.perf_counter()
+        self.steps.session.run_with_iobinding(graph.binding, graph.run_options)
+        head = fixed.read()
+        self.steps.backend.count_step(started)
         self.t += 1
         return head
 
