@@ -184,7 +184,7 @@ def test_graph_files_hold_little_beyond_their_weights(exports, arch: str, max_le
 def test_kept_buffers_decode_as_a_fresh_backend(exports, monkeypatch, arch: str, max_len: int) -> None:
     """The step loop (runtime/fixed_steps.py) keeps every input and output in buffers reused
     across batches, which is what lets CUDA replay steps as captured graphs. One backend decoding
-    batch after batch, its state buffers outgrown and a memory shape dropped on the way, must
+    batch after batch, its state buffers outgrown, memory shapes and row counts dropped on the way, must
     find what a fresh backend finds for each batch alone; beam search's narrow first step included."""
     from s2s_deploy.runtime import fixed_steps
 
@@ -196,6 +196,7 @@ def test_kept_buffers_decode_as_a_fresh_backend(exports, monkeypatch, arch: str,
     expected = [search(OrtBackend(manifest, device="cpu"), *batch, config) for config in configs for batch in batches]
     monkeypatch.setattr(fixed_steps, "FIRST_CAPACITY", 4)
     monkeypatch.setattr(fixed_steps, "KEPT_MEMORY_SHAPES", 2)  # three batch shapes: one is dropped
+    monkeypatch.setattr(fixed_steps, "KEPT_ROW_COUNTS", 2)  # six row counts (1, 2, 8; 3, 6, 24 rows)
     shared = OrtBackend(manifest, device="cpu")
     got = [search(shared, *batch, config) for config in configs for batch in batches]
     for want_batch, have_batch in zip(expected, got, strict=True):

@@ -50,7 +50,11 @@ NO_CAPTURE = -1
 FIRST_CAPACITY = 64
 """Positions the state buffers hold at first; doubled (and the graphs on them dropped) when outgrown."""
 KEPT_MEMORY_SHAPES = 64
-"""Memory-shape buffer sets kept per backend; the least recently used one goes first, with its graphs."""
+KEPT_MEMORY_BYTES = 256 << 20
+"""Memory buffer sets kept per backend, by count and by size; the least recently used goes first,
+with its graphs (the newest always stays)."""
+KEPT_ROW_COUNTS = 4
+"""Row counts whose state buffers are kept; the least recently used goes first, with its graphs."""
 
 
 @dataclass
@@ -112,7 +116,7 @@ class FixedSteps:
         self.limit = (self.manifest.max_target_length or 0) + 1
         self._ids = itertools.count()
         self._rows: dict[int, _Rows] = {}
-        self._memory: dict[tuple[Any, ...], tuple[int, dict[str, ort.OrtValue]]] = {}
+        self._memory: dict[tuple[Any, ...], tuple[int, dict[str, ort.OrtValue], int]] = {}
         self._graphs: dict[tuple[Any, ...], _Graph] = {}
         self._uncaptured = _run_options(NO_CAPTURE) if capture else None
         self._top_k: dict[int, ort.OrtValue] = {}
@@ -124,7 +128,7 @@ class FixedSteps:
     def rows(self, rows: int, positions: int, sizes_at: Any) -> _Rows:
         """The buffers for ``rows`` with room for ``positions`` steps of every growing state;
         ``sizes_at(capacity)`` gives each state's element count at a capacity."""
-        kept = self._rows.get(rows)
+        kept = self._rows.pop(rows, None)
         capacity = FIRST_CAPACITY if kept is None else kept.capacity
         while capacity < positions:
             capacity *= 2
@@ -133,6 +137,7 @@ class FixedSteps:
         sizes = sizes_at(capacity)
         if kept is not None and kept.capacity >= positions and all(
                 n <= first.shape()[0] for n, (first, _) in zip(sizes, kept.states, strict=True)):
+            self._rows[rows] = kept  # now the most recently used
             return kept
         if kept is not None:
             self._drop(lambda key: key[0] == rows)
@@ -148,7 +153,15 @@ class FixedSteps:
                      for name, shape in shapes}
         made = _Rows(rows, capacity, next(self._ids), states, small, small_host)
         self._rows[rows] = made
+        while len(self._rows) > KEPT_ROW_COUNTS:
+            self._forget_rows(next(iter(self._rows)))
         return made
+
+    def _forget_rows(self, rows: int) -> None:
+        del self._rows[rows]
+        self._drop(lambda key: key[0] == rows)
+        for key in [key for key in self._memory if key[0] == rows]:
+            del self._memory[key]
 
     def memory(self, rows: int, encoded: dict[str, np.ndarray]) -> tuple[int, dict[str, ort.OrtValue]]:
         """Buffers holding this batch's memory, one set per (rows, shapes), refilled in place, and
@@ -156,14 +169,16 @@ class FixedSteps:
         key = (rows, *((name, array.shape, array.dtype.str) for name, array in encoded.items()))
         found = self._memory.pop(key, None)
         if found is None:
-            found = (next(self._ids), {name: self.value(array.shape, array.dtype) for name, array in encoded.items()})
-            if len(self._memory) >= KEPT_MEMORY_SHAPES:
-                oldest, _ = self._memory.pop(next(iter(self._memory)))
-                self._drop(lambda graph_key: graph_key[2] == oldest)
-                for kept in self._rows.values():
-                    kept.outputs = {out: values for out, values in kept.outputs.items() if out[2] != oldest}
+            found = (next(self._ids), {name: self.value(array.shape, array.dtype) for name, array in encoded.items()},
+                     sum(array.nbytes for array in encoded.values()))
         self._memory[key] = found
-        memory_id, buffers = found
+        while len(self._memory) > 1 and (len(self._memory) > KEPT_MEMORY_SHAPES or
+                                         sum(entry[2] for entry in self._memory.values()) > KEPT_MEMORY_BYTES):
+            oldest, _, _ = self._memory.pop(next(iter(self._memory)))
+            self._drop(lambda graph_key, gone=oldest: graph_key[2] == gone)
+            for kept in self._rows.values():
+                kept.outputs = {out: values for out, values in kept.outputs.items() if out[2] != oldest}
+        memory_id, buffers, _ = found
         for name, array in encoded.items():
             buffers[name].update_inplace(np.ascontiguousarray(array))
         return memory_id, buffers
