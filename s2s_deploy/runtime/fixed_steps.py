@@ -32,7 +32,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -125,7 +125,7 @@ class FixedSteps:
     def value(self, shape: Sequence[int], dtype: np.dtype, on_host: bool = False) -> ort.OrtValue:
         return ort.OrtValue.ortvalue_from_shape_and_type(list(shape), dtype, "cpu" if on_host else self.device, 0)
 
-    def rows(self, rows: int, positions: int, sizes_at: Any) -> _Rows:
+    def rows(self, rows: int, positions: int, sizes_at: Callable[[int], list[int]]) -> _Rows:
         """The buffers for ``rows`` with room for ``positions`` steps of every growing state;
         ``sizes_at(capacity)`` gives each state's element count at a capacity."""
         kept = self._rows.pop(rows, None)
@@ -208,7 +208,7 @@ class FixedSteps:
         """A binding for one run that is never captured."""
         return _Graph(NO_CAPTURE, self._uncaptured, self.session.io_binding())
 
-    def _drop(self, doomed: Any) -> None:
+    def _drop(self, doomed: Callable[[tuple[Any, ...]], bool]) -> None:
         """Forget graphs whose buffers are going away; ids are never reused, so a stale capture
         can never be replayed, and the session frees the graph where it can."""
         release = getattr(self.session, "release_captured_graph", None)
@@ -264,6 +264,7 @@ class FixedRun(DecodeRun):
             for s in manifest.state]
         self.start_lengths = [None if s.grow_axis is None else int(array.shape[s.grow_axis])
                               for s, array in zip(manifest.state, self.initial, strict=True)]
+        self.longest_start = max((n for n in self.start_lengths if n is not None), default=0)
         self.buffers = steps.rows(rows, self._positions(1), self._sizes)
         self.t = 0
         self._last_reorder: np.ndarray | None = None
@@ -276,7 +277,7 @@ class FixedRun(DecodeRun):
 
     def _positions(self, t: int) -> int:
         """The longest growing state after ``t`` steps."""
-        return max((start + t for start in self.start_lengths if start is not None), default=0)
+        return self.longest_start + t
 
     def _sizes(self, capacity: int) -> list[int]:
         return [int(np.prod(array.shape if start is None else _shape_at(array.shape, s.grow_axis, capacity)))
