@@ -23,8 +23,11 @@ ONNX Runtime captures a graph id within its first run (after warm-up runs of its
 replays it from then on, so everything is bound before that run. Never captured: a batch's
 first step, which binds the encoder's own state, and a step whose outputs have a shape not
 seen yet, which lets the session allocate them (those buffers are kept for the captures).
-Beam search's narrow first step (one row per sentence) runs on all rows here, and each
-sentence's first copy is returned.
+
+Beam search's narrow first step (one row per sentence, as the K beams of a sentence start
+identical) runs uncaptured on the encoder's own untiled memory and state and writes its state
+for one row per sentence; the next step binds that past as it is, with a graph of its own, and
+its reorder tiles the beams from it inside the decoder, as a step's reorder always does.
 """
 
 from __future__ import annotations
@@ -252,7 +255,10 @@ class FixedRun(DecodeRun):
         manifest = steps.manifest
         self.steps = steps
         self.expand = expand
+        self.sentences = sentences
         self.rows = rows = sentences * expand
+        self.encoded = encoded if expand > 1 else {}
+        """Kept for a narrow first step, which reads the untiled memory and state."""
         self.keep_attention = keep_attention
         tiled = {m.name: np.repeat(encoded[m.name], expand, axis=m.batch_axis) if expand > 1 else encoded[m.name]
                  for m in manifest.memory}
@@ -283,34 +289,34 @@ class FixedRun(DecodeRun):
         return [int(np.prod(array.shape if start is None else _shape_at(array.shape, s.grow_axis, capacity)))
                 for s, array, start in zip(self.steps.manifest.state, self.initial, self.start_lengths, strict=True)]
 
-    def _shapes(self, t: int) -> list[tuple[int, ...]]:
-        """Each state's shape before step ``t``."""
-        return [tuple(array.shape) if start is None else _shape_at(array.shape, s.grow_axis, start + t)
-                for s, array, start in zip(self.steps.manifest.state, self.initial, self.start_lengths, strict=True)]
+    def _shapes(self, t: int, rows: int | None = None) -> list[tuple[int, ...]]:
+        """Each state's shape before step ``t``, with ``rows`` rows where given (a narrow step's)."""
+        shapes = []
+        for s, array, start in zip(self.steps.manifest.state, self.initial, self.start_lengths, strict=True):
+            shape = tuple(array.shape) if start is None else _shape_at(array.shape, s.grow_axis, start + t)
+            shapes.append(shape if rows is None else _shape_at(shape, s.batch_axis, rows))
+        return shapes
 
     def _run(self, tokens: np.ndarray, reorder: np.ndarray, names: tuple[str, ...],
              top_k: int) -> list[np.ndarray]:
         steady = self._steady[self.t & 1]
         if steady is not None and steady[0] is names and steady[1] == top_k and len(tokens) == self.rows:
             return self._run_steady(tokens, reorder, steady[2], steady[3])
+        if self.keep_attention:
+            names = (*names, "attention")
+        if len(tokens) != self.rows:
+            return self._finish(self._run_narrow(tokens, reorder, names, top_k))
         steps, buffers, t = self.steps, self.buffers, self.t
-        narrow = len(tokens) != self.rows
-        if narrow:  # one row per sentence: run every row and keep each sentence's first
-            tokens, reorder = np.repeat(tokens, self.expand), np.arange(self.rows)
-        elif self.widen_next:  # the search's rows after a narrow step are sentences: point at their first copy
-            reorder = np.asarray(reorder) * self.expand
-        widen, self.widen_next = self.widen_next, narrow
+        widen, self.widen_next = self.widen_next, False  # this step's past has one row per sentence
         if steps.grows and self._positions(t + 1) > buffers.capacity:
             self._move(steps.rows(self.rows, self._positions(t + 1), self._sizes))
             buffers = self.buffers
-        if self.keep_attention:
-            names = (*names, "attention")
-        key = (self.rows, buffers.generation, self.memory_id, t if steps.grows else t & 1, names, top_k)
+        key = (self.rows, buffers.generation, self.memory_id, t if steps.grows else t & 1, names, top_k, widen)
         accepted, write = steps.layout.accepted, buffers.write
         write("tokens", tokens)
-        if "reorder" in accepted and (narrow or widen or reorder is not self._last_reorder):
+        if "reorder" in accepted and (widen or reorder is not self._last_reorder):
             write("reorder", reorder)
-            self._last_reorder = None if narrow or widen else reorder
+            self._last_reorder = None if widen else reorder
         if "step" in accepted:
             write("step", t)
         started = time.perf_counter()
@@ -320,7 +326,7 @@ class FixedRun(DecodeRun):
             # uncaptured: the first step binds the encoder's state, and outputs of a new shape are
             # first allocated by the session itself, then kept as the buffers later captures write
             graph, initial = steps.uncaptured(), self._initial_values() if t == 0 else None
-            self._bind(graph, t, names, top_k, None, initial)
+            self._bind(graph, t, names, top_k, None, initial, self.sentences if widen else None)
             steps.session.run_with_iobinding(graph.binding, graph.run_options)
             produced = graph.binding.get_outputs()[: len(names)]
             head = [value.numpy() for value in produced]
@@ -330,17 +336,45 @@ class FixedRun(DecodeRun):
             # ONNX Runtime captures within a graph id's first run: everything is bound before it
             graph, new = steps.graph(key)
             if new:
-                self._bind(graph, t, names, top_k, fixed)
+                self._bind(graph, t, names, top_k, fixed, None, self.sentences if widen else None)
             steps.session.run_with_iobinding(graph.binding, graph.run_options)
             head = fixed.read()
-            if not (steps.grows or narrow or widen or self.keep_attention):
+            if not (steps.grows or widen or self.keep_attention):
                 self._steady[t & 1] = (names, top_k, graph, fixed)
         self.steps.backend.count_step(started)
-        if narrow:
-            head = [array[:: self.expand] for array in head]
+        return self._finish(head)
+
+    def _finish(self, head: list[np.ndarray]) -> list[np.ndarray]:
         if self.keep_attention:
             self._attention = head.pop()
         self.t += 1
+        return head
+
+    def _run_narrow(self, tokens: np.ndarray, reorder: np.ndarray, names: tuple[str, ...],
+                    top_k: int) -> list[np.ndarray]:
+        """A first step on one row per sentence: uncaptured, on the untiled memory and state; its
+        state lands in the buffers the next step reads, one row per sentence."""
+        steps, layout = self.steps, self.steps.layout
+        graph = steps.uncaptured()
+        io = graph.binding
+        small = {"tokens": tokens, "reorder": reorder, "step": np.zeros((), dtype=np.int64)}
+        for name, array in itertools.chain(((m.name, self.encoded[m.name]) for m in steps.manifest.memory),
+                                           small.items()):
+            if name in layout.accepted:
+                io.bind_cpu_input(name, np.ascontiguousarray(array))
+        io.bind_ortvalue_input(TOP_K, steps.top_k(top_k))
+        for name, state in zip(layout.state_inputs, steps.manifest.state, strict=True):
+            initial = (self.encoded[state.encoder_output] if state.init == "encoder"
+                       else np.zeros(state.zeros_shape(self.sentences), dtype=state.dtype))
+            io.bind_cpu_input(name, np.ascontiguousarray(initial))
+        for name in names:
+            io.bind_output(name, steps.device)
+        self._bind_state_outputs(io, 0, self.sentences)
+        started = time.perf_counter()
+        steps.session.run_with_iobinding(io, graph.run_options)
+        head = [value.numpy() for value in io.get_outputs()[: len(names)]]
+        steps.backend.count_step(started)
+        self.widen_next = True
         return head
 
     def _run_steady(self, tokens: np.ndarray, reorder: np.ndarray, graph: _Graph, fixed: _Outputs) -> list[np.ndarray]:
@@ -364,8 +398,8 @@ class FixedRun(DecodeRun):
         return [ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array), self.steps.device, 0)
                 for array in self.initial]
 
-    def _bind(self, graph: _Graph, t: int, names: tuple[str, ...], top_k: int,
-              outputs: _Outputs | None, state_inputs: list[ort.OrtValue] | None = None) -> None:
+    def _bind(self, graph: _Graph, t: int, names: tuple[str, ...], top_k: int, outputs: _Outputs | None,
+              state_inputs: list[ort.OrtValue] | None = None, past_rows: int | None = None) -> None:
         steps, buffers, layout = self.steps, self.buffers, self.steps.layout
         io = graph.binding
         for name, value in self.memory.items():
@@ -379,8 +413,8 @@ class FixedRun(DecodeRun):
             for name, value in zip(layout.state_inputs, state_inputs, strict=True):
                 io.bind_ortvalue_input(name, value)
         else:
-            for name, shape, (first, second), state in zip(layout.state_inputs, self._shapes(t), buffers.states,
-                                                           steps.manifest.state, strict=True):
+            for name, shape, (first, second), state in zip(layout.state_inputs, self._shapes(t, past_rows),
+                                                           buffers.states, steps.manifest.state, strict=True):
                 source = (first, second)[t & 1]
                 io.bind_input(name, source.device_name(), 0, np.dtype(state.dtype), list(shape), source.data_ptr())
         for i, name in enumerate(names):
@@ -388,7 +422,12 @@ class FixedRun(DecodeRun):
                 io.bind_output(name, steps.device)
             else:
                 io.bind_ortvalue_output(name, outputs.values[i])
-        for name, shape, (first, second), state in zip(steps.layout.state_outputs, self._shapes(t + 1),
+        self._bind_state_outputs(io, t)
+
+    def _bind_state_outputs(self, io: ort.IOBinding, t: int, rows: int | None = None) -> None:
+        """Step ``t`` writes each state into the buffer that step ``t + 1`` reads."""
+        steps = self.steps
+        for name, shape, (first, second), state in zip(steps.layout.state_outputs, self._shapes(t + 1, rows),
                                                        self.buffers.states, steps.manifest.state, strict=True):
             target = (second, first)[t & 1]
             io.bind_output(name, target.device_name(), 0, np.dtype(state.dtype), list(shape), target.data_ptr())
