@@ -12,7 +12,7 @@ import resource
 import statistics
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,6 +62,10 @@ class BenchRow:
     precision: str = "fp32"  # a quantised export's kind; its PyTorch baseline is still the fp32 checkpoint
     step_ms: float | None = None
     """Mean time of one decoder step inside the runtime, where the backend times steps apart."""
+    passes: tuple[float, ...] = ()
+    """Tokens/s of each timed pass, in order."""
+    pass_step_ms: tuple[float, ...] = ()
+    """Each timed pass's mean decoder step, where the backend times steps apart."""
 
 
 @dataclass(frozen=True)
@@ -126,19 +130,67 @@ def synthetic_export(spec: str, vocab_size: int, workdir: Path) -> Path:
     return out
 
 
-def run_benchmark(export_dirs: Sequence[Path], settings: BenchSettings) -> BenchResult:
+PassHook = Callable[[Path, str, int, int], None]
+"""Called in the parent after each timed pass of a cell, with (export_dir, system, beam, batch),
+while the worker waits: ``bench --roofline`` times the machine's limits there, in the same minute
+as the pass and without sharing the cores with it."""
+
+
+def run_benchmark(export_dirs: Sequence[Path], settings: BenchSettings,
+                  after_pass: PassHook | None = None) -> BenchResult:
     rows: list[BenchRow] = []
     skipped: dict[str, str] = {}
     context = multiprocessing.get_context("spawn")
     for export_dir in export_dirs:
         for system in settings.systems:
-            with context.Pool(1) as pool:
-                outcome = pool.apply(_measure_system, (str(export_dir), system, settings))
+            outcome = _run_worker(context, export_dir, system, settings, after_pass)
             if isinstance(outcome, str):
                 skipped[f"{export_dir.name}/{system}"] = outcome
             else:
                 rows.extend(outcome)
     return BenchResult(tuple(_with_ratios(rows)), skipped, machine_description())
+
+
+def _run_worker(context: Any, export_dir: Path, system: str, settings: BenchSettings,
+                after_pass: PassHook | None) -> list[BenchRow] | str:
+    """One (model, system) in a spawned process of its own, so its peak memory is its own."""
+    ours, theirs = context.Pipe()
+    worker = context.Process(target=_worker, args=(theirs, str(export_dir), system, settings, after_pass is not None),
+                             daemon=True)
+    worker.start()
+    theirs.close()
+    try:
+        while True:
+            try:
+                kind, payload = ours.recv()
+            except EOFError:
+                worker.join()
+                raise S2SError(f"bench: the process measuring {export_dir.name}/{system} ended without a result "
+                               f"(exit code {worker.exitcode})") from None
+            if kind == "pass":
+                if after_pass is not None:
+                    after_pass(export_dir, system, *payload)
+                ours.send("go")
+            elif kind == "failed":
+                raise S2SError(f"bench {export_dir.name}/{system}: {payload}")
+            else:
+                return payload
+    finally:
+        ours.close()
+        worker.join()
+
+
+def _worker(conn: Any, export_dir: str, system: str, settings: BenchSettings, report_passes: bool) -> None:
+    def passed(beam: int, batch: int) -> None:
+        conn.send(("pass", (beam, batch)))
+        conn.recv()
+
+    try:
+        conn.send(("done", _measure_system(export_dir, system, settings, passed if report_passes else None)))
+    except Exception as exc:  # the parent reports it in one line
+        conn.send(("failed", f"{type(exc).__name__}: {exc}"))
+    finally:
+        conn.close()
 
 
 def effective_batches(settings: BenchSettings) -> tuple[int, ...]:
@@ -186,7 +238,8 @@ def _engine(export_dir: Path, system: str, threads: int):
     return manifest, StepLoop(backend), backend
 
 
-def _measure_system(export_dir: str, system: str, settings: BenchSettings) -> list[BenchRow] | str:
+def _measure_system(export_dir: str, system: str, settings: BenchSettings,
+                    passed: Callable[[int, int], None] | None = None) -> list[BenchRow] | str:
     from s2s_deploy.runtime.search import SearchConfig
     from s2s_deploy.runtime.translator import encode_batch
 
@@ -222,6 +275,8 @@ def _measure_system(export_dir: str, system: str, settings: BenchSettings) -> li
                     if timer.steps_run:
                         step_ms.append(1000 * timer.step_seconds / timer.steps_run)
                     tokens = count
+                    if passed is not None:
+                        passed(beam, batch)
             rows.append(BenchRow(
                 model=Path(export_dir).name, system=system, beam=beam, batch=batch,
                 tokens_per_s=statistics.median(passes), tokens_per_s_min=min(passes),
@@ -230,6 +285,7 @@ def _measure_system(export_dir: str, system: str, settings: BenchSettings) -> li
                 peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, tokens=tokens,
                 precision="fp32" if system.startswith("pytorch") else precision,
                 step_ms=statistics.median(step_ms) if step_ms else None,
+                passes=tuple(passes), pass_step_ms=tuple(step_ms),
             ))
     return rows
 

@@ -93,14 +93,16 @@ def bench_command(export_dirs: tuple[str, ...], synthetic: str | None, vocab_siz
         raise S2SError("nothing to benchmark: give export folders or --synthetic ARCH:PRESET")
     settings = BenchSettings(beams=_ints(beams), batches=_ints(batches), sentences=sentences, reps=reps,
                              warmup=warmup, threads=threads, fixed_length=fixed_length, systems=chosen)
-    result = run_benchmark(dirs, settings)
-    click.echo(markdown_table(result))
-    cells: list = []
+    timed = None
     if roofline:
         from s2s_deploy.tools import roofline as roof
 
-        decoders = {d.name: (m := load_manifest(d)).graph_path(m.decoder) for d in dirs}
-        cells, limits = roof.roofline_cells(result.rows, decoders, threads)
+        timed = roof.SameMinute({d.name: (m := load_manifest(d)).graph_path(m.decoder) for d in dirs}, threads)
+    result = run_benchmark(dirs, settings, after_pass=timed.after_pass if timed else None)
+    click.echo(markdown_table(result))
+    cells: list = []
+    if timed is not None:
+        cells, limits = roof.roofline_cells(result.rows, timed)
         click.echo(roof.markdown(cells, limits))
     if json_path:
         Path(json_path).write_text(json.dumps({

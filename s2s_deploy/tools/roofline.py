@@ -15,7 +15,9 @@ products, each weight at its shape and none of the other ops, timed as one ONNX 
 
 from __future__ import annotations
 
+import statistics
 import time
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,10 +77,14 @@ class RooflineCell:
     """The step's matrix products alone (``MachineLimits.products_ms``) at this cell's rows."""
     step_ms: float | None = None
     """The measured mean decoder step, where the backend times its steps."""
+    shares: tuple[float, ...] = ()
+    """Each pass's tokens/s over the bound timed right after that pass."""
+    step_shares: tuple[float, ...] = ()
+    """Each pass's bound step time over its measured step time."""
 
     @property
     def share(self) -> float:
-        return self.tokens_per_s / self.bound_tokens_per_s
+        return statistics.median(self.shares) if self.shares else self.tokens_per_s / self.bound_tokens_per_s
 
     @property
     def products_share(self) -> float | None:
@@ -87,6 +93,8 @@ class RooflineCell:
 
     @property
     def step_share(self) -> float | None:
+        if self.step_shares:
+            return statistics.median(self.step_shares)
         return self.bound_step_ms / self.step_ms if self.step_ms else None
 
 
@@ -159,7 +167,8 @@ def _product_shape(op_type: str, flipped: bool, dims: list[int]) -> tuple[int, i
 def _products_session(matrices: Sequence[tuple[int, int, bool]], threads: int):
     """One graph holding every matrix product of a step side by side, with a dynamic row count.
     An int8 product gets uint8 codes ready-made: what is timed is the kernels, not quantisation.
-    The session options are the step decoder's own. Returns the session and each input's (name, K, int8)."""
+    The session options are the step decoder's own: its workers spin within a run and stop when it
+    returns, leaving the cores to the pass that follows. Returns the session and each input's (name, K, int8)."""
     import onnxruntime as ort
 
     from s2s_deploy.runtime.ort_backend import session_options
@@ -183,7 +192,8 @@ def _products_session(matrices: Sequence[tuple[int, int, bool]], threads: int):
                 for x, (inner, integer) in inputs.items()]
     graph = helper.make_graph(nodes, "step-products", declared, outputs, weights)
     session = ort.InferenceSession(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-                                   .SerializeToString(), session_options(threads), providers=["CPUExecutionProvider"])
+                                   .SerializeToString(), session_options(threads, spin_between_runs=False),
+                                   providers=["CPUExecutionProvider"])
     return session, [(x, inner, integer) for x, (inner, integer) in inputs.items()]
 
 
@@ -200,35 +210,66 @@ def _fastest(call, budget_s: float) -> float:
     return min(times)
 
 
+class _Products:
+    """A products graph, built once and timed as often as asked, with its inputs per row count."""
+
+    def __init__(self, matrices: Sequence[tuple[int, int, bool]], threads: int) -> None:
+        self.session, self.inputs = _products_session(matrices, threads)
+        self.feeds: dict[int, dict[str, np.ndarray]] = {}
+
+    def ms(self, rows: int, budget_s: float) -> float:
+        if rows not in self.feeds:
+            rng = np.random.default_rng(rows)
+            self.feeds[rows] = {name: rng.integers(0, 256, (rows, inner), dtype=np.uint8) if integer
+                                else rng.standard_normal((rows, inner), dtype=np.float32)
+                                for name, inner, integer in self.inputs}
+        return 1000 * _fastest(lambda: self.session.run(None, self.feeds[rows]), budget_s)
+
+
 def products_ms(matrices: Sequence[tuple[int, int, bool]], rows: Sequence[int], threads: int,
                 budget_s: float = 1.0) -> dict[int, float]:
     """Matrix products side by side in one graph, by row count: for a step's own matrices, the
     fastest a step can be on these kernels."""
-    session, inputs = _products_session(matrices, threads)
-    rng = np.random.default_rng(1)
-    times = {}
-    for r in sorted(set(rows)):
-        feeds = {name: rng.integers(0, 256, (r, inner), dtype=np.uint8) if integer
-                 else rng.standard_normal((r, inner), dtype=np.float32) for name, inner, integer in inputs}
-        times[r] = 1000 * _fastest(lambda feeds=feeds: session.run(None, feeds), budget_s)
-    return times
+    products = _Products(matrices, threads)
+    return {r: products.ms(r, budget_s) for r in sorted(set(rows))}
+
+
+class LimitTimer:
+    """The limits of one step's weights, with the timing graphs built once, so they can be timed
+    again after every benchmark pass: this machine's bandwidth moved by a third within minutes
+    (docs/performance.md), so a bound timed at another minute than the pass says little about it."""
+
+    def __init__(self, weights: StepWeights, threads: int) -> None:
+        self.weights, self.threads = weights, threads
+        item = 1 if weights.integer else 4
+        elements = max(weights.bytes // item, 1)
+        inner = min(weights.inner, elements)
+        self.gemv_shape = (inner, max(elements // inner, 1))
+        self.gemv_bytes = self.gemv_shape[0] * self.gemv_shape[1] * item
+        self._graphs: dict[str, _Products] = {}
+
+    def _graph(self, kind: str) -> _Products:
+        if kind not in self._graphs:
+            w = self.weights
+            matrices = {"gemv": [(*self.gemv_shape, w.integer)], "largest": [(w.inner, w.outer, w.integer)],
+                        "step": list(w.matrices)}[kind]
+            self._graphs[kind] = _Products(matrices, self.threads)
+        return self._graphs[kind]
+
+    def measure(self, rows: Sequence[int], budget_s: float = 1.0) -> MachineLimits:
+        """Time a matrix-vector product holding as many weight bytes as the step, then the step's
+        largest matrix at each row count, then all of the step's matrix products together. The
+        weights-sized product spreads the bytes over a square-ish (K, N) so it is one kernel call,
+        as the step's largest matrices are."""
+        w, counts = self.weights, sorted(set(rows))
+        bandwidth = self.gemv_bytes / self._graph("gemv").ms(1, budget_s) / 1e6
+        gemm = {r: 2 * r * w.inner * w.outer / self._graph("largest").ms(r, budget_s) / 1e6 for r in counts}
+        step_ms = {r: self._graph("step").ms(r, budget_s) for r in counts} if w.matrices else {}
+        return MachineLimits(self.threads, bandwidth, gemm, step_ms)
 
 
 def measure_limits(weights: StepWeights, rows: Sequence[int], threads: int, budget_s: float = 1.0) -> MachineLimits:
-    """Time a matrix-vector product holding as many weight bytes as the step, then the step's
-    largest matrix at each row count, then all of the step's matrix products together. The
-    weights-sized product spreads the bytes over a square-ish (K, N) so it is one kernel call,
-    as the step's largest matrices are."""
-    item = 1 if weights.integer else 4
-    elements = max(weights.bytes // item, 1)
-    inner = min(weights.inner, elements)
-    outer = max(elements // inner, 1)
-    gemv_ms = products_ms([(inner, outer, weights.integer)], [1], threads, budget_s)[1]
-    bandwidth = inner * outer * item / gemv_ms / 1e6
-    largest_ms = products_ms([(weights.inner, weights.outer, weights.integer)], rows, threads, budget_s)
-    gemm = {r: 2 * r * weights.inner * weights.outer / ms / 1e6 for r, ms in largest_ms.items()}
-    step_ms = products_ms(weights.matrices, rows, threads, budget_s) if weights.matrices else {}
-    return MachineLimits(threads, bandwidth, gemm, step_ms)
+    return LimitTimer(weights, threads).measure(rows, budget_s)
 
 
 def bound(weights: StepWeights, limits: MachineLimits, batch: int, beam: int) -> tuple[float, str]:
@@ -240,24 +281,54 @@ def bound(weights: StepWeights, limits: MachineLimits, batch: int, beam: int) ->
     return batch / step_s, which
 
 
-def roofline_cells(rows: Sequence, decoders: dict[str, Path], threads: int) -> tuple[list[RooflineCell], dict]:
-    """Bound every ONNX Runtime CPU row of a benchmark (objects with model, system, beam, batch
-    and tokens_per_s); returns the cells and, per model, the measured limits."""
-    cells, limits_by_model = [], {}
-    for model, decoder in decoders.items():
-        mine = [r for r in rows if r.model == model and r.system.startswith("onnxruntime") and "cuda" not in r.system]
-        if not mine:
+def bounded(system: str) -> bool:
+    """The systems a roofline applies to: ONNX Runtime on the CPU, whose limits are timed here."""
+    return system.startswith("onnxruntime") and "cuda" not in system
+
+
+class SameMinute:
+    """``run_benchmark``'s ``after_pass``: times each ONNX Runtime CPU cell's limits after every
+    pass of it, while the worker waits, so each pass is held against the machine of its minute."""
+
+    def __init__(self, decoders: dict[str, Path], threads: int, budget_s: float = 0.3) -> None:
+        self.decoders, self.threads, self.budget_s = decoders, threads, budget_s
+        self.timers: dict[str, LimitTimer] = {}
+        self.limits: dict[tuple[str, str, int, int], list[MachineLimits]] = defaultdict(list)
+
+    def after_pass(self, export_dir: Path, system: str, beam: int, batch: int) -> None:
+        if not bounded(system):
+            return
+        model = export_dir.name
+        if model not in self.timers:
+            self.timers[model] = LimitTimer(step_weights(self.decoders[model]), self.threads)
+        self.limits[model, system, beam, batch].append(self.timers[model].measure([beam * batch], self.budget_s))
+
+
+def roofline_cells(rows: Sequence, timed: SameMinute) -> tuple[list[RooflineCell], dict]:
+    """Bound every benchmark row whose passes had their limits timed (objects with model, system,
+    beam, batch, tokens_per_s, passes, step_ms and pass_step_ms); returns the cells and, per model,
+    the step's weights and every limit timed for it."""
+    cells, by_model = [], {}
+    for r in rows:
+        limits = timed.limits.get((r.model, r.system, r.beam, r.batch))
+        if not limits:
             continue
-        weights = step_weights(decoder)
-        limits = measure_limits(weights, [r.batch * r.beam for r in mine], threads)
-        limits_by_model[model] = (weights, limits)
-        for r in mine:
-            tokens_bound, which = bound(weights, limits, r.batch, r.beam)
-            cells.append(RooflineCell(model, r.system, r.beam, r.batch, r.tokens_per_s, tokens_bound, which,
-                                      bound_step_ms=1000 * r.batch / tokens_bound,
-                                      products_ms=limits.products_ms.get(r.batch * r.beam),
-                                      step_ms=getattr(r, "step_ms", None)))
-    return cells, limits_by_model
+        weights = timed.timers[r.model].weights
+        bounds = [bound(weights, one, r.batch, r.beam) for one in limits]
+        bound_ms = [1000 * r.batch / tokens for tokens, _ in bounds]
+        products = [one.products_ms[r.batch * r.beam] for one in limits if r.batch * r.beam in one.products_ms]
+        cells.append(RooflineCell(
+            r.model, r.system, r.beam, r.batch, r.tokens_per_s,
+            bound_tokens_per_s=statistics.median(tokens for tokens, _ in bounds),
+            bound_by=Counter(which for _, which in bounds).most_common(1)[0][0],
+            bound_step_ms=statistics.median(bound_ms),
+            products_ms=statistics.median(products) if products else None,
+            step_ms=r.step_ms,
+            shares=tuple(p / tokens for p, (tokens, _) in zip(r.passes, bounds, strict=True)),
+            step_shares=tuple(b / s for b, s in zip(bound_ms, r.pass_step_ms, strict=True)) if r.pass_step_ms else (),
+        ))
+        by_model.setdefault(r.model, (weights, []))[1].extend(limits)
+    return cells, by_model
 
 
 def _ms(value: float | None) -> str:
@@ -268,19 +339,34 @@ def _percent(value: float | None) -> str:
     return "–" if value is None else f"{100 * value:.0f}%"
 
 
-def markdown(cells: Sequence[RooflineCell], limits_by_model: dict) -> str:
-    lines = ["", "Roofline (this machine, measured now; see docs/performance.md for the method):", ""]
-    for model, (weights, limits) in limits_by_model.items():
-        gemm = ", ".join(f"{r} rows {g:.0f}" for r, g in limits.gemm_gflop_s.items())
+def _spread(values: Sequence[float], digits: int = 1) -> str:
+    """The median and, when there are several, the range: ``32.1 [29.8–33.0]``."""
+    mid = f"{statistics.median(values):.{digits}f}"
+    return mid if len(values) < 2 else f"{mid} [{min(values):.{digits}f}–{max(values):.{digits}f}]"
+
+
+def markdown(cells: Sequence[RooflineCell], by_model: dict) -> str:
+    lines = ["", "Roofline (this machine's limits, timed after every pass; docs/performance.md has the method):", ""]
+    for model, (weights, limits) in by_model.items():
+        rows = sorted({r for one in limits for r in one.gemm_gflop_s})
+        gemm = ", ".join(f"{r} rows {_spread([one.gemm_gflop_s[r] for one in limits if r in one.gemm_gflop_s], 0)}"
+                         for r in rows)
         lines.append(f"- {model}: a step reads {weights.bytes / 1e6:.1f} MB of {'int8' if weights.integer else 'fp32'} "
                      f"matrix weights ({weights.parameters / 1e6:.2f}M parameters); weights-sized GEMV "
-                     f"{limits.bandwidth_gb_s:.1f} GB/s; GEMM GFLOP/s at {gemm} ({limits.threads} threads)")
+                     f"{_spread([one.bandwidth_gb_s for one in limits])} GB/s; GEMM GFLOP/s at {gemm} "
+                     f"({limits[0].threads} threads; median [range] of {len(limits)} timings)")
     lines += ["", "Per decoder step: the bound; the step's matrix products alone, as this ONNX Runtime runs them; "
-              "the measured step (mean, inside the runtime). Tokens/s also pays for the encoder and the search.", "",
+              "the measured step (mean, inside the runtime). Shares are medians over the passes, each pass held "
+              "against the limits timed right after it; % of bound gives their range. Tokens/s also pays for the "
+              "encoder and the search.", "",
               "| model | system | beam | batch | tokens/s | bound tokens/s | bound by | bound ms | products ms "
               "| step ms | products, % of bound | step, % of bound | % of bound |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    lines += [f"| {c.model} | {c.system} | {c.beam} | {c.batch} | {c.tokens_per_s:.1f} | {c.bound_tokens_per_s:.1f} "
-              f"| {c.bound_by} | {c.bound_step_ms:.2f} | {_ms(c.products_ms)} | {_ms(c.step_ms)} "
-              f"| {_percent(c.products_share)} | {_percent(c.step_share)} | {100 * c.share:.0f}% |" for c in cells]
+    for c in cells:
+        share = f"{100 * c.share:.0f}%"
+        if len(c.shares) > 1:
+            share += f" [{100 * min(c.shares):.0f}–{100 * max(c.shares):.0f}%]"
+        lines.append(f"| {c.model} | {c.system} | {c.beam} | {c.batch} | {c.tokens_per_s:.1f} "
+                     f"| {c.bound_tokens_per_s:.1f} | {c.bound_by} | {c.bound_step_ms:.2f} | {_ms(c.products_ms)} "
+                     f"| {_ms(c.step_ms)} | {_percent(c.products_share)} | {_percent(c.step_share)} | {share} |")
     return "\n".join(lines)
