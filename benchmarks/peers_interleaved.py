@@ -8,6 +8,11 @@ every cell (beam, batch), after a warm-up pass each, the two take turns, alterna
 first; each pair of passes gives one ratio (peer time / our time), and the cell reports the
 median of those ratios beside each system's median tokens/s.
 
+With ``--bound``, this process also times the export's limits after every pair, while both workers
+wait (``s2s_deploy.tools.roofline``): the bound says what tokens/s no engine streaming these
+weights could beat in that minute, so ``bound / peer`` is the highest ratio to the peer that the
+minute allowed any engine, and ``products / peer`` the highest this ONNX Runtime's kernels allowed.
+
     python benchmarks/peers_interleaved.py --peers ../shared/peers --peer-python /tmp/peers-venv/bin/python \\
         --peer ct2-int8 --export /tmp/peers/s2s-int8 --reps 8
 """
@@ -83,6 +88,8 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=8)
     parser.add_argument("--gap", type=float, default=0.3,
                         help="seconds of rest before each pass, so the other system's idle threads stop spinning")
+    parser.add_argument("--bound", action="store_true",
+                        help="time the export's roofline limits after every pair (see the docstring)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -94,27 +101,46 @@ def main() -> None:
     ours = _Worker([sys.executable, script, "--worker", "--peers", peers, "--export", str(args.export)])
     peer = _Worker([args.peer_python, script, "--worker", "--peers", peers, "--peer", args.peer])
     results = []
+    limits = None
+    if args.bound:
+        from s2s_deploy.runtime.manifest import load_manifest
+        from s2s_deploy.tools import roofline
+
+        manifest = load_manifest(args.export)
+        limits = roofline.LimitTimer(roofline.step_weights(manifest.graph_path(manifest.decoder)), threads=2)
     try:
         for beam, batch in CELLS:
             ours.run(beam, batch)
             peer.run(beam, batch)
             times: dict[str, list[float]] = {"ours": [], "peer": []}
+            ceilings: dict[str, list[float]] = {"bound": [], "products": []}
             for rep in range(args.reps):
                 order = (("ours", ours), ("peer", peer)) if rep % 2 == 0 else (("peer", peer), ("ours", ours))
                 for key, system in order:
                     time.sleep(args.gap)
                     seconds, tokens = system.run(beam, batch)
                     times[key].append(seconds)
+                if limits is not None:
+                    now = limits.measure([beam * batch], budget_s=0.3)
+                    peer_tok_s = tokens / times["peer"][-1]
+                    ceilings["bound"].append(roofline.bound(limits.weights, now, batch, beam)[0] / peer_tok_s)
+                    ceilings["products"].append(1000 * batch / now.products_ms[beam * batch] / peer_tok_s)
             ratios = [p / o for p, o in zip(times["peer"], times["ours"], strict=True)]
             cell = {"beam": beam, "batch": batch, "tokens": tokens,
                     "ours_tok_s": tokens / statistics.median(times["ours"]),
                     "peer_tok_s": tokens / statistics.median(times["peer"]),
                     "ratio_median": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
                     "ours_s": times["ours"], "peer_s": times["peer"]}
+            line = (f"beam {beam} batch {batch:2d}: {ours.name} {cell['ours_tok_s']:.1f} tok/s, {peer.name} "
+                    f"{cell['peer_tok_s']:.1f} tok/s; per-pair ratio median {cell['ratio_median']:.2f}x "
+                    f"[{cell['ratio_min']:.2f}-{cell['ratio_max']:.2f}]")
+            for key, values in ceilings.items():
+                if values:
+                    cell[f"{key}_ceiling"] = values
+                    line += (f"; {key} / peer {statistics.median(values):.2f}x "
+                             f"[{min(values):.2f}-{max(values):.2f}]")
             results.append(cell)
-            print(f"beam {beam} batch {batch:2d}: {ours.name} {cell['ours_tok_s']:.1f} tok/s, {peer.name} "
-                  f"{cell['peer_tok_s']:.1f} tok/s; per-pair ratio median {cell['ratio_median']:.2f}x "
-                  f"[{cell['ratio_min']:.2f}-{cell['ratio_max']:.2f}]", flush=True)
+            print(line, flush=True)
     finally:
         ours.close()
         peer.close()

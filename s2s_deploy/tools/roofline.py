@@ -210,7 +210,7 @@ def _fastest(call, budget_s: float) -> float:
     return min(times)
 
 
-class _Products:
+class ProductsGraph:
     """A products graph, built once and timed as often as asked, with its inputs per row count."""
 
     def __init__(self, matrices: Sequence[tuple[int, int, bool]], threads: int) -> None:
@@ -230,7 +230,7 @@ def products_ms(matrices: Sequence[tuple[int, int, bool]], rows: Sequence[int], 
                 budget_s: float = 1.0) -> dict[int, float]:
     """Matrix products side by side in one graph, by row count: for a step's own matrices, the
     fastest a step can be on these kernels."""
-    products = _Products(matrices, threads)
+    products = ProductsGraph(matrices, threads)
     return {r: products.ms(r, budget_s) for r in sorted(set(rows))}
 
 
@@ -246,14 +246,14 @@ class LimitTimer:
         inner = min(weights.inner, elements)
         self.gemv_shape = (inner, max(elements // inner, 1))
         self.gemv_bytes = self.gemv_shape[0] * self.gemv_shape[1] * item
-        self._graphs: dict[str, _Products] = {}
+        self._graphs: dict[str, ProductsGraph] = {}
 
-    def _graph(self, kind: str) -> _Products:
+    def _graph(self, kind: str) -> ProductsGraph:
         if kind not in self._graphs:
             w = self.weights
             matrices = {"gemv": [(*self.gemv_shape, w.integer)], "largest": [(w.inner, w.outer, w.integer)],
                         "step": list(w.matrices)}[kind]
-            self._graphs[kind] = _Products(matrices, self.threads)
+            self._graphs[kind] = ProductsGraph(matrices, self.threads)
         return self._graphs[kind]
 
     def measure(self, rows: Sequence[int], budget_s: float = 1.0) -> MachineLimits:
