@@ -6,6 +6,7 @@ Figures are wall-clock: they belong in docs/performance.md, never in a unit test
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import platform
 import resource
@@ -186,11 +187,13 @@ def _worker(conn: Any, export_dir: str, system: str, settings: BenchSettings, re
         conn.recv()
 
     try:
-        conn.send(("done", _measure_system(export_dir, system, settings, passed if report_passes else None)))
+        outcome: tuple[str, Any] = ("done", _measure_system(export_dir, system, settings,
+                                                            passed if report_passes else None))
     except Exception as exc:  # the parent reports it in one line
-        conn.send(("failed", f"{type(exc).__name__}: {exc}"))
-    finally:
-        conn.close()
+        outcome = ("failed", f"{type(exc).__name__}: {exc}")
+    with contextlib.suppress(OSError):  # the parent stopped listening: it has its own error to report
+        conn.send(outcome)
+    conn.close()
 
 
 def effective_batches(settings: BenchSettings) -> tuple[int, ...]:

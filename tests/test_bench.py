@@ -65,3 +65,21 @@ def test_the_backend_times_its_steps_and_its_sessions_spin_only_while_running(ex
     search(backend, *encode_batch(manifest.samples[:2], manifest.src_vocab), SearchConfig(1, 1, 7, min_len=7))
     assert backend.steps_run == 7
     assert 0 < backend.step_seconds < backend.runtime_seconds
+
+
+def test_a_failing_pass_hook_stops_the_worker_and_reaches_the_caller(exports) -> None:
+    """The worker waits for the parent after each pass; if the parent's hook fails, the worker
+    must end (not hang on the pipe) and the caller get the hook's own error."""
+    _, manifest = exports.get("gru")
+    settings = BenchSettings(beams=(1,), batches=(1,), sentences=2, reps=2, warmup=0, threads=1, max_len=10,
+                             systems=("onnxruntime-cpu",))
+    seen = []
+
+    def hook(export_dir: Path, system: str, beam: int, batch: int) -> None:
+        seen.append((export_dir.name, system, beam, batch))
+        raise RuntimeError("limits could not be timed")
+
+    with pytest.raises(RuntimeError, match="limits could not be timed"):
+        run_benchmark([manifest.directory], settings, after_pass=hook)
+    assert seen == [(manifest.directory.name, "onnxruntime-cpu", 1, 1)]
+
