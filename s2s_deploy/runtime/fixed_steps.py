@@ -192,6 +192,12 @@ class FixedSteps:
             return _Outputs([ort.OrtValue.ortvalue_from_numpy(array) for array in host], host)
         return _Outputs(list(produced), None)
 
+    def put(self, name: str, array: np.ndarray) -> ort.OrtValue:
+        """A one-off input where the session reads it: on the device, or on the host for the
+        inputs a device kernel reads there."""
+        device = "cpu" if name in self._host_small else self.device
+        return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array), device, 0)
+
     def top_k(self, k: int) -> ort.OrtValue:
         if k not in self._top_k:
             self._top_k[k] = ort.OrtValue.ortvalue_from_numpy(np.array([k], dtype=np.int64))
@@ -358,15 +364,15 @@ class FixedRun(DecodeRun):
         graph = steps.uncaptured()
         io = graph.binding
         small = {"tokens": tokens, "reorder": reorder, "step": np.zeros((), dtype=np.int64)}
-        for name, array in itertools.chain(((m.name, self.encoded[m.name]) for m in steps.manifest.memory),
-                                           small.items()):
-            if name in layout.accepted:
-                io.bind_cpu_input(name, np.ascontiguousarray(array))
-        io.bind_ortvalue_input(TOP_K, steps.top_k(top_k))
+        inputs = {name: array for name, array in itertools.chain(
+            ((m.name, self.encoded[m.name]) for m in steps.manifest.memory), small.items()) if name in layout.accepted}
         for name, state in zip(layout.state_inputs, steps.manifest.state, strict=True):
-            initial = (self.encoded[state.encoder_output] if state.init == "encoder"
-                       else np.zeros(state.zeros_shape(self.sentences), dtype=state.dtype))
-            io.bind_cpu_input(name, np.ascontiguousarray(initial))
+            inputs[name] = (self.encoded[state.encoder_output] if state.init == "encoder"
+                            else np.zeros(state.zeros_shape(self.sentences), dtype=state.dtype))
+        bound = {name: steps.put(name, array) for name, array in inputs.items()}  # alive until the run ends
+        for name, value in bound.items():
+            io.bind_ortvalue_input(name, value)
+        io.bind_ortvalue_input(TOP_K, steps.top_k(top_k))
         for name in names:
             io.bind_output(name, steps.device)
         self._bind_state_outputs(io, 0, self.sentences)
@@ -395,8 +401,8 @@ class FixedRun(DecodeRun):
         return head
 
     def _initial_values(self) -> list[ort.OrtValue]:
-        return [ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array), self.steps.device, 0)
-                for array in self.initial]
+        return [self.steps.put(name, array) for name, array in zip(self.steps.layout.state_inputs, self.initial,
+                                                                    strict=True)]
 
     def _bind(self, graph: _Graph, t: int, names: tuple[str, ...], top_k: int, outputs: _Outputs | None,
               state_inputs: list[ort.OrtValue] | None = None, past_rows: int | None = None) -> None:
