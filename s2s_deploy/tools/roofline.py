@@ -11,6 +11,9 @@ reads one row per token and is left out: it is not what bounds a step.
 A third time tells the kernels apart from the graph around them: the step's own matrix
 products, each weight at its shape and none of the other ops, timed as one ONNX Runtime graph
 (random weights again). A step cannot beat it without faster kernels, whatever its graph.
+
+``bench --roofline`` times all three after every pass (``SameMinute``) and holds each pass
+against its own minute's bound: on a shared VM the bandwidth moves within a minute.
 """
 
 from __future__ import annotations
