@@ -170,6 +170,56 @@ def test_a_narrow_first_step_decodes_as_a_tiled_one(exports, arch: str, max_len:
         np.testing.assert_allclose(narrow_values, tiled_values, rtol=1e-6, atol=1e-5)
 
 
+class _FailsCapture:
+    """The real CPU decoder session (which ignores graph ids), except that the first run of its
+    ``fail_at``-th graph id fails, as ONNX Runtime's CUDA capture of an op that cannot be captured
+    would (it captures a graph id within that id's first run)."""
+
+    def __init__(self, session, fail_at: int) -> None:
+        self._session, self._fail_at, self._seen = session, fail_at, set()
+
+    def __getattr__(self, name: str):
+        return getattr(self._session, name)
+
+    def run_with_iobinding(self, binding, run_options=None) -> None:
+        from onnxruntime.capi.onnxruntime_pybind11_state import Fail
+
+        from s2s_deploy.runtime.fixed_steps import GRAPH_ID_KEY
+
+        graph_id = int(run_options.get_run_config_entry(GRAPH_ID_KEY)) if run_options is not None else -1
+        if graph_id >= 0 and graph_id not in self._seen:
+            self._seen.add(graph_id)
+            if len(self._seen) == self._fail_at:
+                raise Fail("CUDA failure 900: operation not permitted when stream is capturing")
+        self._session.run_with_iobinding(binding, run_options)
+
+
+@pytest.mark.parametrize(("arch", "max_len"), ARCHS)
+def test_a_step_that_fails_to_capture_falls_back_and_decodes_the_same(exports, arch: str, max_len: int) -> None:
+    """A third-party decoder may hold an op that cannot be captured as a CUDA graph, which shows
+    only when a step runs. The backend then drops capture, and the batch replays its steps on a
+    fresh uncaptured session: the caller gets what a backend that never captured gives. The
+    capture bookkeeping runs on CPU here because the CPU session ignores graph ids."""
+    from s2s_deploy.runtime.fixed_steps import FixedSteps
+
+    _, manifest = exports.get(arch)
+    texts = sorted(manifest.samples, key=len)
+    # first beam 3 on 8 sentences: the failure comes at its third step, after the narrow first step
+    batches = [encode_batch(list(batch), manifest.src_vocab) for batch in ((texts * 8)[:8], texts[-2:])]
+    configs = (SearchConfig(3, 2, max_len), SearchConfig(1, 1, max_len))
+    expected = [search(OrtBackend(manifest, device="cpu"), *batch, config) for config in configs for batch in batches]
+    backend = OrtBackend(manifest, device="cpu")
+    backend.decoder = _FailsCapture(backend.decoder, fail_at=2)
+    backend.fixed_steps = FixedSteps(backend, capture=True)
+    got = [search(backend, *batch, config) for config in configs for batch in batches]
+    assert not backend.fixed_steps.capture and not isinstance(backend.decoder, _FailsCapture)
+    assert "failed to capture: CUDA failure 900" in backend.choice.reason
+    for want_batch, have_batch in zip(expected, got, strict=True):
+        for want, have in zip(want_batch, have_batch, strict=True):
+            assert [h.tokens for h in have] == [h.tokens for h in want]
+            np.testing.assert_allclose([h.score for h in have], [h.score for h in want], atol=1e-6)
+
+
 @pytest.mark.parametrize(("arch", "max_len"), ARCHS)
 def test_graph_files_hold_little_beyond_their_weights(exports, arch: str, max_len: int) -> None:
     """fp32 graph files within 5% of their parameter bytes: no duplicated weights, no debug baggage."""

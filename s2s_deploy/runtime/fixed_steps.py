@@ -23,6 +23,9 @@ ONNX Runtime captures a graph id within its first run (after warm-up runs of its
 replays it from then on, so everything is bound before that run. Never captured: a batch's
 first step, which binds the encoder's own state, and a step whose outputs have a shape not
 seen yet, which lets the session allocate them (those buffers are kept for the captures).
+A step that fails while being captured (a third-party decoder may hold an op that cannot be)
+makes the backend drop capture for a fresh uncaptured session; the batch then replays its steps
+so far on it and goes on, so the caller sees the same result, only slower.
 
 Beam search's narrow first step (one row per sentence, as the K beams of a sentence start
 identical) runs uncaptured on the encoder's own untiled memory and state and writes its state
@@ -48,6 +51,8 @@ from s2s_deploy.runtime.names import TOP_K, TOP_OUTPUTS
 if TYPE_CHECKING:
     from s2s_deploy.runtime.ort_backend import OrtBackend
 
+CAPTURE_FAILURES = (ort.capi.onnxruntime_pybind11_state.Fail, ort.capi.onnxruntime_pybind11_state.EPFail,
+                    ort.capi.onnxruntime_pybind11_state.RuntimeException)
 GRAPH_ID_KEY = "gpu_graph_id"
 NO_CAPTURE = -1
 FIRST_CAPACITY = 64
@@ -258,13 +263,20 @@ class FixedRun(DecodeRun):
 
     def __init__(self, steps: FixedSteps, encoded: dict[str, np.ndarray], sentences: int, expand: int,
                  keep_attention: bool) -> None:
+        self._begin(steps, encoded, sentences, expand, keep_attention)
+
+    def _begin(self, steps: FixedSteps, encoded: dict[str, np.ndarray], sentences: int, expand: int,
+               keep_attention: bool) -> None:
         manifest = steps.manifest
         self.steps = steps
         self.expand = expand
         self.sentences = sentences
         self.rows = rows = sentences * expand
-        self.encoded = encoded if expand > 1 else {}
-        """Kept for a narrow first step, which reads the untiled memory and state."""
+        self.encoded = encoded if expand > 1 or steps.capture else {}
+        """Kept for a narrow first step, which reads the untiled memory and state, and while
+        capturing, to start again uncaptured."""
+        self.history: list[tuple[np.ndarray, np.ndarray, tuple[str, ...], int]] | None = [] if steps.capture else None
+        """While capturing, every step's inputs so far: replayed if a capture fails."""
         self.keep_attention = keep_attention
         tiled = {m.name: np.repeat(encoded[m.name], expand, axis=m.batch_axis) if expand > 1 else encoded[m.name]
                  for m in manifest.memory}
@@ -305,6 +317,8 @@ class FixedRun(DecodeRun):
 
     def _run(self, tokens: np.ndarray, reorder: np.ndarray, names: tuple[str, ...],
              top_k: int) -> list[np.ndarray]:
+        if self.history is not None:
+            self.history.append((np.array(tokens), np.array(reorder), names, top_k))
         steady = self._steady[self.t & 1]
         if steady is not None and steady[0] is names and steady[1] == top_k and len(tokens) == self.rows:
             return self._run_steady(tokens, reorder, steady[2], steady[3])
@@ -343,12 +357,28 @@ class FixedRun(DecodeRun):
             graph, new = steps.graph(key)
             if new:
                 self._bind(graph, t, names, top_k, fixed, None, self.sentences if widen else None)
-            steps.session.run_with_iobinding(graph.binding, graph.run_options)
+            try:
+                steps.session.run_with_iobinding(graph.binding, graph.run_options)
+            except CAPTURE_FAILURES as exc:
+                if graph.graph_id == NO_CAPTURE:
+                    raise
+                return self._start_again_uncaptured(str(exc).strip().splitlines()[0])
             head = fixed.read()
             if not (steps.grows or widen or self.keep_attention):
                 self._steady[t & 1] = (names, top_k, graph, fixed)
         self.steps.backend.count_step(started)
         return self._finish(head)
+
+    def _start_again_uncaptured(self, reason: str) -> list[np.ndarray]:
+        """The backend drops capture; this batch starts over on the uncaptured loop and replays
+        its steps so far, the last of which is the one that failed."""
+        history = self.history or []
+        steps = self.steps.backend.stop_capturing(reason)
+        self._begin(steps, self.encoded, self.sentences, self.expand, self.keep_attention)
+        head: list[np.ndarray] = []
+        for tokens, reorder, names, top_k in history:
+            head = self._run(tokens, reorder, names, top_k)
+        return head
 
     def _finish(self, head: list[np.ndarray]) -> list[np.ndarray]:
         if self.keep_attention:
@@ -394,7 +424,12 @@ class FixedRun(DecodeRun):
         if "step" in accepted:
             buffers.write("step", self.t)
         started = time.perf_counter()
-        self.steps.session.run_with_iobinding(graph.binding, graph.run_options)
+        try:
+            self.steps.session.run_with_iobinding(graph.binding, graph.run_options)
+        except CAPTURE_FAILURES as exc:  # were a capture to come on a later run of its graph id
+            if graph.graph_id == NO_CAPTURE:
+                raise
+            return self._start_again_uncaptured(str(exc).strip().splitlines()[0])
         head = fixed.read()
         self.steps.backend.count_step(started)
         self.t += 1

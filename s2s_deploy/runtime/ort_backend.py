@@ -136,8 +136,9 @@ class OrtBackend(Backend):
     def __init__(self, manifest: Manifest, device: str = "auto", threads: int | None = None,
                  graph_format: str = "onnx", spin: bool = True, cuda_graph: bool | None = None) -> None:
         """``cuda_graph``: on CUDA, replay each decoder step as a captured CUDA graph; None reads
-        ``S2S_DEPLOY_CUDA_GRAPH`` (on unless ``0``). A decoder that cannot be captured falls back to
-        the uncaptured loop, and the device notice says so."""
+        ``S2S_DEPLOY_CUDA_GRAPH`` (on unless ``0``). A decoder that cannot be captured, at session
+        creation or when a step runs (``stop_capturing``), falls back to the uncaptured loop, and the
+        device notice says so."""
         self.manifest = manifest
         self.encoder, choice = _create(manifest.graph_path(manifest.encoder, graph_format), device, threads,
                                        spin=False)
@@ -146,6 +147,7 @@ class OrtBackend(Backend):
             cuda_graph = os.environ.get(CUDA_GRAPH_ENV, "1") != "0"
         self.cuda_graph = cuda_graph and self.device == "cuda"
         decoder_path = manifest.graph_path(manifest.decoder, graph_format)
+        self._decoder_settings = (decoder_path, threads, spin)
         try:
             self.decoder, _ = _create(decoder_path, self.device, threads, spin, spin_between_runs=False,
                                       cuda_graph=self.cuda_graph)
@@ -163,6 +165,16 @@ class OrtBackend(Backend):
         self.unk_id = manifest.tgt_vocab.unk_id
         self.layout = _StepLayout.of(manifest)
         self.fixed_steps = FixedSteps(self, capture=self.cuda_graph)
+
+    def stop_capturing(self, reason: str) -> FixedSteps:
+        """A decoder step failed while being captured: a fresh session without CUDA graphs (the
+        failed one's stream may still be capturing), and the uncaptured loop from here on."""
+        path, threads, spin = self._decoder_settings
+        self.decoder, _ = _create(path, self.device, threads, spin, spin_between_runs=False)
+        self.cuda_graph = False
+        self.choice = dataclasses.replace(self.choice, reason=f"CUDA graphs off: a step failed to capture: {reason}")
+        self.fixed_steps = FixedSteps(self, capture=False)
+        return self.fixed_steps
 
     def describe(self) -> dict[str, Any]:
         return {"backend": self.name, "provider": self.choice.provider, "onnxruntime": ort.__version__}
