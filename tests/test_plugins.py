@@ -194,26 +194,33 @@ class _FailsCapture:
         self._session.run_with_iobinding(binding, run_options)
 
 
+@pytest.mark.parametrize("fail_at", [2, 0], ids=["capture-fails", "capture-holds"])
 @pytest.mark.parametrize(("arch", "max_len"), ARCHS)
-def test_a_step_that_fails_to_capture_falls_back_and_decodes_the_same(exports, arch: str, max_len: int) -> None:
+def test_a_step_that_fails_to_capture_falls_back_and_decodes_the_same(exports, arch: str, max_len: int,
+                                                                       fail_at: int) -> None:
     """A third-party decoder may hold an op that cannot be captured as a CUDA graph, which shows
     only when a step runs. The backend then drops capture, and the batch replays its steps on a
     fresh uncaptured session: the caller gets what a backend that never captured gives. The
-    capture bookkeeping runs on CPU here because the CPU session ignores graph ids."""
+    capture bookkeeping runs on CPU here because the CPU session ignores graph ids; with no
+    failure (``fail_at`` 0), graph ids kept across batches must decode as fresh backends do."""
     from s2s_deploy.runtime.fixed_steps import FixedSteps
 
     _, manifest = exports.get(arch)
     texts = sorted(manifest.samples, key=len)
     # first beam 3 on 8 sentences: the failure comes at its third step, after the narrow first step
-    batches = [encode_batch(list(batch), manifest.src_vocab) for batch in ((texts * 8)[:8], texts[-2:])]
+    batches = [encode_batch(list(batch), manifest.src_vocab)
+               for batch in ((texts * 8)[:8], texts[-2:], (texts * 8)[:8])]  # the last reuses the first's graphs
     configs = (SearchConfig(3, 2, max_len), SearchConfig(1, 1, max_len))
     expected = [search(OrtBackend(manifest, device="cpu"), *batch, config) for config in configs for batch in batches]
     backend = OrtBackend(manifest, device="cpu")
-    backend.decoder = _FailsCapture(backend.decoder, fail_at=2)
+    backend.decoder = _FailsCapture(backend.decoder, fail_at=fail_at)
     backend.fixed_steps = FixedSteps(backend, capture=True)
     got = [search(backend, *batch, config) for config in configs for batch in batches]
-    assert not backend.fixed_steps.capture and not isinstance(backend.decoder, _FailsCapture)
-    assert "failed to capture: CUDA failure 900" in backend.choice.reason
+    if fail_at:
+        assert not backend.fixed_steps.capture and not isinstance(backend.decoder, _FailsCapture)
+        assert "failed to capture: CUDA failure 900" in backend.choice.reason
+    else:
+        assert backend.fixed_steps.capture and isinstance(backend.decoder, _FailsCapture)
     for want_batch, have_batch in zip(expected, got, strict=True):
         for want, have in zip(want_batch, have_batch, strict=True):
             assert [h.tokens for h in have] == [h.tokens for h in want]
