@@ -107,7 +107,8 @@ def main() -> None:
         from s2s_deploy.tools import roofline
 
         manifest = load_manifest(args.export)
-        limits = roofline.LimitTimer(roofline.step_weights(manifest.graph_path(manifest.decoder)), threads=2)
+        threads = _load(args.peers / "bench_peers.py", "bench_peers").THREADS  # the harness's own count
+        limits = roofline.LimitTimer(roofline.step_weights(manifest.graph_path(manifest.decoder)), threads)
     try:
         for beam, batch in CELLS:
             ours.run(beam, batch)

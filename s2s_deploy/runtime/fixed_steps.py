@@ -49,6 +49,7 @@ from s2s_deploy.runtime.backend import DecodeRun
 from s2s_deploy.runtime.names import TOP_K, TOP_OUTPUTS
 
 if TYPE_CHECKING:
+    from s2s_deploy.runtime.manifest import Manifest
     from s2s_deploy.runtime.ort_backend import OrtBackend
 
 CAPTURE_FAILURES = (ort.capi.onnxruntime_pybind11_state.Fail, ort.capi.onnxruntime_pybind11_state.EPFail,
@@ -252,10 +253,19 @@ def _host_inputs(session: ort.InferenceSession) -> frozenset[str]:
         return frozenset({TOP_K})
 
 
-def _shape_at(shape: Sequence[int], grow_axis: int | None, length: int) -> tuple[int, ...]:
-    if grow_axis is None:
+def _shape_at(shape: Sequence[int], axis: int | None, length: int) -> tuple[int, ...]:
+    """``shape`` with ``length`` along ``axis`` (unchanged where there is no such axis)."""
+    if axis is None:
         return tuple(shape)
-    return tuple(length if i == grow_axis else d for i, d in enumerate(shape))
+    return tuple(length if i == axis else d for i, d in enumerate(shape))
+
+
+def _initial_states(manifest: Manifest, encoded: dict[str, np.ndarray], rows: int, expand: int) -> list[np.ndarray]:
+    """Each state before the first step: the encoder's output (each row ``expand`` times) or zeros."""
+    return [(np.repeat(encoded[s.encoder_output], expand, axis=s.batch_axis) if expand > 1
+             else encoded[s.encoder_output]) if s.init == "encoder"
+            else np.zeros(s.zeros_shape(rows), dtype=s.dtype)
+            for s in manifest.state]
 
 
 class FixedRun(DecodeRun):
@@ -281,11 +291,7 @@ class FixedRun(DecodeRun):
         tiled = {m.name: np.repeat(encoded[m.name], expand, axis=m.batch_axis) if expand > 1 else encoded[m.name]
                  for m in manifest.memory}
         self.memory_id, self.memory = steps.memory(rows, tiled)
-        self.initial = [
-            np.repeat(encoded[s.encoder_output], expand, axis=s.batch_axis) if s.init == "encoder" and expand > 1
-            else encoded[s.encoder_output] if s.init == "encoder"
-            else np.zeros(s.zeros_shape(rows), dtype=s.dtype)
-            for s in manifest.state]
+        self.initial = _initial_states(manifest, encoded, rows, expand)
         self.start_lengths = [None if s.grow_axis is None else int(array.shape[s.grow_axis])
                               for s, array in zip(manifest.state, self.initial, strict=True)]
         self.longest_start = max((n for n in self.start_lengths if n is not None), default=0)
@@ -393,12 +399,11 @@ class FixedRun(DecodeRun):
         steps, layout = self.steps, self.steps.layout
         graph = steps.uncaptured()
         io = graph.binding
-        small = {"tokens": tokens, "reorder": reorder, "step": np.zeros((), dtype=np.int64)}
-        inputs = {name: array for name, array in itertools.chain(
-            ((m.name, self.encoded[m.name]) for m in steps.manifest.memory), small.items()) if name in layout.accepted}
-        for name, state in zip(layout.state_inputs, steps.manifest.state, strict=True):
-            inputs[name] = (self.encoded[state.encoder_output] if state.init == "encoder"
-                            else np.zeros(state.zeros_shape(self.sentences), dtype=state.dtype))
+        inputs = {m.name: self.encoded[m.name] for m in steps.manifest.memory}
+        inputs.update(tokens=tokens, reorder=reorder, step=np.zeros((), dtype=np.int64))
+        inputs = {name: array for name, array in inputs.items() if name in layout.accepted}
+        inputs.update(zip(layout.state_inputs, _initial_states(steps.manifest, self.encoded, self.sentences, 1),
+                          strict=True))
         bound = {name: steps.put(name, array) for name, array in inputs.items()}  # alive until the run ends
         for name, value in bound.items():
             io.bind_ortvalue_input(name, value)

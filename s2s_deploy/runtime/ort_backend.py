@@ -146,17 +146,15 @@ class OrtBackend(Backend):
         if cuda_graph is None:
             cuda_graph = os.environ.get(CUDA_GRAPH_ENV, "1") != "0"
         self.cuda_graph = cuda_graph and self.device == "cuda"
-        decoder_path = manifest.graph_path(manifest.decoder, graph_format)
-        self._decoder_settings = (decoder_path, threads, spin)
+        self._decoder_settings = (manifest.graph_path(manifest.decoder, graph_format), threads, spin)
         try:
-            self.decoder, _ = _create(decoder_path, self.device, threads, spin, spin_between_runs=False,
-                                      cuda_graph=self.cuda_graph)
+            self.decoder = self._decoder_session(self.cuda_graph)
             graphs = "decoder steps replayed as CUDA graphs" if self.cuda_graph else "CUDA graphs off"
         except S2SError as exc:
             if not self.cuda_graph:
                 raise
             self.cuda_graph = False
-            self.decoder, _ = _create(decoder_path, self.device, threads, spin, spin_between_runs=False)
+            self.decoder = self._decoder_session(cuda_graph=False)
             graphs = f"CUDA graphs off: {exc}"
         self.choice = dataclasses.replace(choice, reason=graphs) if self.device == "cuda" else choice
         self.decoder_start_id = manifest.decoder_start_id
@@ -169,12 +167,16 @@ class OrtBackend(Backend):
     def stop_capturing(self, reason: str) -> FixedSteps:
         """A decoder step failed while being captured: a fresh session without CUDA graphs (the
         failed one's stream may still be capturing), and the uncaptured loop from here on."""
-        path, threads, spin = self._decoder_settings
-        self.decoder, _ = _create(path, self.device, threads, spin, spin_between_runs=False)
+        self.decoder = self._decoder_session(cuda_graph=False)
         self.cuda_graph = False
         self.choice = dataclasses.replace(self.choice, reason=f"CUDA graphs off: a step failed to capture: {reason}")
         self.fixed_steps = FixedSteps(self, capture=False)
         return self.fixed_steps
+
+    def _decoder_session(self, cuda_graph: bool) -> ort.InferenceSession:
+        """The decoder's workers spin within a step and stop when it returns."""
+        path, threads, spin = self._decoder_settings
+        return _create(path, self.device, threads, spin, spin_between_runs=False, cuda_graph=cuda_graph)[0]
 
     def describe(self) -> dict[str, Any]:
         return {"backend": self.name, "provider": self.choice.provider, "onnxruntime": ort.__version__}
