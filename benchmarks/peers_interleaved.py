@@ -41,6 +41,17 @@ def _load(path: Path, name: str) -> Any:
     return module
 
 
+def _cells(text: str) -> tuple[tuple[int, int], ...]:
+    """``"1x1,4x16"`` as ((1, 1), (4, 16)): beam, then batch."""
+    try:
+        cells = tuple(tuple(int(n) for n in cell.split("x")) for cell in text.split(","))
+    except ValueError:
+        cells = ()
+    if not cells or any(len(cell) != 2 or min(cell) < 1 for cell in cells):
+        raise argparse.ArgumentTypeError(f"expected cells like 1x1,4x16 (beam x batch), got {text!r}")
+    return cells
+
+
 def worker(args: argparse.Namespace) -> None:
     """Answer 'beam batch' lines with the seconds of one pass over the harness's 32 inputs."""
     harness = _load(args.peers / "bench_peers.py", "bench_peers")
@@ -90,6 +101,8 @@ def main() -> None:
                         help="seconds of rest before each pass, so the other system's idle threads stop spinning")
     parser.add_argument("--bound", action="store_true",
                         help="time the export's roofline limits after every pair (see the docstring)")
+    parser.add_argument("--cells", type=_cells, default=CELLS,
+                        help="beam x batch cells to time, comma-separated [default: 1x1,1x16,4x1,4x16]")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -110,7 +123,7 @@ def main() -> None:
         threads = _load(args.peers / "bench_peers.py", "bench_peers").THREADS  # the harness's own count
         limits = roofline.LimitTimer(roofline.step_weights(manifest.graph_path(manifest.decoder)), threads)
     try:
-        for beam, batch in CELLS:
+        for beam, batch in args.cells:
             ours.run(beam, batch)
             peer.run(beam, batch)
             times: dict[str, list[float]] = {"ours": [], "peer": []}

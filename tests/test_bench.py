@@ -55,13 +55,16 @@ def test_the_backend_times_its_steps_and_its_sessions_spin_only_while_running(ex
 
     _, manifest = exports.get("gru")
     backend = OrtBackend(manifest, device="cpu", threads=2)
-    # the encoder runs once per batch and never spins; the decoder's workers spin within a step
-    # and stop when it returns, leaving the cores to the next encoder and the search loop
-    assert backend.encoder.get_session_options().get_session_config_entry("session.intra_op.allow_spinning") == "0"
-    decoder = backend.decoder.get_session_options()
-    assert decoder.get_session_config_entry("session.force_spinning_stop") == "1"
-    with pytest.raises(RuntimeError):  # no such entry: ONNX Runtime's default, spinning allowed
-        decoder.get_session_config_entry("session.intra_op.allow_spinning")
+    # both sessions' workers spin within a run and stop when it returns, leaving the cores to the
+    # other session and the search loop
+    for session in (backend.encoder, backend.decoder):
+        options = session.get_session_options()
+        assert options.get_session_config_entry("session.force_spinning_stop") == "1"
+        with pytest.raises(RuntimeError):  # no such entry: ONNX Runtime's default, spinning allowed
+            options.get_session_config_entry("session.intra_op.allow_spinning")
+    quiet = OrtBackend(manifest, device="cpu", threads=2, spin=False)  # serve's: never spin
+    for session in (quiet.encoder, quiet.decoder):
+        assert session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning") == "0"
     search(backend, *encode_batch(manifest.samples[:2], manifest.src_vocab), SearchConfig(1, 1, 7, min_len=7))
     assert backend.steps_run == 7
     assert 0 < backend.step_seconds < backend.runtime_seconds

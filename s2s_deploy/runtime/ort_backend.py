@@ -42,13 +42,12 @@ def default_threads() -> int:
 
 def session_options(threads: int | None = None, spin: bool = True,
                     spin_between_runs: bool = True) -> ort.SessionOptions:
-    """``spin=False`` for a session that runs once per batch: its idle intra-op workers would
-    otherwise spin-wait on cores the step decoder needs (measured: the int8 ``base`` step loop
-    ran greedy at 300 instead of 495 tok/s on 2 cores while the encoder's worker spun).
-    ``spin_between_runs=False`` keeps the workers spinning inside a run but stops them when it
-    returns, so the next batch's encoder and the search loop get the cores (measured on the
-    2-core machine: the encoder of a 15-25 token sentence between step loops took 8 instead of
-    11.5 ms; docs/performance.md)."""
+    """``spin_between_runs=False`` keeps the workers spinning inside a run but stops them when it
+    returns: left spinning, one session's idle workers take the cores the next one needs
+    (measured on 2 cores: the int8 ``base`` step loop ran greedy at 300 instead of 495 tok/s while
+    the encoder's worker spun, and the encoder between step loops took 11.5 instead of 8 ms while
+    the decoder's did; docs/performance.md). ``spin=False`` never spins, for a process that needs
+    its cores between runs (``serve``)."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads or default_threads()
     options.inter_op_num_threads = 1
@@ -140,8 +139,10 @@ class OrtBackend(Backend):
         creation or when a step runs (``stop_capturing``), falls back to the uncaptured loop, and the
         device notice says so."""
         self.manifest = manifest
+        # Its workers spin within a run as the decoder's do: woken op by op instead, a 20-token
+        # sentence's encoder took 7.85 instead of 6.7 ms on 2 cores (docs/performance.md, session 13)
         self.encoder, choice = _create(manifest.graph_path(manifest.encoder, graph_format), device, threads,
-                                       spin=False)
+                                       spin, spin_between_runs=False)
         self.device = "cuda" if choice.provider == CUDA else "cpu"
         if cuda_graph is None:
             cuda_graph = os.environ.get(CUDA_GRAPH_ENV, "1") != "0"
