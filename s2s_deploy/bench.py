@@ -14,7 +14,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +46,18 @@ class BenchSettings:
 
 
 @dataclass(frozen=True)
+class PassTime:
+    """Where one timed pass spent its wall-clock seconds: inside the runtime's calls, and of that
+    in decoder steps (the rest there is the encoder); outside them is the search loop."""
+
+    seconds: float
+    runtime_seconds: float
+    step_seconds: float
+    steps: int
+    tokens: int
+
+
+@dataclass(frozen=True)
 class BenchRow:
     model: str
     system: str
@@ -67,6 +79,8 @@ class BenchRow:
     """Tokens/s of each timed pass, in order."""
     pass_step_ms: tuple[float, ...] = ()
     """Each timed pass's mean decoder step, where the backend times steps apart."""
+    pass_times: tuple[PassTime, ...] = ()
+    """Each timed pass's split, where the backend times steps apart."""
 
 
 @dataclass(frozen=True)
@@ -207,7 +221,7 @@ def _with_ratios(rows: list[BenchRow]) -> list[BenchRow]:
     out = []
     for r in rows:
         base = baseline.get((r.model, r.beam, r.batch, on_cuda(r.system)))
-        out.append(BenchRow(**{**asdict(r), "ratio_to_pytorch": r.tokens_per_s / base if base else None}))
+        out.append(replace(r, ratio_to_pytorch=r.tokens_per_s / base if base else None))
     return out
 
 
@@ -258,7 +272,7 @@ def _measure_system(export_dir: str, system: str, settings: BenchSettings,
         config = SearchConfig(beam, 1, max_len, min_len=settings.fixed_length or 0)
         for batch in effective_batches(settings):
             chunks = [encode_batch(texts[i : i + batch], manifest.src_vocab) for i in range(0, len(texts), batch)]
-            passes, latencies, overheads, step_ms, tokens = [], [], [], [], 0
+            passes, latencies, overheads, step_ms, pass_times, tokens = [], [], [], [], [], 0
             for rep in range(settings.warmup + settings.reps):
                 timer.runtime_seconds = timer.step_seconds = 0.0
                 timer.steps_run = 0
@@ -277,6 +291,8 @@ def _measure_system(export_dir: str, system: str, settings: BenchSettings,
                     overheads.append(1 - timer.runtime_seconds / total)
                     if timer.steps_run:
                         step_ms.append(1000 * timer.step_seconds / timer.steps_run)
+                        pass_times.append(PassTime(total, timer.runtime_seconds, timer.step_seconds,
+                                                   timer.steps_run, count))
                     tokens = count
                     if passed is not None:
                         passed(beam, batch)
@@ -288,7 +304,7 @@ def _measure_system(export_dir: str, system: str, settings: BenchSettings,
                 peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, tokens=tokens,
                 precision="fp32" if system.startswith("pytorch") else precision,
                 step_ms=statistics.median(step_ms) if step_ms else None,
-                passes=tuple(passes), pass_step_ms=tuple(step_ms),
+                passes=tuple(passes), pass_step_ms=tuple(step_ms), pass_times=tuple(pass_times),
             ))
     return rows
 

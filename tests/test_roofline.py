@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import onnx
+import pytest
 from click.testing import CliRunner
 from onnx import TensorProto, helper, numpy_helper
 
@@ -129,4 +130,38 @@ def test_bench_prints_each_cell_as_a_share_of_its_bound(exports, tmp_path) -> No
     cell = json.loads((tmp_path / "bench.json").read_text())["roofline"][0]
     assert cell["step_ms"] > 0 and cell["products_ms"] > 0 and cell["bound_step_ms"] > 0
     assert len(cell["shares"]) == 2 and len(cell["step_shares"]) == 2  # one per pass
+    assert len(cell["budgets"]) == 2 and all(0 < c < 1.5 for c in cell["ceilings"])
+    for budget in cell["budgets"]:  # the parts add up to the measured time per token
+        assert budget["measured"] == pytest.approx(budget["step"] + budget["encoder"] + budget["loop"])
+        assert budget["encoder"] > 0 and budget["loop"] > 0
+    assert "| measured | bound | kernels | graph | encoder | loop | ceiling |" in result.stdout
     assert min(cell["shares"]) <= cell["share"] <= max(cell["shares"])
+
+
+def test_each_pass_splits_its_time_per_token_from_the_bound_up() -> None:
+    """Per token: measured = bound + kernels + graph + encoder + loop, each pass against its own
+    minute's limits; the ceiling is what a step of its products alone would have reached."""
+    from types import SimpleNamespace
+
+    from s2s_deploy.bench import PassTime
+
+    weights = roofline.StepWeights(parameters=1_000_000, bytes=4_000_000, integer=False, inner=1000, outer=1000)
+    fast = roofline.MachineLimits(2, bandwidth_gb_s=4.0, gemm_gflop_s={1: 100.0}, products_ms={1: 1.25})
+    slow = roofline.MachineLimits(2, bandwidth_gb_s=2.0, gemm_gflop_s={1: 100.0}, products_ms={1: 2.5})
+    timed = roofline.SameMinute({}, threads=2)
+    timed.timers["m"] = SimpleNamespace(weights=weights)
+    timed.limits["m", "onnxruntime-cpu", 1, 1] = [fast, slow]
+    # 100 steps for 100 tokens; the second pass takes twice as long in every part, on a machine half as fast
+    times = (PassTime(seconds=0.15625, runtime_seconds=0.14, step_seconds=0.125, steps=100, tokens=100),
+             PassTime(seconds=0.3125, runtime_seconds=0.28, step_seconds=0.25, steps=100, tokens=100))
+    row = SimpleNamespace(model="m", system="onnxruntime-cpu", beam=1, batch=1, tokens_per_s=480.0,
+                          passes=(640.0, 320.0), step_ms=1.875, pass_step_ms=(1.25, 2.5), pass_times=times)
+    (cell,), by_model = roofline.roofline_cells([row], timed)
+    first, second = cell.budgets
+    assert (first.measured, first.bound, first.kernels, first.graph) == pytest.approx((1.5625, 1.0, 0.25, 0.0))
+    assert (first.encoder, first.loop) == pytest.approx((0.15, 0.1625))
+    assert (second.measured, second.bound, second.encoder, second.loop) == pytest.approx((3.125, 2.0, 0.3, 0.325))
+    assert first.ceiling == pytest.approx(1.0 / (1.25 + 0.15 + 0.1625)) == pytest.approx(second.ceiling)
+    assert cell.shares == (0.64, 0.64)
+    assert "| m | onnxruntime-cpu | 1 | 1 | 2.344 | 1.500 | 0.375 | 0.000 | 0.225 | 0.244 | 64% |" in \
+        roofline.markdown([cell], by_model)

@@ -110,7 +110,7 @@ def bench_command(export_dirs: tuple[str, ...], synthetic: str | None, vocab_siz
             "rows": [asdict(r) for r in result.rows], "skipped": result.skipped,
             "beam_costs": [asdict(c) for c in beam_costs(result.rows)],
             "roofline": [{**asdict(c), "share": c.share, "products_share": c.products_share,
-                          "step_share": c.step_share} for c in cells],
+                          "step_share": c.step_share, "ceilings": [b.ceiling for b in c.budgets]} for c in cells],
         }, indent=2))
     if plot_path:
         from s2s_deploy.tools.plot import plot_benchmark

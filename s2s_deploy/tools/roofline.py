@@ -24,6 +24,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -67,6 +68,37 @@ class MachineLimits:
 
 
 @dataclass(frozen=True)
+class TokenBudget:
+    """One pass's milliseconds per generated token, from the bound up to what was measured:
+    ``measured = bound + kernels + graph + encoder + loop``."""
+
+    measured: float
+    bound: float
+    products: float
+    """The step's matrix products alone, timed right after the pass."""
+    step: float
+    encoder: float
+    """Runtime time outside the decoder steps: the encoder."""
+    loop: float
+    """Time outside the runtime: the search and its bookkeeping."""
+
+    @property
+    def kernels(self) -> float:
+        """What ONNX Runtime's kernels cost above the bound: no graph change wins it back."""
+        return self.products - self.bound
+
+    @property
+    def graph(self) -> float:
+        """What the step's other nodes cost: the part a leaner graph could win back."""
+        return self.step - self.products
+
+    @property
+    def ceiling(self) -> float:
+        """The share of the bound a step of its products alone would reach, with this encoder and loop."""
+        return self.bound / (self.products + self.encoder + self.loop)
+
+
+@dataclass(frozen=True)
 class RooflineCell:
     model: str
     system: str
@@ -84,6 +116,8 @@ class RooflineCell:
     """Each pass's tokens/s over the bound timed right after that pass."""
     step_shares: tuple[float, ...] = ()
     """Each pass's bound step time over its measured step time."""
+    budgets: tuple[TokenBudget, ...] = ()
+    """Each pass's time per token, split, where the backend times its steps and encoder apart."""
 
     @property
     def share(self) -> float:
@@ -313,8 +347,8 @@ class SameMinute:
 
 def roofline_cells(rows: Sequence, timed: SameMinute) -> tuple[list[RooflineCell], dict]:
     """Bound every benchmark row whose passes had their limits timed (objects with model, system,
-    beam, batch, tokens_per_s, passes, step_ms and pass_step_ms); returns the cells and, per model,
-    the step's weights and every limit timed for it."""
+    beam, batch, tokens_per_s, passes, step_ms, pass_step_ms and optionally pass_times: see
+    ``bench.BenchRow``); returns the cells and, per model, the step's weights and every limit timed for it."""
     cells, by_model = [], {}
     for r in rows:
         limits = timed.limits.get((r.model, r.system, r.beam, r.batch))
@@ -324,6 +358,10 @@ def roofline_cells(rows: Sequence, timed: SameMinute) -> tuple[list[RooflineCell
         bounds = [bound(weights, one, r.batch, r.beam) for one in limits]
         bound_ms = [1000 * r.batch / tokens for tokens, _ in bounds]
         products = [one.products_ms[r.batch * r.beam] for one in limits if r.batch * r.beam in one.products_ms]
+        times = getattr(r, "pass_times", ())
+        budgets = ()
+        if len(times) == len(limits) == len(products):
+            budgets = tuple(_budget(t, b, p) for t, b, p in zip(times, bound_ms, products, strict=True))
         cells.append(RooflineCell(
             r.model, r.system, r.beam, r.batch, r.tokens_per_s,
             bound_tokens_per_s=statistics.median(tokens for tokens, _ in bounds),
@@ -333,9 +371,20 @@ def roofline_cells(rows: Sequence, timed: SameMinute) -> tuple[list[RooflineCell
             step_ms=r.step_ms,
             shares=tuple(p / tokens for p, (tokens, _) in zip(r.passes, bounds, strict=True)),
             step_shares=tuple(b / s for b, s in zip(bound_ms, r.pass_step_ms, strict=True)) if r.pass_step_ms else (),
+            budgets=budgets,
         ))
         by_model.setdefault(r.model, (weights, []))[1].extend(limits)
     return cells, by_model
+
+
+def _budget(times: Any, bound_step_ms: float, products_step_ms: float) -> TokenBudget:
+    """A pass's ``PassTime`` per token; a step serves ``tokens / steps`` tokens."""
+    per_token = 1000 / times.tokens
+    steps_per_token = times.steps / times.tokens
+    return TokenBudget(measured=times.seconds * per_token, bound=bound_step_ms * steps_per_token,
+                       products=products_step_ms * steps_per_token, step=times.step_seconds * per_token,
+                       encoder=(times.runtime_seconds - times.step_seconds) * per_token,
+                       loop=(times.seconds - times.runtime_seconds) * per_token)
 
 
 def _ms(value: float | None) -> str:
@@ -376,4 +425,18 @@ def markdown(cells: Sequence[RooflineCell], by_model: dict) -> str:
         lines.append(f"| {c.model} | {c.system} | {c.beam} | {c.batch} | {c.tokens_per_s:.1f} "
                      f"| {c.bound_tokens_per_s:.1f} | {c.bound_by} | {c.bound_step_ms:.2f} | {_ms(c.products_ms)} "
                      f"| {_ms(c.step_ms)} | {_percent(c.products_share)} | {_percent(c.step_share)} | {share} |")
+    budgeted = [c for c in cells if c.budgets]
+    if budgeted:
+        lines += ["", "Per generated token, in ms (medians over the passes): measured = bound + kernels (the "
+                  "products alone, above the bound) + graph (the step's other nodes) + encoder + loop (outside "
+                  "the runtime). Ceiling: the share of the bound a step of its products alone would reach, with "
+                  "this encoder and loop.", "",
+                  "| model | system | beam | batch | measured | bound | kernels | graph | encoder | loop | ceiling |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for c in budgeted:
+            parts = [statistics.median(getattr(b, name) for b in c.budgets)
+                     for name in ("measured", "bound", "kernels", "graph", "encoder", "loop")]
+            lines.append(f"| {c.model} | {c.system} | {c.beam} | {c.batch} | "
+                         + " | ".join(f"{value:.3f}" for value in parts)
+                         + f" | {_percent(statistics.median(b.ceiling for b in c.budgets))} |")
     return "\n".join(lines)
