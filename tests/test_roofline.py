@@ -91,17 +91,26 @@ def test_cell_shares_compare_one_step_with_its_bound() -> None:
     assert unknown.products_share is None and unknown.step_share is None
 
 
+def _two_minutes() -> tuple[roofline.StepWeights, list[roofline.MachineLimits], roofline.SameMinute]:
+    """A 4 MB step timed after two passes, the machine's bandwidth halving between them: a bound of
+    1 ms (products 1.25 ms) after the first pass, 2 ms (2.5 ms) after the second."""
+    from types import SimpleNamespace
+
+    weights = roofline.StepWeights(parameters=1_000_000, bytes=4_000_000, integer=False, inner=1000, outer=1000)
+    limits = [roofline.MachineLimits(2, bandwidth_gb_s=4.0, gemm_gflop_s={1: 100.0}, products_ms={1: 1.25}),
+              roofline.MachineLimits(2, bandwidth_gb_s=2.0, gemm_gflop_s={1: 100.0}, products_ms={1: 2.5})]
+    timed = roofline.SameMinute({}, threads=2)
+    timed.timers["m"] = SimpleNamespace(weights=weights)
+    timed.limits["m", "onnxruntime-cpu", 1, 1] = list(limits)
+    return weights, limits, timed
+
+
 def test_each_pass_is_held_against_the_limits_timed_after_it(tmp_path) -> None:
     """The machine's bandwidth halves between two passes and so does the speed: both passes are at
     the same share of their own minute's bound, which a bound timed once would hide."""
     from types import SimpleNamespace
 
-    weights = roofline.StepWeights(parameters=1_000_000, bytes=4_000_000, integer=False, inner=1000, outer=1000)
-    fast = roofline.MachineLimits(2, bandwidth_gb_s=4.0, gemm_gflop_s={1: 100.0}, products_ms={1: 1.25})
-    slow = roofline.MachineLimits(2, bandwidth_gb_s=2.0, gemm_gflop_s={1: 100.0}, products_ms={1: 2.5})
-    timed = roofline.SameMinute({}, threads=2)
-    timed.timers["m"] = SimpleNamespace(weights=weights)
-    timed.limits["m", "onnxruntime-cpu", 1, 1] = [fast, slow]
+    weights, limits, timed = _two_minutes()
     row = SimpleNamespace(model="m", system="onnxruntime-cpu", beam=1, batch=1, tokens_per_s=600.0,
                           passes=(800.0, 400.0), step_ms=1.875, pass_step_ms=(1.25, 2.5))
     (cell,), by_model = roofline.roofline_cells([row], timed)
@@ -109,7 +118,7 @@ def test_each_pass_is_held_against_the_limits_timed_after_it(tmp_path) -> None:
     assert cell.shares == (0.8, 0.8) and cell.share == 0.8
     assert cell.step_shares == (0.8, 0.8) and cell.step_share == 0.8
     assert cell.bound_tokens_per_s == 750.0 and cell.bound_by == "memory"
-    assert by_model["m"] == (weights, [fast, slow])
+    assert by_model["m"] == (weights, limits)
     # held against the median bound instead, the passes would read 107% and 53%
     assert "80% [80–80%]" in roofline.markdown([cell], by_model)
 
@@ -145,12 +154,7 @@ def test_each_pass_splits_its_time_per_token_from_the_bound_up() -> None:
 
     from s2s_deploy.bench import PassTime
 
-    weights = roofline.StepWeights(parameters=1_000_000, bytes=4_000_000, integer=False, inner=1000, outer=1000)
-    fast = roofline.MachineLimits(2, bandwidth_gb_s=4.0, gemm_gflop_s={1: 100.0}, products_ms={1: 1.25})
-    slow = roofline.MachineLimits(2, bandwidth_gb_s=2.0, gemm_gflop_s={1: 100.0}, products_ms={1: 2.5})
-    timed = roofline.SameMinute({}, threads=2)
-    timed.timers["m"] = SimpleNamespace(weights=weights)
-    timed.limits["m", "onnxruntime-cpu", 1, 1] = [fast, slow]
+    _, _, timed = _two_minutes()
     # 100 steps for 100 tokens; the second pass takes twice as long in every part, on a machine half as fast
     times = (PassTime(seconds=0.15625, runtime_seconds=0.14, step_seconds=0.125, steps=100, tokens=100),
              PassTime(seconds=0.3125, runtime_seconds=0.28, step_seconds=0.25, steps=100, tokens=100))
