@@ -23,6 +23,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 from s2s_deploy.runtime.manifest import load_manifest
+from s2s_deploy.runtime.names import TOP_OUTPUTS
 from s2s_deploy.runtime.ort_backend import OrtBackend, session_options
 from s2s_deploy.runtime.translator import encode_batch
 from s2s_deploy.tools import roofline
@@ -73,7 +74,7 @@ def step_feeds(manifest, backend: OrtBackend) -> tuple[dict[str, np.ndarray], li
              "step": np.array(CACHED, np.int64), "top_k": np.array([1], np.int64)}
     feeds.update({name: value for name, value in small.items() if name in accepted})
     produced = {o.name for o in backend.decoder.get_outputs()}
-    wanted = [n for n in ("top_values", "top_ids", *(s.decoder_output for s in manifest.state)) if n in produced]
+    wanted = [n for n in (*TOP_OUTPUTS, *(s.decoder_output for s in manifest.state)) if n in produced]
     return feeds, wanted
 
 
