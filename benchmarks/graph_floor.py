@@ -28,6 +28,7 @@ import onnxruntime as ort
 from cold_nodes import step_feeds
 from onnx import helper, numpy_helper
 
+from s2s_deploy.runtime.errors import S2SError
 from s2s_deploy.runtime.manifest import Manifest, load_manifest
 from s2s_deploy.runtime.ort_backend import OrtBackend, session_options
 from s2s_deploy.tools import roofline
@@ -86,7 +87,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--step", action="store_true", help="also time the whole step and its products alone")
     args = parser.parse_args()
-    manifest = load_manifest(args.export_dir)
+    try:
+        manifest = load_manifest(args.export_dir)
+    except S2SError as exc:
+        raise SystemExit(f"error: {exc}") from None
     options = session_options(args.threads, spin_between_runs=False)
     calls, stripped = {}, {}
     for spec in [f"export={manifest.graph_path(manifest.decoder)}", *args.variants]:
