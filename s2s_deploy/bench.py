@@ -56,6 +56,11 @@ class PassTime:
     steps: int
     tokens: int
 
+    @property
+    def step_ms(self) -> float:
+        """The pass's mean decoder step."""
+        return 1000 * self.step_seconds / self.steps
+
 
 @dataclass(frozen=True)
 class BenchRow:
@@ -77,10 +82,13 @@ class BenchRow:
     """Mean time of one decoder step inside the runtime, where the backend times steps apart."""
     passes: tuple[float, ...] = ()
     """Tokens/s of each timed pass, in order."""
-    pass_step_ms: tuple[float, ...] = ()
-    """Each timed pass's mean decoder step, where the backend times steps apart."""
     pass_times: tuple[PassTime, ...] = ()
     """Each timed pass's split, where the backend times steps apart."""
+
+    @property
+    def pass_step_ms(self) -> tuple[float, ...]:
+        """Each timed pass's mean decoder step, where the backend times steps apart."""
+        return tuple(t.step_ms for t in self.pass_times)
 
 
 @dataclass(frozen=True)
@@ -272,7 +280,7 @@ def _measure_system(export_dir: str, system: str, settings: BenchSettings,
         config = SearchConfig(beam, 1, max_len, min_len=settings.fixed_length or 0)
         for batch in effective_batches(settings):
             chunks = [encode_batch(texts[i : i + batch], manifest.src_vocab) for i in range(0, len(texts), batch)]
-            passes, latencies, overheads, step_ms, pass_times, tokens = [], [], [], [], [], 0
+            passes, latencies, overheads, pass_times, tokens = [], [], [], [], 0
             for rep in range(settings.warmup + settings.reps):
                 timer.runtime_seconds = timer.step_seconds = 0.0
                 timer.steps_run = 0
@@ -290,7 +298,6 @@ def _measure_system(export_dir: str, system: str, settings: BenchSettings,
                     passes.append(count / total)
                     overheads.append(1 - timer.runtime_seconds / total)
                     if timer.steps_run:
-                        step_ms.append(1000 * timer.step_seconds / timer.steps_run)
                         pass_times.append(PassTime(total, timer.runtime_seconds, timer.step_seconds,
                                                    timer.steps_run, count))
                     tokens = count
@@ -303,8 +310,8 @@ def _measure_system(export_dir: str, system: str, settings: BenchSettings,
                 p95_ms=float(np.percentile(latencies, 95)), engine_overhead=statistics.median(overheads),
                 peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, tokens=tokens,
                 precision="fp32" if system.startswith("pytorch") else precision,
-                step_ms=statistics.median(step_ms) if step_ms else None,
-                passes=tuple(passes), pass_step_ms=tuple(step_ms), pass_times=tuple(pass_times),
+                step_ms=statistics.median(t.step_ms for t in pass_times) if pass_times else None,
+                passes=tuple(passes), pass_times=tuple(pass_times),
             ))
     return rows
 

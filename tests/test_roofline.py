@@ -169,3 +169,15 @@ def test_each_pass_splits_its_time_per_token_from_the_bound_up() -> None:
     assert cell.shares == (0.64, 0.64)
     assert "| m | onnxruntime-cpu | 1 | 1 | 2.344 | 1.500 | 0.375 | 0.000 | 0.225 | 0.244 | 64% |" in \
         roofline.markdown([cell], by_model)
+
+
+def test_a_decoder_with_nothing_to_bound_fails_in_one_line_before_the_benchmark(tmp_path) -> None:
+    from s2s_deploy.runtime.errors import S2SError
+
+    inits = [numpy_helper.from_array(np.ones((30, 8), np.float32), "embedding")]
+    nodes = [helper.make_node("Gather", ["embedding", "ids"], ["out"])]
+    graph = helper.make_graph(nodes, "d", [helper.make_tensor_value_info("ids", TensorProto.INT64, ["B"])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["B", 8])], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(tmp_path / "d.onnx"))
+    with pytest.raises(S2SError, match="no matrix-op weights"):
+        roofline.SameMinute({"m": tmp_path / "d.onnx"}, threads=1)

@@ -24,11 +24,16 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+
+from s2s_deploy.runtime.errors import S2SError
+
+if TYPE_CHECKING:
+    from s2s_deploy.bench import PassTime
 
 MATRIX_OPS = frozenset({"MatMul", "Gemm", "MatMulInteger", "Conv", "GRU", "LSTM", "RNN"})
 """ONNX op types whose weight initializers are read in full by every step."""
@@ -186,7 +191,7 @@ def step_weights(decoder: Path) -> StepWeights:
             if count > largest[0]:
                 largest = (count, inner, outer, integer)
     if not parameters:
-        raise ValueError(f"{decoder} has no matrix-op weights to bound a step with")
+        raise S2SError(f"{decoder} has no matrix-op weights to bound a step with")
     return StepWeights(parameters, size, largest[3], largest[1], largest[2], tuple(matrices))
 
 
@@ -322,6 +327,14 @@ def bound(weights: StepWeights, limits: MachineLimits, batch: int, beam: int) ->
     return batch / step_s, which
 
 
+def _ort_errors() -> tuple[type[Exception], ...]:
+    import onnxruntime as ort
+
+    state = ort.capi.onnxruntime_pybind11_state
+    return state.Fail, state.RuntimeException, state.InvalidArgument, state.NotImplemented, state.EPFail
+
+
+
 def bounded(system: str) -> bool:
     """The systems a roofline applies to: ONNX Runtime on the CPU, whose limits are timed here."""
     return system.startswith("onnxruntime") and "cuda" not in system
@@ -332,17 +345,21 @@ class SameMinute:
     pass of it, while the worker waits, so each pass is held against the machine of its minute."""
 
     def __init__(self, decoders: dict[str, Path], threads: int, budget_s: float = 0.3) -> None:
-        self.decoders, self.threads, self.budget_s = decoders, threads, budget_s
-        self.timers: dict[str, LimitTimer] = {}
+        """Reads each decoder's weights now, so a decoder with nothing to bound fails before the benchmark."""
+        self.budget_s = budget_s
+        self.timers = {model: LimitTimer(step_weights(path), threads) for model, path in decoders.items()}
         self.limits: dict[tuple[str, str, int, int], list[MachineLimits]] = defaultdict(list)
 
     def after_pass(self, export_dir: Path, system: str, beam: int, batch: int) -> None:
         if not bounded(system):
             return
         model = export_dir.name
-        if model not in self.timers:
-            self.timers[model] = LimitTimer(step_weights(self.decoders[model]), self.threads)
-        self.limits[model, system, beam, batch].append(self.timers[model].measure([beam * batch], self.budget_s))
+        try:
+            limits = self.timers[model].measure([beam * batch], self.budget_s)
+        except (MemoryError, *_ort_errors()) as exc:  # e.g. no memory for the weights-sized timing graph
+            raise S2SError(f"bench --roofline: timing this machine's limits for {model} failed: "
+                           f"{str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}") from exc
+        self.limits[model, system, beam, batch].append(limits)
 
 
 def roofline_cells(rows: Sequence, timed: SameMinute) -> tuple[list[RooflineCell], dict]:
@@ -377,7 +394,7 @@ def roofline_cells(rows: Sequence, timed: SameMinute) -> tuple[list[RooflineCell
     return cells, by_model
 
 
-def _budget(times: Any, bound_step_ms: float, products_step_ms: float) -> TokenBudget:
+def _budget(times: PassTime, bound_step_ms: float, products_step_ms: float) -> TokenBudget:
     """A pass's ``PassTime`` per token; a step serves ``tokens / steps`` tokens."""
     per_token = 1000 / times.tokens
     steps_per_token = times.steps / times.tokens
