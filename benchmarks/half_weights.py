@@ -15,6 +15,7 @@ import argparse
 import time
 from pathlib import Path
 
+import ml_dtypes  # onnx's own dependency: numpy's bfloat16
 import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto, helper
@@ -24,18 +25,7 @@ from s2s_deploy.runtime.ort_backend import session_options
 TYPES = {"fp32": TensorProto.FLOAT, "fp16": TensorProto.FLOAT16, "bf16": TensorProto.BFLOAT16}
 
 
-def _bf16_bits(values: np.ndarray) -> np.ndarray:
-    """float32 to bfloat16 bit patterns, rounded to nearest even."""
-    bits = values.astype(np.float32).view(np.uint32)
-    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
-
-
-def _from_bf16(bits: np.ndarray) -> np.ndarray:
-    return (bits.astype(np.uint32) << 16).view(np.float32)
-
-
-def _cast(values: np.ndarray, kind: str) -> np.ndarray:
-    return {"fp32": values.astype(np.float32), "fp16": values.astype(np.float16), "bf16": _bf16_bits(values)}[kind]
+NUMPY_TYPES = {"fp32": np.float32, "fp16": np.float16, "bf16": ml_dtypes.bfloat16}
 
 
 def _session(weight: np.ndarray, kind: str, threads: int) -> ort.InferenceSession:
@@ -45,7 +35,7 @@ def _session(weight: np.ndarray, kind: str, threads: int) -> ort.InferenceSessio
         [helper.make_node("MatMul", ["x", "w"], ["y"])], "product",
         [helper.make_tensor_value_info("x", dtype, ["rows", k])],
         [helper.make_tensor_value_info("y", dtype, ["rows", n])],
-        [helper.make_tensor("w", dtype, [k, n], _cast(weight, kind).tobytes(), raw=True)])
+        [helper.make_tensor("w", dtype, [k, n], weight.astype(NUMPY_TYPES[kind]).tobytes(), raw=True)])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
     return ort.InferenceSession(model.SerializeToString(), session_options(threads), providers=["CPUExecutionProvider"])
 
@@ -77,17 +67,15 @@ def main() -> None:
     for rows in (int(r) for r in args.rows.split(",")):
         x = rng.standard_normal((rows, args.k)).astype(np.float32)
         for kind in TYPES:
-            exact = _cast(x, kind)
-            wide = _from_bf16(exact) if kind == "bf16" else exact.astype(np.float64)
-            wide_w = _from_bf16(_cast(weight, kind)) if kind == "bf16" else _cast(weight, kind).astype(np.float64)
+            exact = x.astype(NUMPY_TYPES[kind])
             try:
                 median, fastest, out = _timed(_session(weight, kind, args.threads), exact)
             except Exception as exc:  # the provider's refusal is the finding
                 print(f"rows {rows:3d} {kind}: not run: {str(exc).splitlines()[0][:120]}")
                 continue
-            got = _from_bf16(out) if kind == "bf16" else out.astype(np.float64)
-            error = float(np.abs(got - wide.astype(np.float64) @ wide_w.astype(np.float64)).max())
-            megabytes = args.k * args.n * (4 if kind == "fp32" else 2) / 1e6
+            wide_w = weight.astype(NUMPY_TYPES[kind]).astype(np.float64)
+            error = float(np.abs(out.astype(np.float64) - exact.astype(np.float64) @ wide_w).max())
+            megabytes = args.k * args.n * np.dtype(NUMPY_TYPES[kind]).itemsize / 1e6
             print(f"rows {rows:3d} {kind}: median {median:.3f} ms (fastest {fastest:.3f}), "
                   f"{megabytes / median:.1f} GB/s of weights, max error {error:.2e}")
 
