@@ -24,8 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from s2s_deploy.runtime.manifest import load_manifest
-from s2s_deploy.runtime.ort_backend import OrtBackend
+from s2s_deploy.format.manifest import load_manifest
+from s2s_deploy.runtime.ort.backend import OrtBackend
 from s2s_deploy.runtime.search import SearchConfig, search
 from s2s_deploy.runtime.translator import encode_batch
 

@@ -9,7 +9,7 @@ order as the effect):
    values, a bias ``Add``), each with its own parameters, timed warm and right after streaming a
    step's weight bytes through the caches, as every step's matrix products do.
 2. The export's decoder step at a fixed position (batch 1, a 16-token cache) and its matrix
-   products alone (``s2s_deploy.tools.roofline``), call by call in alternation, so both see the
+   products alone (``s2s_deploy.bench.roofline``), call by call in alternation, so both see the
    same machine; the median of the per-pair differences is what the graph around the products costs.
 """
 
@@ -22,11 +22,11 @@ import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-from s2s_deploy.runtime.manifest import load_manifest
-from s2s_deploy.runtime.names import TOP_OUTPUTS
-from s2s_deploy.runtime.ort_backend import OrtBackend, session_options
+from s2s_deploy.bench import roofline
+from s2s_deploy.format.manifest import load_manifest
+from s2s_deploy.format.names import TOP_OUTPUTS
+from s2s_deploy.runtime.ort.backend import OrtBackend, session_options
 from s2s_deploy.runtime.translator import encode_batch
-from s2s_deploy.tools import roofline
 
 NODES = 50
 CACHED = 16

@@ -18,8 +18,8 @@ import statistics
 import time
 from pathlib import Path
 
-from s2s_deploy.bench import source_batches
-from s2s_deploy.runtime.errors import S2SError
+from s2s_deploy.bench.runner import source_batches
+from s2s_deploy.errors import S2SError
 from s2s_deploy.runtime.translator import Translator
 
 

@@ -7,7 +7,7 @@ Each weight product (a ``MatMul`` or ``Gemm`` reading a 2-D initializer) becomes
 wider output) or a ``Slice`` (to a narrower one): a few microseconds instead of streaming the
 weights, with every other node, shape and dependency kept. Before each call, numpy streams as many
 bytes as the step's weights, so the nodes find their data evicted as inside a real step. With
-``--step``, the whole step and its products alone (``s2s_deploy.tools.roofline``) join the rotation,
+``--step``, the whole step and its products alone (``s2s_deploy.bench.roofline``) join the rotation,
 which checks that step = products + this part.
 
 The first graph is the export's own decoder; each ``VARIANT`` is another decoder graph (a changed
@@ -28,10 +28,10 @@ import onnxruntime as ort
 from cold_nodes import step_feeds
 from onnx import helper, numpy_helper
 
-from s2s_deploy.runtime.errors import S2SError
-from s2s_deploy.runtime.manifest import Manifest, load_manifest
-from s2s_deploy.runtime.ort_backend import OrtBackend, session_options
-from s2s_deploy.tools import roofline
+from s2s_deploy.bench import roofline
+from s2s_deploy.errors import S2SError
+from s2s_deploy.format.manifest import Manifest, load_manifest
+from s2s_deploy.runtime.ort.backend import OrtBackend, session_options
 
 
 def without_products(path: Path) -> tuple[onnx.ModelProto, int]:

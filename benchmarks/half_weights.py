@@ -20,7 +20,7 @@ import numpy as np
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
-from s2s_deploy.runtime.ort_backend import session_options
+from s2s_deploy.runtime.ort.backend import session_options
 
 TYPES = {"fp32": TensorProto.FLOAT, "fp16": TensorProto.FLOAT16, "bf16": TensorProto.BFLOAT16}
 

@@ -9,7 +9,7 @@ first; each pair of passes gives one ratio (peer time / our time), and the cell 
 median of those ratios beside each system's median tokens/s.
 
 With ``--bound``, this process also times the export's limits after every pair, while both workers
-wait (``s2s_deploy.tools.roofline``): the bound says what tokens/s no engine streaming these
+wait (``s2s_deploy.bench.roofline``): the bound says what tokens/s no engine streaming these
 weights could beat in that minute, so ``bound / peer`` is the highest ratio to the peer that the
 minute allowed any engine, and ``products / peer`` the highest this ONNX Runtime's kernels allowed.
 
@@ -116,8 +116,8 @@ def main() -> None:
     results = []
     limits = None
     if args.bound:
-        from s2s_deploy.runtime.manifest import load_manifest
-        from s2s_deploy.tools import roofline
+        from s2s_deploy.bench import roofline
+        from s2s_deploy.format.manifest import load_manifest
 
         manifest = load_manifest(args.export)
         threads = _load(args.peers / "bench_peers.py", "bench_peers").THREADS  # the harness's own count

@@ -64,7 +64,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=4)
     parser.add_argument("--b1-beam4-sents", type=int, default=32)
     args = parser.parse_args()
-    from s2s_deploy.runtime.errors import S2SError
+    from s2s_deploy.errors import S2SError
 
     harness = load_harness(args.peers)
     harness.SYSTEMS["s2s"] = lambda: S2SDeploy(args.export, harness.THREADS, harness.GEN_LEN, args.engine)

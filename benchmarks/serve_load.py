@@ -168,7 +168,7 @@ def main() -> None:
 
 
 def _samples(export_dir: str) -> list[str]:
-    from s2s_deploy.runtime.manifest import load_manifest
+    from s2s_deploy.format.manifest import load_manifest
 
     return list(dict.fromkeys(load_manifest(export_dir).samples))
 

@@ -13,9 +13,9 @@ import json
 
 import onnxruntime as ort
 
-from s2s_deploy.runtime.fixed_steps import FixedSteps
-from s2s_deploy.runtime.manifest import load_manifest
-from s2s_deploy.runtime.ort_backend import OrtBackend, session_options
+from s2s_deploy.format.manifest import load_manifest
+from s2s_deploy.runtime.ort.backend import OrtBackend, session_options
+from s2s_deploy.runtime.ort.step_loop import FixedSteps
 from s2s_deploy.runtime.search import SearchConfig, search
 from s2s_deploy.runtime.translator import encode_batch
 

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from s2s_deploy.errors import CheckpointError
 from s2s_deploy.export.contract import (
     BATCH,
     ArchitecturePlugin,
@@ -34,7 +35,6 @@ from s2s_deploy.export.contract import (
     StateSpec,
     StepOutput,
 )
-from s2s_deploy.runtime.errors import CheckpointError
 
 LEARNED_OFFSET = 2  # BartLearnedPositionalEmbedding: positions are read at index + 2
 SQRT_2 = math.sqrt(2.0)

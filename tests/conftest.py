@@ -9,7 +9,7 @@ import pytest
 from s2s_deploy.export.exporter import export_model
 from s2s_deploy.export.registry import get_plugin
 from s2s_deploy.export.sources import ModelSource, load_source
-from s2s_deploy.runtime.manifest import Manifest, load_manifest
+from s2s_deploy.format.manifest import Manifest, load_manifest
 
 
 class ExportCache:

@@ -9,13 +9,13 @@ import pytest
 from click.testing import CliRunner
 
 from s2s_deploy.cli import main
+from s2s_deploy.errors import S2SError
 from s2s_deploy.export.exporter import export_model
 from s2s_deploy.export.parity import torch_backend_for
 from s2s_deploy.export.registry import REGISTRY, get_plugin
-from s2s_deploy.runtime.errors import S2SError
-from s2s_deploy.runtime.ort_backend import OrtBackend
+from s2s_deploy.pictures.attention import attention_map, compare_attention, panel_layout
+from s2s_deploy.runtime.ort.backend import OrtBackend
 from s2s_deploy.runtime.translator import encode_batch
-from s2s_deploy.tools.attention import attention_map, compare_attention, panel_layout
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 ATTENTION_ARCHS = sorted(entry.plugin.name for entry in REGISTRY.entries() if entry.plugin.has_attention)
@@ -90,14 +90,14 @@ def test_cli_writes_a_png(exports, tmp_path) -> None:
 
 
 def test_plot_benchmark_writes_a_png(tmp_path) -> None:
-    from s2s_deploy.tools.plot import plot_benchmark
+    from s2s_deploy.pictures.plot import plot_benchmark
 
     rows = [{"system": s, "setting": f"beam {k}", "tokens_per_s": 100.0 * k} for s in ("a", "b") for k in (1, 4)]
     assert_png(plot_benchmark(rows, tmp_path / "bench.png"))
 
 
 def test_missing_matplotlib_says_how_to_install(monkeypatch) -> None:
-    from s2s_deploy.tools import plot
+    from s2s_deploy.pictures import plot
 
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
     with pytest.raises(S2SError, match=r"pip install 's2s-deploy\[plot\]'"):

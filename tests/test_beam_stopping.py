@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from s2s_deploy.runtime.ort_backend import OrtBackend
+from s2s_deploy.runtime.ort.backend import OrtBackend
 from s2s_deploy.runtime.search import SearchConfig, search
 from s2s_deploy.runtime.translator import encode_batch
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from s2s_deploy.bench import BenchSettings, beam_costs, markdown_table, run_benchmark
+from s2s_deploy.bench.runner import BenchSettings, beam_costs, markdown_table, run_benchmark
 from s2s_deploy.cli import main
 
 
@@ -49,7 +49,7 @@ def test_cli_rejects_unknown_systems_and_writes_json(exports, tmp_path: Path) ->
 
 
 def test_the_backend_times_its_steps_and_its_sessions_spin_only_while_running(exports) -> None:
-    from s2s_deploy.runtime.ort_backend import OrtBackend
+    from s2s_deploy.runtime.ort.backend import OrtBackend
     from s2s_deploy.runtime.search import SearchConfig, search
     from s2s_deploy.runtime.translator import encode_batch
 

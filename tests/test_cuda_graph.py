@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from test_plugins import ARCH_CASES
 
-from s2s_deploy.runtime.errors import S2SError
-from s2s_deploy.runtime.manifest import Manifest
-from s2s_deploy.runtime.ort_backend import OrtBackend
+from s2s_deploy.errors import S2SError
+from s2s_deploy.format.manifest import Manifest
+from s2s_deploy.runtime.ort.backend import OrtBackend
 from s2s_deploy.runtime.search import SearchConfig, search
 from s2s_deploy.runtime.translator import encode_batch
 

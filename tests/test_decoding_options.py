@@ -14,11 +14,11 @@ from click.testing import CliRunner
 from test_plugins import ARCH_CASES
 
 from s2s_deploy.cli import main
+from s2s_deploy.errors import S2SError
 from s2s_deploy.export.parity import torch_backend_for
-from s2s_deploy.runtime.errors import S2SError
-from s2s_deploy.runtime.manifest import Manifest, load_manifest
+from s2s_deploy.format.manifest import Manifest, load_manifest
 from s2s_deploy.runtime.options import StepOptions, sentence_limits
-from s2s_deploy.runtime.ort_backend import OrtBackend
+from s2s_deploy.runtime.ort.backend import OrtBackend
 from s2s_deploy.runtime.scoring import score
 from s2s_deploy.runtime.search import SearchConfig, search
 from s2s_deploy.runtime.translator import Translator, _batches, encode_batch
@@ -291,8 +291,8 @@ def test_cli_options_score_and_errors(transformer, tmp_path: Path) -> None:
 
 
 def test_fused_options_match_the_step_loop(transformer, tmp_path: Path) -> None:
-    from s2s_deploy.runtime.graph_engine import GraphEngine
-    from s2s_deploy.tools.fuse import GENERATE_FILE, add_to_manifest, build_generate, fuse_generate
+    from s2s_deploy.runtime.ort.generate import GraphEngine
+    from s2s_deploy.transforms.fuse import GENERATE_FILE, add_to_manifest, build_generate, fuse_generate
 
     manifest, ort_backend, _ = transformer
     plain = {i.name for i in build_generate(manifest, True).graph.input}

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from s2s_deploy.runtime.errors import S2SError
-from s2s_deploy.runtime.files import FileOptions, translate_file
+from s2s_deploy.errors import S2SError
+from s2s_deploy.jobs.files import FileOptions, translate_file
 from s2s_deploy.runtime.translator import Translator
 
 ray = pytest.importorskip("ray", reason="Ray is an optional extra: pip install 's2s-deploy[ray]'")
 
-from s2s_deploy.distributed import translate_dataset  # noqa: E402
+from s2s_deploy.jobs.distributed import translate_dataset  # noqa: E402
 
 MAX_LEN = 12
 CHUNK = 8
@@ -67,7 +67,7 @@ def test_ray_error_in_order_then_resume(exports, local_ray, tmp_path: Path) -> N
 
 
 def test_ray_noise_shows_only_when_the_run_fails(capfd) -> None:
-    from s2s_deploy.distributed import ray_noise_held_back
+    from s2s_deploy.jobs.distributed import ray_noise_held_back
 
     with ray_noise_held_back() as own:
         os.write(2, b"core_worker.cc: noise\n")

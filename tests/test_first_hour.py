@@ -132,7 +132,7 @@ def test_characters_outside_the_vocabulary_are_reported_once(exports, tmp_path: 
 
 def test_train_draws_no_bar_when_stderr_is_not_a_terminal(monkeypatch, tmp_path: Path) -> None:
     import s2s_deploy.train.trainer as trainer
-    from s2s_deploy.runtime.errors import S2SError
+    from s2s_deploy.errors import S2SError
 
     seen: dict[str, object] = {}
 
@@ -148,7 +148,7 @@ def test_train_draws_no_bar_when_stderr_is_not_a_terminal(monkeypatch, tmp_path:
 
 
 def test_evaluate_warns_about_another_task_and_shows_progress(exports, capsys) -> None:
-    from s2s_deploy.runtime.ort_backend import OrtBackend
+    from s2s_deploy.runtime.ort.backend import OrtBackend
     from s2s_deploy.train.evaluate import evaluate
 
     _, manifest = exports.get("gru")
@@ -166,7 +166,7 @@ def test_evaluate_warns_about_another_task_and_shows_progress(exports, capsys) -
 
 
 def test_bench_rows_labels_and_baseline(exports, tmp_path: Path) -> None:
-    from s2s_deploy.bench import (
+    from s2s_deploy.bench.runner import (
         BenchResult,
         BenchSettings,
         chart_rows,
@@ -192,7 +192,7 @@ def test_bench_rows_labels_and_baseline(exports, tmp_path: Path) -> None:
 
 
 def test_bench_plot_needs_matplotlib_before_the_run(exports, monkeypatch) -> None:
-    import s2s_deploy.bench as bench
+    import s2s_deploy.bench.runner as bench
 
     _, manifest = exports.get("gru")
     monkeypatch.setitem(sys.modules, "matplotlib.backends.backend_agg", None)
@@ -204,8 +204,8 @@ def test_bench_plot_needs_matplotlib_before_the_run(exports, monkeypatch) -> Non
 def test_inspect_lists_generate_and_only_providers_that_start(exports, monkeypatch, tmp_path: Path) -> None:
     import onnxruntime
 
-    from s2s_deploy.runtime.manifest import load_manifest
-    from s2s_deploy.tools.fuse import GENERATE_FILE, add_to_manifest, fuse_generate
+    from s2s_deploy.format.manifest import load_manifest
+    from s2s_deploy.transforms.fuse import GENERATE_FILE, add_to_manifest, fuse_generate
 
     _, shared = exports.get("gru")
     manifest = load_manifest(shutil.copytree(shared.directory, tmp_path / "gru"))
@@ -222,10 +222,10 @@ def test_inspect_lists_generate_and_only_providers_that_start(exports, monkeypat
 
 
 def test_quantize_carries_generate_over_refused_from_the_quantised_graphs(exports, tmp_path: Path) -> None:
-    from s2s_deploy.runtime.manifest import load_manifest, sha256_of
+    from s2s_deploy.format.manifest import load_manifest, sha256_of
     from s2s_deploy.runtime.translator import Translator
-    from s2s_deploy.tools.fuse import GENERATE_FILE, add_to_manifest, fuse_generate
-    from s2s_deploy.tools.quantize import quantize_export
+    from s2s_deploy.transforms.fuse import GENERATE_FILE, add_to_manifest, fuse_generate
+    from s2s_deploy.transforms.quantize import quantize_export
 
     _, shared = exports.get("gru")
     manifest = load_manifest(shutil.copytree(shared.directory, tmp_path / "gru"))

@@ -14,13 +14,13 @@ from onnx.reference import ReferenceEvaluator
 from test_plugins import ARCH_CASES
 
 from s2s_deploy.cli import main
-from s2s_deploy.runtime.errors import S2SError
-from s2s_deploy.runtime.graph_engine import GraphEngine, generate_feeds, hypotheses
-from s2s_deploy.runtime.manifest import Manifest, load_manifest, sha256_of
-from s2s_deploy.runtime.ort_backend import OrtBackend
+from s2s_deploy.errors import S2SError
+from s2s_deploy.format.manifest import Manifest, load_manifest, sha256_of
+from s2s_deploy.runtime.ort.backend import OrtBackend
+from s2s_deploy.runtime.ort.generate import GraphEngine, generate_feeds, hypotheses
 from s2s_deploy.runtime.search import Hypothesis, SearchConfig, search
 from s2s_deploy.runtime.translator import encode_batch
-from s2s_deploy.tools.fuse import GENERATE_FILE, _all_nodes, add_to_manifest, build_generate, fuse_generate
+from s2s_deploy.transforms.fuse import GENERATE_FILE, _all_nodes, add_to_manifest, build_generate, fuse_generate
 
 ARCHS = [pytest.param(arch, max_len, id=arch) for arch, max_len in ARCH_CASES]
 SENTENCES = 8  # a mixed-length batch; more only slows the Python reference down

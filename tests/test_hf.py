@@ -16,8 +16,8 @@ import torch
 from s2s_deploy.export.hf import search_defaults, special_ids
 from s2s_deploy.export.hf_reference import HFBackend, load_transformers_model
 from s2s_deploy.export.parity import check_parity, forced_step_diff
-from s2s_deploy.runtime.manifest import load_manifest
-from s2s_deploy.runtime.ort_backend import OrtBackend
+from s2s_deploy.format.manifest import load_manifest
+from s2s_deploy.runtime.ort.backend import OrtBackend
 from s2s_deploy.runtime.search import SearchConfig, search
 
 transformers = pytest.importorskip("transformers")
@@ -319,7 +319,7 @@ def test_a_folder_with_tokenizer_json_exports_a_text_model(tmp_path: Path) -> No
     source = manifest.raw["vocab"]["source"]
     assert source["level"] == "hf" and source["prefix"] == [0] and source["suffix"] == [2]
     assert (out / source["tokenizer"]["file"]).read_bytes() == (hf_dir / "tokenizer.json").read_bytes()
-    from s2s_deploy.runtime.inspect import deployable_files
+    from s2s_deploy.transforms.inspect import deployable_files
 
     assert source["tokenizer"]["file"] in deployable_files(manifest)  # translate reads it
     texts = ["w5 w17 w40 w41", "w90 w4", "w63 w63 w12 w77 w30 w8"]

@@ -21,14 +21,14 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from s2s_deploy.cli import main
+from s2s_deploy.errors import ContractError, S2SError
 from s2s_deploy.export.checkpoint import load_checkpoint
 from s2s_deploy.export.exporter import _record, export_model
 from s2s_deploy.export.registry import Registry
 from s2s_deploy.export.tolerance import StepTolerance
+from s2s_deploy.format.manifest import load_manifest, sha256_of
 from s2s_deploy.runtime import files, staging
 from s2s_deploy.runtime.backend import Backend, DecodeRun
-from s2s_deploy.runtime.errors import ContractError, S2SError
-from s2s_deploy.runtime.manifest import load_manifest, sha256_of
 from s2s_deploy.runtime.search import SearchConfig, search
 from s2s_deploy.runtime.translator import Translator
 from s2s_deploy_plugins.gru import GRUPlugin
@@ -172,7 +172,7 @@ def test_a_zero_byte_or_swapped_graph_with_an_updated_hash_is_one_line(gru: Path
 
 def test_parity_tolerance_never_comes_from_the_manifest(exports, tmp_path: Path) -> None:
     from s2s_deploy.export.parity import check_parity, torch_backend_for
-    from s2s_deploy.runtime.ort_backend import OrtBackend
+    from s2s_deploy.runtime.ort.backend import OrtBackend
 
     gru = exports.get("gru")[1].directory
     folder = tampered(gru, tmp_path, lambda raw: raw["validation"].update(atol=1e9, min_token_agreement=0.0))
@@ -195,7 +195,7 @@ def test_nan_weights_are_refused_at_export(tmp_path: Path) -> None:
     model = plugin.build(plugin.preset("d2l"), 10, 10)
     with torch.no_grad():
         next(model.parameters()).fill_(float("nan"))
-    from s2s_deploy.runtime.vocab import Vocabulary
+    from s2s_deploy.format.vocab import Vocabulary
 
     vocab = Vocabulary.build(["abcdef"])
     with pytest.raises(S2SError, match="NaN or inf"):
@@ -491,7 +491,7 @@ def test_checkpoint_metadata_and_header_bounds(tmp_path: Path) -> None:
 # --- plugin authors -----------------------------------------------------------------------------------
 
 def _export_with(plugin: GRUPlugin, tmp_path: Path) -> None:
-    from s2s_deploy.runtime.vocab import Vocabulary
+    from s2s_deploy.format.vocab import Vocabulary
 
     vocab = Vocabulary.build(["abcdefgh"])
     config = plugin.preset("d2l")
@@ -562,7 +562,7 @@ def test_third_party_reusing_a_builtin_name_disables_only_itself(monkeypatch: py
 
 
 def test_ray_address_that_refuses_fails_fast() -> None:
-    from s2s_deploy.distributed import _probe
+    from s2s_deploy.jobs.distributed import _probe
 
     with pytest.raises(S2SError, match="cannot reach the Ray cluster"):
         _probe("127.0.0.1:1")

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 from s2s_deploy.export.parity import torch_backend_for
-from s2s_deploy.runtime.graph_engine import GraphEngine
-from s2s_deploy.runtime.ort_backend import OrtBackend
+from s2s_deploy.runtime.ort.backend import OrtBackend
+from s2s_deploy.runtime.ort.generate import GraphEngine
 from s2s_deploy.runtime.search import SearchConfig, search
 from s2s_deploy.runtime.translator import Translator, default_search_config, encode_batch
-from s2s_deploy.tools.fuse import add_to_manifest, fuse_generate
+from s2s_deploy.transforms.fuse import add_to_manifest, fuse_generate
 
 TIGHT = {"max_len_a": 0.25, "max_len_b": 2}
 
@@ -51,7 +51,7 @@ def test_generate_onnx_applies_the_same_limits(exports, tmp_path) -> None:
     _, manifest = exports.get("gru")
     folder = tmp_path / "gru"
     shutil.copytree(manifest.directory, folder)
-    from s2s_deploy.runtime.manifest import load_manifest
+    from s2s_deploy.format.manifest import load_manifest
 
     copy = load_manifest(folder)
     add_to_manifest(copy, fuse_generate(copy, folder / "generate.onnx"), beam=True)

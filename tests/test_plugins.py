@@ -10,7 +10,7 @@ import pytest
 
 from s2s_deploy.export.parity import check_parity, forced_step_diff, torch_backend_for
 from s2s_deploy.export.registry import REGISTRY
-from s2s_deploy.runtime.ort_backend import OrtBackend
+from s2s_deploy.runtime.ort.backend import OrtBackend
 from s2s_deploy.runtime.search import SearchConfig, search
 from s2s_deploy.runtime.translator import encode_batch
 
@@ -184,7 +184,7 @@ class _FailsCapture:
     def run_with_iobinding(self, binding, run_options=None) -> None:
         from onnxruntime.capi.onnxruntime_pybind11_state import Fail
 
-        from s2s_deploy.runtime.fixed_steps import GRAPH_ID_KEY
+        from s2s_deploy.runtime.ort.step_loop import GRAPH_ID_KEY
 
         graph_id = int(run_options.get_run_config_entry(GRAPH_ID_KEY)) if run_options is not None else -1
         if graph_id >= 0 and graph_id not in self._seen:
@@ -203,7 +203,7 @@ def test_a_step_that_fails_to_capture_falls_back_and_decodes_the_same(exports, a
     fresh uncaptured session: the caller gets what a backend that never captured gives. The
     capture bookkeeping runs on CPU here because the CPU session ignores graph ids; with no
     failure (``fail_at`` 0), graph ids kept across batches must decode as fresh backends do."""
-    from s2s_deploy.runtime.fixed_steps import FixedSteps
+    from s2s_deploy.runtime.ort.step_loop import FixedSteps
 
     _, manifest = exports.get(arch)
     texts = sorted(manifest.samples, key=len)
@@ -230,7 +230,7 @@ def test_a_step_that_fails_to_capture_falls_back_and_decodes_the_same(exports, a
 @pytest.mark.parametrize(("arch", "max_len"), ARCHS)
 def test_graph_files_hold_little_beyond_their_weights(exports, arch: str, max_len: int) -> None:
     """fp32 graph files within 5% of their parameter bytes: no duplicated weights, no debug baggage."""
-    from s2s_deploy.runtime.inspect import summarise
+    from s2s_deploy.transforms.inspect import summarise
 
     _, manifest = exports.get(arch)
     for graph in summarise(manifest):
@@ -239,7 +239,7 @@ def test_graph_files_hold_little_beyond_their_weights(exports, arch: str, max_le
 
 @pytest.mark.parametrize(("arch", "max_len"), ARCHS)
 def test_kept_buffers_decode_as_a_fresh_backend(exports, monkeypatch, arch: str, max_len: int) -> None:
-    """The step loop (runtime/fixed_steps.py) keeps every input and output in buffers reused
+    """The step loop (runtime/ort/step_loop.py) keeps every input and output in buffers reused
     across batches, which is what lets CUDA replay steps as captured graphs. One backend decoding
     batch after batch, its state buffers outgrown, memory shapes and row counts dropped on the way, must
     find what a fresh backend finds for each batch alone; beam search's narrow first step included."""

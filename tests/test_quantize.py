@@ -7,11 +7,11 @@ from pathlib import Path
 import onnx
 import pytest
 
+from s2s_deploy.errors import S2SError
 from s2s_deploy.export.parity import check_parity, torch_backend_for
-from s2s_deploy.runtime.errors import S2SError
-from s2s_deploy.runtime.manifest import Manifest, load_manifest
-from s2s_deploy.runtime.ort_backend import OrtBackend
-from s2s_deploy.tools.quantize import MIN_TOKEN_AGREEMENT, quantize_export
+from s2s_deploy.format.manifest import Manifest, load_manifest
+from s2s_deploy.runtime.ort.backend import OrtBackend
+from s2s_deploy.transforms.quantize import MIN_TOKEN_AGREEMENT, quantize_export
 
 
 def declared_outputs(manifest: Manifest) -> list[onnx.ValueInfoProto]:
@@ -125,7 +125,7 @@ def test_repeated_casts_of_older_fp16_converters_are_merged() -> None:
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
-    from s2s_deploy.tools.fp16 import drop_repeated_producers
+    from s2s_deploy.transforms.fp16 import drop_repeated_producers
 
     def cast() -> onnx.NodeProto:
         return helper.make_node("Cast", ["w"], ["w_cast_to_fp32"], to=TensorProto.FLOAT, name="w_cast")

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from s2s_deploy.errors import ContractError, S2SError, UnknownNameError
 from s2s_deploy.export.contract import BATCH, ArchitecturePlugin, MemorySpec, StateSpec, validate_plugin
 from s2s_deploy.export.registry import REGISTRY, Registry
-from s2s_deploy.runtime.errors import ContractError, S2SError, UnknownNameError
 from s2s_deploy_plugins.transformer import TransformerPlugin
 
 

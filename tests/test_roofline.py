@@ -10,8 +10,8 @@ import pytest
 from click.testing import CliRunner
 from onnx import TensorProto, helper, numpy_helper
 
+from s2s_deploy.bench import roofline
 from s2s_deploy.cli import main
-from s2s_deploy.tools import roofline
 
 
 def tiny_decoder(path, inner: int = 8, outer: int = 12, vocab: int = 30) -> None:
@@ -152,7 +152,7 @@ def test_each_pass_splits_its_time_per_token_from_the_bound_up() -> None:
     minute's limits; the ceiling is what a step of its products alone would have reached."""
     from types import SimpleNamespace
 
-    from s2s_deploy.bench import PassTime
+    from s2s_deploy.bench.runner import PassTime
 
     _, _, timed = _two_minutes()
     # 100 steps for 100 tokens; the second pass takes twice as long in every part, on a machine half as fast
@@ -172,7 +172,7 @@ def test_each_pass_splits_its_time_per_token_from_the_bound_up() -> None:
 
 
 def test_a_decoder_with_nothing_to_bound_fails_in_one_line_before_the_benchmark(tmp_path) -> None:
-    from s2s_deploy.runtime.errors import S2SError
+    from s2s_deploy.errors import S2SError
 
     inits = [numpy_helper.from_array(np.ones((30, 8), np.float32), "embedding")]
     nodes = [helper.make_node("Gather", ["embedding", "ids"], ["out"])]

@@ -82,8 +82,8 @@ def test_node_example_matches_translate(exports, arch: str, beam: int) -> None:
                     reason="run `npm install --ignore-scripts` in examples/node first (.ci/run does)")
 @pytest.mark.parametrize("beam", [1, 3])
 def test_node_generate_example_matches_translate(exports, tmp_path: Path, beam: int) -> None:
-    from s2s_deploy.runtime.manifest import load_manifest
-    from s2s_deploy.tools.fuse import add_to_manifest, fuse_generate
+    from s2s_deploy.format.manifest import load_manifest
+    from s2s_deploy.transforms.fuse import add_to_manifest, fuse_generate
 
     _, original = exports.get("transformer")
     folder = tmp_path / "fused"
@@ -128,8 +128,8 @@ def test_node_beam_written_from_the_doc_matches_translate(exports, arch: str) ->
                     reason="run `npm install --ignore-scripts` in examples/node first (.ci/run does)")
 def test_node_clients_translate_an_fp16_copy_like_translate(exports, tmp_path: Path) -> None:
     """An fp16 copy's cache is float16 (its manifest says so): both Node clients make its zero state."""
-    from s2s_deploy.runtime.manifest import load_manifest
-    from s2s_deploy.tools.quantize import quantize_export
+    from s2s_deploy.format.manifest import load_manifest
+    from s2s_deploy.transforms.quantize import quantize_export
 
     _, manifest = exports.get("transformer")
     folder = quantize_export(manifest, "fp16", tmp_path / "fp16").directory

@@ -22,7 +22,7 @@ import httpx
 from starlette.testclient import TestClient
 
 from s2s_deploy.cli.serve import split_threads
-from s2s_deploy.runtime.errors import S2SError
+from s2s_deploy.errors import S2SError
 from s2s_deploy.runtime.translator import Translator
 from s2s_deploy.serve.app import MAX_BODY_BYTES, ServeConfig, create_app
 from s2s_deploy.serve.batcher import BatchLimits

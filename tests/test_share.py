@@ -14,10 +14,10 @@ from onnx import TensorProto, helper, numpy_helper
 
 import s2s_deploy_plugins
 from s2s_deploy.cli import main
-from s2s_deploy.runtime.errors import ManifestError
-from s2s_deploy.runtime.manifest import load_manifest, sha256_of
-from s2s_deploy.tools.quantize import _quantize_embeddings
-from s2s_deploy.tools.share import SHARED_FILE, share_weights
+from s2s_deploy.errors import ManifestError
+from s2s_deploy.format.manifest import load_manifest, sha256_of
+from s2s_deploy.transforms.quantize import _quantize_embeddings
+from s2s_deploy.transforms.share import SHARED_FILE, share_weights
 
 
 def graph_with(path, weight: np.ndarray, name: str = "w") -> None:

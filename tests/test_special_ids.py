@@ -11,10 +11,10 @@ from s2s_deploy.export.exporter import export_model
 from s2s_deploy.export.parity import check_parity, torch_backend_for
 from s2s_deploy.export.registry import get_plugin
 from s2s_deploy.export.sources import bundled_checkpoint
-from s2s_deploy.runtime.manifest import load_manifest
-from s2s_deploy.runtime.ort_backend import OrtBackend
+from s2s_deploy.format.manifest import load_manifest
+from s2s_deploy.format.vocab import Vocabulary
+from s2s_deploy.runtime.ort.backend import OrtBackend
 from s2s_deploy.runtime.translator import Translator
-from s2s_deploy.runtime.vocab import Vocabulary
 
 # which tensors hold one row per token, for the two plugins permuted here
 ROWS = {

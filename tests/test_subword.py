@@ -17,15 +17,15 @@ import torch
 from click.testing import CliRunner
 
 from s2s_deploy.cli import main
+from s2s_deploy.errors import ManifestError
 from s2s_deploy.export.checkpoint import load_checkpoint, save_checkpoint
 from s2s_deploy.export.exporter import export_model
 from s2s_deploy.export.parity import check_parity, torch_backend_for
 from s2s_deploy.export.registry import get_plugin
-from s2s_deploy.runtime.errors import ManifestError
-from s2s_deploy.runtime.manifest import load_manifest
-from s2s_deploy.runtime.ort_backend import OrtBackend
+from s2s_deploy.format.manifest import load_manifest
+from s2s_deploy.format.vocab import Vocabulary, VocabularyError
+from s2s_deploy.runtime.ort.backend import OrtBackend
 from s2s_deploy.runtime.translator import Translator
-from s2s_deploy.runtime.vocab import Vocabulary, VocabularyError
 
 WORDS = ("alpha", "beta", "gamma", "delta", "march", "april", "one", "two", "three", "four", "hello", "world",
          "mercredi", "quatre", "vingt", "semaines", "jours", "après", "trois", "janvier", "février")
@@ -243,7 +243,7 @@ def test_node_example_refuses_subword_levels(export: Path) -> None:
 @pytest.mark.parametrize("beam", [1, 3])
 def test_generate_onnx_matches_the_loop(export: Path, tmp_path: Path, beam: int) -> None:
     """The fused graph reads the start and EOS ids from the manifest: the hf target has EOS 0, start 2."""
-    from s2s_deploy.tools.fuse import add_to_manifest, fuse_generate
+    from s2s_deploy.transforms.fuse import add_to_manifest, fuse_generate
 
     folder = tmp_path / "fused"
     shutil.copytree(export, folder)
@@ -254,7 +254,7 @@ def test_generate_onnx_matches_the_loop(export: Path, tmp_path: Path, beam: int)
 
 
 def test_a_quantised_copy_keeps_its_tokenizer_files(export: Path, tmp_path: Path) -> None:
-    from s2s_deploy.tools.quantize import quantize_export
+    from s2s_deploy.transforms.quantize import quantize_export
 
     report = quantize_export(load_manifest(export), "int8", tmp_path / "int8")
     quantised = load_manifest(report.directory)

@@ -7,8 +7,8 @@ import re
 
 import pytest
 
-from s2s_deploy.runtime.errors import S2SError, UnknownNameError
-from s2s_deploy.tasks import (
+from s2s_deploy.errors import S2SError, UnknownNameError
+from s2s_deploy.train.tasks import (
     BUILTIN_TASKS,
     Pair,
     SplitSizes,

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from s2s_deploy.runtime.manifest import load_manifest
-from s2s_deploy.runtime.subword import TokenizerFile, TokenizerFileError
+from s2s_deploy.format.manifest import load_manifest
+from s2s_deploy.format.subword import TokenizerFile, TokenizerFileError
+from s2s_deploy.format.vocab import Vocabulary, VocabularyError
 from s2s_deploy.runtime.translator import Translator
-from s2s_deploy.runtime.vocab import Vocabulary, VocabularyError
 
 MARIAN_LIKE = ("</s>", "<unk>", "a", "b", "c", "<pad>")
 
@@ -92,7 +92,7 @@ def test_a_format_2_export_still_reads(exports, tmp_path: Path) -> None:
 
 
 def test_special_tokens_must_agree_with_the_target_vocabulary(exports, tmp_path: Path) -> None:
-    from s2s_deploy.runtime.errors import ManifestError
+    from s2s_deploy.errors import ManifestError
 
     _, manifest = exports.get("gru")
     bad = tmp_path / "bad"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import click
 
-from s2s_deploy.cli import echo_device, load_plugin_files, main, plugin_option
 from s2s_deploy.cli.decode import device_option
 from s2s_deploy.cli.extras import require
+from s2s_deploy.cli.group import echo_device, load_plugin_files, main, plugin_option
 
 
 @main.command("attention")
@@ -27,15 +27,15 @@ def attention_command(export_dir: str, text: str, out: str, reduce: str | None, 
     Decodes TEXT greedily and draws its cross-attention (the export needs --with-attention).
     """
     require("attention", "plot", *(("export",) if compare else ()))
-    from s2s_deploy.runtime.manifest import load_manifest
-    from s2s_deploy.runtime.ort_backend import OrtBackend
-    from s2s_deploy.tools.attention import attention_map, compare_attention
+    from s2s_deploy.format.manifest import load_manifest
+    from s2s_deploy.pictures.attention import attention_map, compare_attention
+    from s2s_deploy.runtime.ort.backend import OrtBackend
 
     load_plugin_files(plugin_files)
     manifest = load_manifest(export_dir)
     if not manifest.has_attention_output:
         _explain_missing_attention(manifest.plugin, export_dir)
-    from s2s_deploy.tools import plot
+    from s2s_deploy.pictures import plot
 
     plot.require_matplotlib()
     backend = OrtBackend(manifest, device=device)
@@ -63,8 +63,8 @@ def attention_command(export_dir: str, text: str, out: str, reduce: str | None, 
 
 def _explain_missing_attention(architecture: str, export_dir: str) -> None:
     """Tell an architecture without attention from an export that merely left it out."""
+    from s2s_deploy.errors import S2SError
     from s2s_deploy.export.registry import get_plugin
-    from s2s_deploy.runtime.errors import S2SError
 
     try:
         has_attention = get_plugin(architecture).has_attention

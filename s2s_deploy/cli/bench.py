@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from s2s_deploy.cli import load_plugin_files, main, plugin_option
+from s2s_deploy.cli.group import load_plugin_files, main, plugin_option
 
 
 def _ints(text: str) -> tuple[int, ...]:
@@ -58,7 +58,7 @@ def bench_command(export_dirs: tuple[str, ...], synthetic: str | None, vocab_siz
 
     Tokens/s, latency, engine overhead and peak memory of the same search on each system.
     """
-    from s2s_deploy.bench import (
+    from s2s_deploy.bench.runner import (
         SYSTEMS,
         BenchSettings,
         beam_costs,
@@ -69,12 +69,12 @@ def bench_command(export_dirs: tuple[str, ...], synthetic: str | None, vocab_siz
         scratch_dir,
         synthetic_export,
     )
-    from s2s_deploy.runtime.errors import S2SError
-    from s2s_deploy.runtime.manifest import load_manifest
+    from s2s_deploy.errors import S2SError
+    from s2s_deploy.format.manifest import load_manifest
 
     load_plugin_files(plugin_files)
     if plot_path:
-        from s2s_deploy.tools.plot import require_matplotlib
+        from s2s_deploy.pictures.plot import require_matplotlib
 
         require_matplotlib()  # before the run, not after it
     chosen = tuple(s.strip() for s in systems.split(","))
@@ -95,7 +95,7 @@ def bench_command(export_dirs: tuple[str, ...], synthetic: str | None, vocab_siz
                              warmup=warmup, threads=threads, fixed_length=fixed_length, systems=chosen)
     timed = None
     if roofline:
-        from s2s_deploy.tools import roofline as roof
+        from s2s_deploy.bench import roofline as roof
 
         timed = roof.SameMinute({d.name: (m := load_manifest(d)).graph_path(m.decoder) for d in dirs}, threads)
     result = run_benchmark(dirs, settings, after_pass=timed.after_pass if timed else None)
@@ -113,6 +113,6 @@ def bench_command(export_dirs: tuple[str, ...], synthetic: str | None, vocab_siz
                           "step_share": c.step_share, "ceilings": [b.ceiling for b in c.budgets]} for c in cells],
         }, indent=2))
     if plot_path:
-        from s2s_deploy.tools.plot import plot_benchmark
+        from s2s_deploy.pictures.plot import plot_benchmark
 
         plot_benchmark(chart_rows(result.rows), Path(plot_path), title=chart_title(result, settings))

@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING, TypeVar
 
 import click
 
-from s2s_deploy.cli import echo_device, load_plugin_files, main, plugin_option
 from s2s_deploy.cli.extras import require
+from s2s_deploy.cli.group import echo_device, load_plugin_files, main, plugin_option
 
 if TYPE_CHECKING:
-    from s2s_deploy.runtime.files import FileOptions
+    from s2s_deploy.jobs.files import FileOptions
 
 device_option = click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto",
                              show_default=True, help="ONNX Runtime device; auto uses CUDA only if it works.")
@@ -58,7 +58,7 @@ def decoding_options(command: F) -> F:
 def read_lines(path: str, keep_blank: bool = False) -> list[str]:
     """Lines split on ``\\n`` alone (a trailing ``\\r`` dropped), as ``--output`` splits them, so
     U+2028 or a form feed never makes two lines of one; blank lines kept when asked."""
-    from s2s_deploy.runtime.errors import S2SError
+    from s2s_deploy.errors import S2SError
 
     try:
         data = Path(path).read_bytes() if path != "-" else click.get_binary_stream("stdin").read()
@@ -130,8 +130,8 @@ def translate_command(export_dir: str, texts: tuple[str, ...], input_path: str |
     With --output, --input is streamed in chunks of 10,000 lines: memory stays flat, output
     line N belongs to input line N, and Ctrl-C leaves a part file that --resume continues.
     """
-    from s2s_deploy.runtime.errors import S2SError
-    from s2s_deploy.runtime.files import CHUNK_LINES, FileOptions
+    from s2s_deploy.errors import S2SError
+    from s2s_deploy.jobs.files import CHUNK_LINES, FileOptions
     from s2s_deploy.runtime.translator import Translator, check_ids, check_inputs, parse_ids
 
     options = {name: value for name, value in decoding.items() if value not in (None, (), False)}
@@ -162,7 +162,7 @@ def translate_command(export_dir: str, texts: tuple[str, ...], input_path: str |
                            "\"some text\"`")
         raise S2SError(f"export folder not found: {export_dir!r} (usage: s2s-deploy translate DIR TEXT...)")
     if not Path(export_dir).is_dir():
-        from s2s_deploy.runtime.manifest import not_an_export
+        from s2s_deploy.format.manifest import not_an_export
 
         raise S2SError(not_an_export(Path(export_dir)))
     if not lines:
@@ -222,7 +222,7 @@ def score_command(export_dir: str, source_path: str, target_path: str, per_token
 
     Teacher-forced through the step decoder: one line per pair, the total, then (with --tokens)
     each token's, tab-separated."""
-    from s2s_deploy.runtime.errors import S2SError
+    from s2s_deploy.errors import S2SError
     from s2s_deploy.runtime.translator import Translator
 
     sources, targets = read_lines(source_path), read_lines(target_path)
@@ -239,7 +239,7 @@ def _manifest_beam(export_dir: str) -> int:
     """The export's own beam size (``search.beam_size``), as translate uses without --output. The
     graphs are hashed once, by the Translator that decodes the file, not here too (Marian-base:
     0.55 s instead of 0.76-1.35 s for this read)."""
-    from s2s_deploy.runtime.manifest import load_manifest
+    from s2s_deploy.format.manifest import load_manifest
 
     manifest = load_manifest(export_dir, verify_hashes=False)
     return int(manifest.raw["search"].get("beam_size", 1))  # typed by the manifest schema
@@ -252,14 +252,14 @@ def _translate_file(export_dir: str, input_path: str, output_path: str, options:
     import sys
     from dataclasses import asdict
 
-    from s2s_deploy.runtime.files import FileSummary, TranslationInterrupted, refuse_same_file, translate_file
+    from s2s_deploy.jobs.files import FileSummary, TranslationInterrupted, refuse_same_file, translate_file
     from s2s_deploy.runtime.translator import Translator
 
     progress = False if quiet else None
     summary: FileSummary
     try:
         if ray_address is not None:
-            from s2s_deploy.distributed import translate_dataset
+            from s2s_deploy.jobs.distributed import translate_dataset
 
             summary = translate_dataset(export_dir, input_path, output_path, actors=actors, address=ray_address or None,
                                         resume=resume, progress=progress, device=device, threads=threads or 1,
@@ -309,10 +309,10 @@ def parity_command(export_dir: str, input_path: str | None, beam: int, max_len: 
         require("parity", "hf")
     import sys
 
+    from s2s_deploy.errors import S2SError
     from s2s_deploy.export.parity import check_parity, torch_backend_for
-    from s2s_deploy.runtime.errors import S2SError
-    from s2s_deploy.runtime.manifest import load_manifest
-    from s2s_deploy.runtime.ort_backend import OrtBackend
+    from s2s_deploy.format.manifest import load_manifest
+    from s2s_deploy.runtime.ort.backend import OrtBackend
 
     load_plugin_files(plugin_files)
     if atol is not None and not 0 <= atol < float("inf"):
@@ -396,11 +396,11 @@ def evaluate_command(export_dir: str, task: str | None, splits: tuple[str, ...],
     PyTorch and ONNX Runtime side by side, greedy and beam.
     """
     require("evaluate", "eval", *(("export",) if backends != "onnxruntime" else ()))
-    from s2s_deploy.runtime.errors import S2SError
-    from s2s_deploy.runtime.manifest import load_manifest
-    from s2s_deploy.runtime.ort_backend import OrtBackend
-    from s2s_deploy.tasks import load_task
+    from s2s_deploy.errors import S2SError
+    from s2s_deploy.format.manifest import load_manifest
+    from s2s_deploy.runtime.ort.backend import OrtBackend
     from s2s_deploy.train.evaluate import evaluate, markdown, task_of
+    from s2s_deploy.train.tasks import load_task
 
     load_plugin_files(plugin_files)
     manifest = load_manifest(export_dir)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import click
 
-from s2s_deploy.cli import load_plugin_files, main, plugin_option
 from s2s_deploy.cli.extras import require
+from s2s_deploy.cli.group import load_plugin_files, main, plugin_option
 
 
 @main.command("export")
@@ -42,12 +42,12 @@ def export_command(arch: str | None, checkpoint: str | None, hf_dir: str | None,
     Exporting the same checkpoint with the same options over an earlier export says it is up to date.
     """
     require("export", "export")
+    from s2s_deploy.errors import S2SError
     from s2s_deploy.export.exporter import export_model
     from s2s_deploy.export.registry import get_plugin
     from s2s_deploy.export.sources import load_source
-    from s2s_deploy.runtime.errors import S2SError
-    from s2s_deploy.runtime.manifest import sha256_of
-    from s2s_deploy.runtime.staging import check_replaceable, remove_leftovers
+    from s2s_deploy.format.files import check_replaceable, remove_leftovers
+    from s2s_deploy.format.manifest import sha256_of
 
     load_plugin_files(plugin_files)
     if hf_dir is not None:
@@ -100,8 +100,8 @@ def export_command(arch: str | None, checkpoint: str | None, hf_dir: str | None,
 def _difference(folder: Path, wanted: dict[str, object]) -> str | None:
     """What differs between the export in ``folder`` and the one asked for; None when nothing does.
     A folder that is not a valid, intact export differs in every way."""
-    from s2s_deploy.runtime.errors import S2SError
-    from s2s_deploy.runtime.manifest import load_manifest, sha256_of
+    from s2s_deploy.errors import S2SError
+    from s2s_deploy.format.manifest import load_manifest, sha256_of
 
     try:
         manifest = load_manifest(folder)
@@ -129,8 +129,8 @@ def inspect_command(export_dir: str) -> None:
 
     Inputs, outputs, opset, node and parameter counts, and sizes of each graph.
     """
-    from s2s_deploy.runtime.inspect import deployable_files, shared_parameter_bytes, startable_providers, summarise
-    from s2s_deploy.runtime.manifest import load_manifest
+    from s2s_deploy.format.manifest import load_manifest
+    from s2s_deploy.transforms.inspect import deployable_files, shared_parameter_bytes, startable_providers, summarise
 
     manifest = load_manifest(export_dir)
     click.echo(f"{manifest.directory}: {manifest.plugin} v{manifest.plugin_version}, "

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib.util
 from importlib import metadata
 
-from s2s_deploy.runtime.errors import S2SError
+from s2s_deploy.errors import S2SError
 
 EXTRA_MODULES: dict[str, tuple[str, ...]] = {
     "export": ("torch", "onnxscript", "safetensors"),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from s2s_deploy.cli import main
+from s2s_deploy.cli.group import main
 
 
 @main.command("fuse")
@@ -18,8 +18,8 @@ def fuse_command(export_dir: str, greedy_only: bool, with_options: bool) -> None
 
     The encoder, then greedy or beam search in an ONNX Loop.
     """
-    from s2s_deploy.runtime.manifest import load_manifest
-    from s2s_deploy.tools.fuse import GENERATE_FILE, add_to_manifest, fuse_generate
+    from s2s_deploy.format.manifest import load_manifest
+    from s2s_deploy.transforms.fuse import GENERATE_FILE, add_to_manifest, fuse_generate
 
     manifest = load_manifest(export_dir)
     beam = not greedy_only

@@ -15,6 +15,10 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
+import click
+
+from s2s_deploy.cli.group import load_plugin_files, main, plugin_option
+
 CONTRACT_MODULE = "s2s_deploy.export.contract"
 BASE_CLASS = "ArchitecturePlugin"
 FIELDS = ("name", "version", "description", "presets", "default_preset", "exporter")
@@ -143,3 +147,20 @@ def _value(field: str, node: ast.expr) -> Any:
         return ast.literal_eval(node)
     except ValueError:
         return None
+
+
+@main.command("list")
+@plugin_option
+def list_command(plugin_files: tuple[str, ...]) -> None:
+    """List architectures and where each comes from."""
+    found = entries(plugin_files, "s2s_deploy.plugins")  # from the plugins' source: no torch import
+    if found is None:
+        from s2s_deploy.export.registry import REGISTRY
+
+        load_plugin_files(plugin_files)
+        found = [PluginFacts(e.plugin.name, e.plugin.version, e.plugin.description, tuple(e.plugin.presets),
+                             e.plugin.default_preset, e.plugin.exporter, e.source) for e in REGISTRY.entries()]
+    for p in found:
+        click.echo(f"{p.name:<12} v{p.version:<5} {p.description}")
+        click.echo(f"{'':<12} presets: {', '.join(p.presets)} (default {p.default_preset}); exporter: {p.exporter}; "
+                   f"from {p.source}")

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import click
 
-from s2s_deploy.cli import main
 from s2s_deploy.cli.extras import install_hint
+from s2s_deploy.cli.group import main
 
 # Largest exact-match loss (percentage points) we call acceptable for a quantised model.
 MAX_EXACT_MATCH_DROP = 2.0
@@ -33,9 +33,9 @@ def quantize_command(export_dir: str, kind: str | None, activations: str, out_di
 
     Reports sizes and task accuracy before and after.
     """
-    from s2s_deploy.runtime.errors import S2SError
-    from s2s_deploy.runtime.manifest import load_manifest
-    from s2s_deploy.tools.quantize import quantize_export
+    from s2s_deploy.errors import S2SError
+    from s2s_deploy.format.manifest import load_manifest
+    from s2s_deploy.transforms.quantize import quantize_export
 
     if kind is None:
         raise S2SError("choose --int8 or --fp16")
@@ -65,7 +65,7 @@ def quantize_command(export_dir: str, kind: str | None, activations: str, out_di
 
 
 def _compare_accuracy(original, quantised, limit: int | None, kind: str) -> None:
-    from s2s_deploy.runtime.ort_backend import OrtBackend
+    from s2s_deploy.runtime.ort.backend import OrtBackend
     from s2s_deploy.train.evaluate import evaluate
 
     device = "cuda" if kind == "fp16" else "cpu"

@@ -6,8 +6,8 @@ import os
 
 import click
 
-from s2s_deploy.cli import main
-from s2s_deploy.runtime.errors import S2SError
+from s2s_deploy.cli.group import main
+from s2s_deploy.errors import S2SError
 
 
 def available_cores() -> int:
@@ -62,7 +62,7 @@ def serve_command(export_dir: str, host: str, port: int, workers: int, threads: 
     except ImportError as exc:
         raise S2SError(f"serve needs the [serve] extra: pip install \"s2s-deploy[serve]\" ({exc.name} missing)") \
             from exc
-    from s2s_deploy.runtime.manifest import load_manifest
+    from s2s_deploy.format.manifest import load_manifest
     from s2s_deploy.serve.app import CONFIG_ENV, ServeConfig
     from s2s_deploy.serve.batcher import BatchLimits
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import click
 
-from s2s_deploy.cli import load_plugin_files, main, plugin_option
 from s2s_deploy.cli.extras import require
+from s2s_deploy.cli.group import load_plugin_files, main, plugin_option
 
 
 @main.command("train")
@@ -56,9 +56,9 @@ def train_command(arch: str, task: str, preset: str | None, epochs: int, seed: i
     Teacher forcing; keeps the checkpoint with the best valid exact match.
     """
     require("train", "export", "eval")
+    from s2s_deploy.errors import S2SError
     from s2s_deploy.export.registry import get_plugin
-    from s2s_deploy.runtime.errors import S2SError
-    from s2s_deploy.tasks import SplitSizes, load_task
+    from s2s_deploy.train.tasks import SplitSizes, load_task
     from s2s_deploy.train.trainer import TrainConfig, train
 
     load_plugin_files(plugin_files)
@@ -87,7 +87,7 @@ def train_command(arch: str, task: str, preset: str | None, epochs: int, seed: i
     bar = not no_progress and sys.stderr.isatty()  # a bar in a log file is litter
     if resume:  # a fine-tune is reproducible from the checkpoint it started from, and that one's recipe
         from s2s_deploy.export.checkpoint import load_checkpoint
-        from s2s_deploy.runtime.manifest import sha256_of
+        from s2s_deploy.format.manifest import sha256_of
 
         started = load_checkpoint(resume).info
         info |= {"resumed_sha256": sha256_of(Path(resume)), "resumed_command": started.get("command"),

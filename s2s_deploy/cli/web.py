@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from s2s_deploy.cli import main
+from s2s_deploy.cli.group import main
 
 
 @main.command("web")

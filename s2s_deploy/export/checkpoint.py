@@ -16,10 +16,10 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from s2s_deploy.errors import CheckpointError, S2SError
 from s2s_deploy.export.contract import ArchitecturePlugin, Seq2SeqModel
 from s2s_deploy.export.registry import get_plugin
-from s2s_deploy.runtime.errors import CheckpointError, S2SError
-from s2s_deploy.runtime.vocab import FileReader, Vocabulary
+from s2s_deploy.format.vocab import FileReader, Vocabulary
 
 FORMAT = "s2s-deploy-checkpoint/2"
 READABLE_FORMATS = ("s2s-deploy-checkpoint/1", FORMAT)  # 1: no special ids, no tokenizer files

@@ -17,9 +17,9 @@ from typing import Any, ClassVar, Literal, NamedTuple
 
 from torch import Tensor, nn
 
-from s2s_deploy.runtime.errors import ContractError, UnknownNameError
-from s2s_deploy.runtime.manifest import BATCH, zeros_shape
-from s2s_deploy.runtime.names import TOP_K, TOP_OUTPUTS
+from s2s_deploy.errors import ContractError, UnknownNameError
+from s2s_deploy.format.manifest import BATCH, zeros_shape
+from s2s_deploy.format.names import TOP_K, TOP_OUTPUTS
 
 EXPORTERS = ("dynamo", "torchscript")
 RESERVED_NAMES = frozenset(

@@ -22,19 +22,19 @@ import numpy as np
 import onnx
 import torch
 
+from s2s_deploy.errors import S2SError
 from s2s_deploy.export.checks import check_encoder_axes_torch, run_export_checks
 from s2s_deploy.export.contract import ArchitecturePlugin, Seq2SeqModel, StateSpec
 from s2s_deploy.export.graphs import EncoderGraph, GraphIO, StepGraph, io_names
 from s2s_deploy.export.plugin_errors import check_batch_axes, check_encoded, plugin_errors
 from s2s_deploy.export.tolerance import DEFAULT_RTOL, NO_DIFF, StepTolerance, plugin_tolerance
-from s2s_deploy.runtime.errors import S2SError
-from s2s_deploy.runtime.manifest import FORMAT, sha256_of, write_manifest
-from s2s_deploy.runtime.names import TOP_K, TOP_OUTPUTS, init_name, past_name, present_name
-from s2s_deploy.runtime.ort_backend import quiet_stderr
-from s2s_deploy.runtime.staging import staged_directory
-from s2s_deploy.runtime.subword import write_files
-from s2s_deploy.runtime.vocab import Vocabulary
-from s2s_deploy.tools.share import share_weights
+from s2s_deploy.format.files import staged_directory
+from s2s_deploy.format.manifest import FORMAT, sha256_of, write_manifest
+from s2s_deploy.format.names import TOP_K, TOP_OUTPUTS, init_name, past_name, present_name
+from s2s_deploy.format.subword import write_files
+from s2s_deploy.format.vocab import Vocabulary
+from s2s_deploy.runtime.ort.backend import quiet_stderr
+from s2s_deploy.transforms.share import share_weights
 
 DEFAULT_OPSET = 18
 ENCODER_FILE = "encoder.onnx"
@@ -352,7 +352,7 @@ def _compare_with_onnxruntime(
 ) -> dict[str, float]:
     """Run both graphs in ONNX Runtime on fresh sizes, from an empty cache through several
     reordered steps, and fail on any shape mismatch or difference above the plugin's atol."""
-    from s2s_deploy.runtime.ort_backend import create_session
+    from s2s_deploy.runtime.ort.backend import create_session
 
     enc_sess = create_session(paths[0], device="cpu")
     dec_sess = create_session(paths[1], device="cpu")

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 
 from s2s_deploy.export.contract import MemorySpec, Seq2SeqModel, StateSpec
-from s2s_deploy.runtime.names import init_name, past_name, present_name
+from s2s_deploy.format.names import init_name, past_name, present_name
 
 
 @dataclass(frozen=True)

@@ -17,13 +17,13 @@ from typing import Any
 
 import torch
 
+from s2s_deploy.errors import CheckpointError, UnknownNameError
 from s2s_deploy.export.checkpoint import Checkpoint, build_model, save_checkpoint
 from s2s_deploy.export.contract import ArchitecturePlugin, HFWeights
 from s2s_deploy.export.registry import REGISTRY
-from s2s_deploy.runtime.errors import CheckpointError, UnknownNameError
-from s2s_deploy.runtime.subword import HF, SENTENCEPIECE, HFTokenizer, TokenizerFile
-from s2s_deploy.runtime.subword import inside as contained
-from s2s_deploy.runtime.vocab import Vocabulary
+from s2s_deploy.format.subword import HF, SENTENCEPIECE, HFTokenizer, TokenizerFile
+from s2s_deploy.format.subword import inside as contained
+from s2s_deploy.format.vocab import Vocabulary
 
 CONFIG_FILE = "config.json"
 GENERATION_FILE = "generation_config.json"

@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from s2s_deploy.errors import S2SError
 from s2s_deploy.runtime.backend import Backend, DecodeRun
-from s2s_deploy.runtime.errors import S2SError
 
 
 def load_transformers_model(directory: str | Path) -> Any:

@@ -11,18 +11,18 @@ from pathlib import Path
 
 import numpy as np
 
+from s2s_deploy.errors import CheckpointError
 from s2s_deploy.export.checkpoint import build_model, load_checkpoint
 from s2s_deploy.export.checks import forward_step_comparison
 from s2s_deploy.export.contract import Seq2SeqModel
 from s2s_deploy.export.registry import get_plugin
 from s2s_deploy.export.tolerance import NO_DIFF, StepDiff, StepTolerance, plugin_tolerance
 from s2s_deploy.export.torch_backend import TorchBackend
+from s2s_deploy.format.manifest import Manifest, sha256_of
 from s2s_deploy.runtime.backend import Backend
-from s2s_deploy.runtime.errors import CheckpointError
-from s2s_deploy.runtime.manifest import Manifest, sha256_of
 from s2s_deploy.runtime.search import SearchConfig, search
 from s2s_deploy.runtime.translator import encode_batch
-from s2s_deploy.tools.quantize import MIN_TOKEN_AGREEMENT
+from s2s_deploy.transforms.quantize import MIN_TOKEN_AGREEMENT
 
 
 @dataclass(frozen=True)

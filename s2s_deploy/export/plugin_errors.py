@@ -13,7 +13,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
-from s2s_deploy.runtime.errors import ContractError, S2SError
+from s2s_deploy.errors import ContractError, S2SError
 
 
 class PluginError(S2SError):

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
 
+from s2s_deploy.errors import ContractError, S2SError, UnknownNameError
 from s2s_deploy.export.contract import ArchitecturePlugin, validate_plugin
-from s2s_deploy.runtime.errors import ContractError, S2SError, UnknownNameError
 
 ENTRY_POINT_GROUP = "s2s_deploy.plugins"
 BUILTIN_MODULE = "s2s_deploy_plugins."

@@ -12,11 +12,11 @@ from typing import Any
 
 import torch
 
+from s2s_deploy.errors import S2SError
 from s2s_deploy.export.checkpoint import build_model, load_checkpoint, save_checkpoint
 from s2s_deploy.export.contract import ArchitecturePlugin, Seq2SeqModel
-from s2s_deploy.runtime.errors import S2SError
-from s2s_deploy.runtime.manifest import sha256_of
-from s2s_deploy.runtime.vocab import Vocabulary
+from s2s_deploy.format.manifest import sha256_of
+from s2s_deploy.format.vocab import Vocabulary
 
 RANDOM_SEED = 0
 SAMPLE_COUNT = 32
@@ -71,7 +71,7 @@ def _task_samples(info: dict[str, Any]) -> tuple[str, ...]:
     task = info.get("task")
     if not task:
         return ()
-    from s2s_deploy.tasks import load_task
+    from s2s_deploy.train.tasks import load_task
 
     try:
         splits = load_task(task, seed=int(info.get("task_seed", 0)))

@@ -12,9 +12,9 @@ import torch
 
 from s2s_deploy.export.contract import ArchitecturePlugin, Seq2SeqModel
 from s2s_deploy.export.graphs import EncoderGraph, StepGraph, io_names
+from s2s_deploy.format.names import init_name
+from s2s_deploy.format.vocab import Vocabulary
 from s2s_deploy.runtime.backend import Backend, DecodeRun
-from s2s_deploy.runtime.names import init_name
-from s2s_deploy.runtime.vocab import Vocabulary
 
 _RunInputs = tuple[list[torch.Tensor], list[torch.Tensor]]  # memory, then the first state
 

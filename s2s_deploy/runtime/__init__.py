@@ -1,9 +1,9 @@
 """The torch-free runtime: manifest, tokenisation, ONNX Runtime backend, search, translation."""
 
-from s2s_deploy.runtime.manifest import Manifest, load_manifest
+from s2s_deploy.format.manifest import Manifest, load_manifest
+from s2s_deploy.format.vocab import Vocabulary
 from s2s_deploy.runtime.search import Hypothesis, SearchConfig, search
 from s2s_deploy.runtime.translator import Translation, Translator, translate
-from s2s_deploy.runtime.vocab import Vocabulary
 
 __all__ = [
     "Hypothesis",

@@ -20,8 +20,8 @@ from typing import Protocol
 
 import numpy as np
 
+from s2s_deploy.errors import S2SError
 from s2s_deploy.runtime.backend import Backend
-from s2s_deploy.runtime.errors import S2SError
 from s2s_deploy.runtime.options import StepOptions, check_options, options_on
 
 NON_FINITE = "the decoder returned NaN log-probs: the model's weights or graph are broken (re-export it)"
@@ -110,7 +110,7 @@ def normalised(log_prob: float | np.ndarray, length: int | np.ndarray, alpha: fl
 
 class SearchEngine(Protocol):
     """Anything that turns a padded batch into n-best lists: the step loop below over any
-    Backend, or a fused generate.onnx (runtime/graph_engine.py)."""
+    Backend, or a fused generate.onnx (runtime/ort/generate.py)."""
 
     name: str
 

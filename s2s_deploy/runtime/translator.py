@@ -10,11 +10,11 @@ from pathlib import Path
 
 import numpy as np
 
-from s2s_deploy.runtime.errors import S2SError
-from s2s_deploy.runtime.manifest import Manifest, load_manifest
+from s2s_deploy.errors import S2SError
+from s2s_deploy.format.manifest import Manifest, load_manifest
+from s2s_deploy.format.vocab import UNK, Vocabulary, split
 from s2s_deploy.runtime.scoring import Scored
 from s2s_deploy.runtime.search import Hypothesis, SearchConfig, SearchEngine, StepLoop
-from s2s_deploy.runtime.vocab import UNK, Vocabulary, split
 
 
 @dataclass(frozen=True)
@@ -252,14 +252,14 @@ class Translator:
 
     def __init__(self, export_dir: str | Path, device: str = "auto", threads: int | None = None,
                  engine: str = "loop", spin: bool = True) -> None:
-        from s2s_deploy.runtime.ort_backend import OrtBackend
+        from s2s_deploy.runtime.ort.backend import OrtBackend
 
         if engine not in ENGINES:
             raise S2SError(f"unknown engine {engine!r}; known: {', '.join(ENGINES)}")
         self.manifest = load_manifest(export_dir)
         self.unknown: Counter[str] = Counter()  # source tokens outside the vocabulary, over this translator's life
         if engine == "graph":
-            from s2s_deploy.runtime.graph_engine import GraphEngine
+            from s2s_deploy.runtime.ort.generate import GraphEngine
 
             self.engine: SearchEngine = GraphEngine(self.manifest, device=device, threads=threads)
             self.provider = self.engine.provider

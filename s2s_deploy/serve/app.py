@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from s2s_deploy.runtime.errors import S2SError
+from s2s_deploy.errors import S2SError
 from s2s_deploy.runtime.search import SearchConfig
 from s2s_deploy.runtime.translator import Translator
 from s2s_deploy.serve.batcher import Batcher, BatchLimits, QueueFullError, TooLargeError

@@ -26,12 +26,12 @@ from safetensors.torch import save_file
 from torch import Tensor
 from tqdm import tqdm
 
+from s2s_deploy.errors import CheckpointError, ContractError, S2SError
 from s2s_deploy.export.checkpoint import build_model, load_checkpoint, save_checkpoint
 from s2s_deploy.export.contract import ArchitecturePlugin, Seq2SeqModel
-from s2s_deploy.runtime.errors import CheckpointError, ContractError, S2SError
-from s2s_deploy.runtime.vocab import BUILT_LEVELS, Vocabulary
-from s2s_deploy.tasks import Pair, TaskSplits
+from s2s_deploy.format.vocab import BUILT_LEVELS, Vocabulary
 from s2s_deploy.train.metrics import Scores, score
+from s2s_deploy.train.tasks import Pair, TaskSplits
 
 STATE_FORMAT = "s2s-deploy-train-state/1"
 SAMPLE_COUNT = 32

@@ -8,8 +8,8 @@ import tempfile
 from importlib import resources
 from pathlib import Path
 
-from s2s_deploy.runtime.errors import S2SError
-from s2s_deploy.runtime.manifest import load_manifest
+from s2s_deploy.errors import S2SError
+from s2s_deploy.format.manifest import load_manifest
 
 PAGE_FILES = ("index.html", "app.js", "search.js")
 ORT_FILES = ("ort.wasm.min.js", "ort-wasm-simd-threaded.mjs", "ort-wasm-simd-threaded.wasm")

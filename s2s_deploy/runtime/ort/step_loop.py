@@ -45,12 +45,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import onnxruntime as ort
 
+from s2s_deploy.format.names import TOP_K, TOP_OUTPUTS
 from s2s_deploy.runtime.backend import DecodeRun
-from s2s_deploy.runtime.names import TOP_K, TOP_OUTPUTS
 
 if TYPE_CHECKING:
-    from s2s_deploy.runtime.manifest import Manifest
-    from s2s_deploy.runtime.ort_backend import OrtBackend
+    from s2s_deploy.format.manifest import Manifest
+    from s2s_deploy.runtime.ort.backend import OrtBackend
 
 CAPTURE_FAILURES = (ort.capi.onnxruntime_pybind11_state.Fail, ort.capi.onnxruntime_pybind11_state.EPFail,
                     ort.capi.onnxruntime_pybind11_state.RuntimeException)

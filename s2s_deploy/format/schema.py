@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from s2s_deploy.runtime.errors import ManifestError
+from s2s_deploy.errors import ManifestError
 
 FORMATS = ("s2s-deploy-manifest/2", "s2s-deploy-manifest/3")
 MAX_MANIFEST_BYTES = 64 << 20  # a vocabulary of a million tokens fits; a crafted 1 GB file does not

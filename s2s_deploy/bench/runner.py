@@ -20,14 +20,14 @@ from typing import Any
 
 import numpy as np
 
-from s2s_deploy.runtime.errors import S2SError
+from s2s_deploy.errors import S2SError
 
 SYSTEMS = ("pytorch", "onnxruntime-cpu", "onnxruntime-generate", "pytorch-cuda", "onnxruntime-cuda",
            "onnxruntime-generate-cuda", "onnxruntime-cuda-graph")
 
 
 def on_cuda(system: str) -> bool:
-    """``onnxruntime-cuda-graph``: the step loop replaying captured CUDA graphs (runtime/fixed_steps.py),
+    """``onnxruntime-cuda-graph``: the step loop replaying captured CUDA graphs (runtime/ort/step_loop.py),
     which ``translate`` does on CUDA by default; ``onnxruntime-cuda`` is the same loop uncaptured."""
     return "cuda" in system.split("-")
 
@@ -115,7 +115,7 @@ def machine_description() -> dict[str, Any]:
 
 
 def source_batches(export_dir: Path, sentences: int) -> list[str]:
-    from s2s_deploy.runtime.manifest import load_manifest
+    from s2s_deploy.format.manifest import load_manifest
 
     samples = list(load_manifest(export_dir).samples)
     if not samples:
@@ -130,7 +130,7 @@ def synthetic_export(spec: str, vocab_size: int, workdir: Path) -> Path:
     from s2s_deploy.export.checkpoint import save_checkpoint
     from s2s_deploy.export.exporter import export_model
     from s2s_deploy.export.registry import get_plugin
-    from s2s_deploy.runtime.vocab import SPECIALS, Vocabulary
+    from s2s_deploy.format.vocab import SPECIALS, Vocabulary
 
     arch, _, preset = spec.partition(":")
     plugin = get_plugin(arch)
@@ -146,8 +146,8 @@ def synthetic_export(spec: str, vocab_size: int, workdir: Path) -> Path:
     out = workdir / f"{arch}-{preset}"
     export_model(plugin, model, config, vocab, vocab, out, checkpoint_path=checkpoint,
                  source=f"seeded random {spec}, vocab {vocab_size}", samples=samples, force=True)
-    from s2s_deploy.runtime.manifest import load_manifest
-    from s2s_deploy.tools.fuse import add_to_manifest, fuse_generate
+    from s2s_deploy.format.manifest import load_manifest
+    from s2s_deploy.transforms.fuse import add_to_manifest, fuse_generate
 
     add_to_manifest(load_manifest(out), fuse_generate(load_manifest(out), out / "generate.onnx"), beam=True)
     return out
@@ -235,13 +235,13 @@ def _with_ratios(rows: list[BenchRow]) -> list[BenchRow]:
 
 def _engine(export_dir: Path, system: str, threads: int):
     """(manifest, search engine, the object whose ``runtime_seconds`` counts runtime time)."""
-    from s2s_deploy.runtime.manifest import load_manifest
+    from s2s_deploy.format.manifest import load_manifest
     from s2s_deploy.runtime.search import StepLoop
 
     manifest = load_manifest(export_dir)
     device = "cuda" if on_cuda(system) else "cpu"
     if system.startswith("onnxruntime-generate"):
-        from s2s_deploy.runtime.graph_engine import GraphEngine
+        from s2s_deploy.runtime.ort.generate import GraphEngine
 
         engine = GraphEngine(manifest, device=device, threads=threads)
         return manifest, engine, engine
@@ -256,7 +256,7 @@ def _engine(export_dir: Path, system: str, threads: int):
             raise S2SError("torch has no CUDA device here")
         backend = torch_backend_for(manifest, device=device)
         return manifest, StepLoop(backend), backend
-    from s2s_deploy.runtime.ort_backend import OrtBackend
+    from s2s_deploy.runtime.ort.backend import OrtBackend
 
     # onnxruntime-cuda: the step loop uncaptured; onnxruntime-cuda-graph: as translate runs it on CUDA
     backend = OrtBackend(manifest, device=device, threads=threads, cuda_graph=system.endswith("-graph"))

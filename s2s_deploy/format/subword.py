@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from s2s_deploy.runtime.errors import S2SError
+from s2s_deploy.errors import S2SError
 
 SENTENCEPIECE, HF = "sentencepiece", "hf"
 _PLAIN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")

@@ -21,9 +21,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from s2s_deploy.errors import S2SError
+from s2s_deploy.format.manifest import Manifest
 from s2s_deploy.runtime.backend import Backend
-from s2s_deploy.runtime.errors import S2SError
-from s2s_deploy.runtime.manifest import Manifest
 from s2s_deploy.runtime.translator import encode_batch
 
 REDUCTIONS = ("none", "mean")

@@ -12,8 +12,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from s2s_deploy.runtime.errors import ManifestError, S2SError
-from s2s_deploy.runtime.manifest_schema import (
+from s2s_deploy.errors import ManifestError, S2SError
+from s2s_deploy.format.names import init_name, past_name, present_name
+from s2s_deploy.format.schema import (
     all_files,
     check_graph,
     check_ids,
@@ -23,9 +24,8 @@ from s2s_deploy.runtime.manifest_schema import (
     read_manifest_json,
     validate_manifest,
 )
-from s2s_deploy.runtime.names import init_name, past_name, present_name
-from s2s_deploy.runtime.subword import inside
-from s2s_deploy.runtime.vocab import FileReader, Vocabulary
+from s2s_deploy.format.subword import inside
+from s2s_deploy.format.vocab import FileReader, Vocabulary
 
 FORMAT = "s2s-deploy-manifest/3"
 READABLE_FORMATS = ("s2s-deploy-manifest/2", FORMAT)

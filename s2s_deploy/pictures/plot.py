@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from s2s_deploy.runtime.errors import S2SError
-from s2s_deploy.tools.attention import SINGLE_MAP, AttentionComparison, AttentionMap
+from s2s_deploy.errors import S2SError
+from s2s_deploy.pictures.attention import SINGLE_MAP, AttentionComparison, AttentionMap
 
 CMAP = "Reds"
 VISIBLE_SPACE = "␣"

@@ -27,8 +27,9 @@ from typing import Any, TextIO
 
 import numpy as np
 
-from s2s_deploy.runtime.errors import S2SError
-from s2s_deploy.runtime.files import (
+from s2s_deploy.errors import S2SError
+from s2s_deploy.format.manifest import load_manifest
+from s2s_deploy.jobs.files import (
     CHUNK_LINES,
     ChunkResult,
     Counts,
@@ -38,7 +39,6 @@ from s2s_deploy.runtime.files import (
     file_job,
     translate_chunk,
 )
-from s2s_deploy.runtime.manifest import load_manifest
 
 RAY_MISSING = "install the ray extra: pip install 's2s-deploy[ray]'"
 _COUNTS = ("lines", "blank", "truncated", "skipped")

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from s2s_deploy.runtime.manifest import MANIFEST_NAME, Manifest
+from s2s_deploy.format.manifest import MANIFEST_NAME, Manifest
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ def startable_providers(manifest: Manifest) -> tuple[list[str], list[str]]:
     whether their libraries and a GPU are there. Probed quietly: ORT's C++ log goes to /dev/null."""
     import onnxruntime as ort
 
-    from s2s_deploy.runtime.ort_backend import CPU, quiet_stderr, session_options
+    from s2s_deploy.runtime.ort.backend import CPU, quiet_stderr, session_options
 
     works, fails = [], []
     for provider in ort.get_available_providers():

@@ -29,10 +29,10 @@ from typing import IO, Any
 
 import numpy as np
 
-from s2s_deploy.runtime.errors import S2SError
-from s2s_deploy.runtime.manifest import MANIFEST_NAME, Manifest, sha256_of
+from s2s_deploy.errors import S2SError
+from s2s_deploy.format.manifest import MANIFEST_NAME, Manifest, sha256_of
+from s2s_deploy.format.vocab import Vocabulary
 from s2s_deploy.runtime.translator import Translator, check_ids, parse_ids, unknown_tokens
-from s2s_deploy.runtime.vocab import Vocabulary
 
 CHUNK_LINES = 10_000
 SAVE_SECONDS = 30.0  # a chunk's finished batches are saved this often, so Ctrl-C keeps them too

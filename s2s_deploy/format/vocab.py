@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from s2s_deploy.runtime.errors import S2SError
-from s2s_deploy.runtime.subword import HF, SENTENCEPIECE, HFTokenizer, SentencePieceModel, TokenizerFile, load_model
+from s2s_deploy.errors import S2SError
+from s2s_deploy.format.subword import HF, SENTENCEPIECE, HFTokenizer, SentencePieceModel, TokenizerFile, load_model
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIALS: tuple[str, ...] = (PAD, BOS, EOS, UNK)

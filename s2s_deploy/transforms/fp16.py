@@ -1,5 +1,5 @@
 """fp16 copies of the graphs, for CUDA: weights and compute in fp16, the cache between the
-graphs in fp16, the scores the search reads in fp32. ``tools/quantize.py`` writes the folder."""
+graphs in fp16, the scores the search reads in fp32. ``transforms/quantize.py`` writes the folder."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from pathlib import Path
 
 import onnx
 
-from s2s_deploy.runtime.errors import S2SError
-from s2s_deploy.runtime.manifest import Manifest
-from s2s_deploy.runtime.names import past_name
+from s2s_deploy.errors import S2SError
+from s2s_deploy.format.manifest import Manifest
+from s2s_deploy.format.names import past_name
 
 # Kept in fp32: ops whose range or precision fp16 cannot hold. LayerNormalization (its stash_type
 # keeps the statistics fp32) and Softmax (ONNX Runtime's CUDA kernel accumulates in fp32) run in

@@ -27,8 +27,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from s2s_deploy.runtime.errors import S2SError
-from s2s_deploy.runtime.manifest import MANIFEST_NAME, Manifest, manifest_text, sha256_of
+from s2s_deploy.errors import S2SError
+from s2s_deploy.format.manifest import MANIFEST_NAME, Manifest, manifest_text, sha256_of
 
 GENERATE_FILE = "generate.onnx"
 IR_VERSION = 10  # ONNX Runtime 1.31 reads at most 13; onnx.helper would stamp 14

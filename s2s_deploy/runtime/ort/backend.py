@@ -15,10 +15,10 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from s2s_deploy.errors import S2SError
+from s2s_deploy.format.manifest import Manifest
 from s2s_deploy.runtime.backend import Backend, DecodeRun
-from s2s_deploy.runtime.errors import S2SError
-from s2s_deploy.runtime.fixed_steps import FixedRun, FixedSteps
-from s2s_deploy.runtime.manifest import Manifest
+from s2s_deploy.runtime.ort.step_loop import FixedRun, FixedSteps
 
 DEVICES = ("auto", "cpu", "cuda")
 CPU = "CPUExecutionProvider"
@@ -127,7 +127,7 @@ class _StepLayout:
 
 
 class OrtBackend(Backend):
-    """Steps run through ``runtime/fixed_steps.py``: every input and output in buffers kept across
+    """Steps run through ``runtime/ort/step_loop.py``: every input and output in buffers kept across
     batches and written in place, which is also what lets CUDA replay them as captured graphs."""
 
     name = "onnxruntime"

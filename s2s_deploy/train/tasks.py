@@ -26,7 +26,7 @@ from pathlib import Path
 from babel.dates import format_date
 from num2words import num2words
 
-from s2s_deploy.runtime.errors import S2SError, UnknownNameError
+from s2s_deploy.errors import S2SError, UnknownNameError
 
 FIRST_YEAR, LAST_YEAR = 1000, 9999
 

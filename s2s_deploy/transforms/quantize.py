@@ -19,13 +19,13 @@ import onnx
 from onnx import helper, numpy_helper
 from onnxruntime.quantization.quant_utils import quantize_data
 
-from s2s_deploy.runtime.errors import S2SError
-from s2s_deploy.runtime.inspect import deployable_files
-from s2s_deploy.runtime.manifest import Manifest, load_manifest, sha256_of, write_manifest
-from s2s_deploy.runtime.staging import staged_directory
-from s2s_deploy.runtime.subword import write_files
-from s2s_deploy.tools.fp16 import cache_interface, convert, record_interface_dtypes
-from s2s_deploy.tools.share import share_weights
+from s2s_deploy.errors import S2SError
+from s2s_deploy.format.files import staged_directory
+from s2s_deploy.format.manifest import Manifest, load_manifest, sha256_of, write_manifest
+from s2s_deploy.format.subword import write_files
+from s2s_deploy.transforms.fp16 import cache_interface, convert, record_interface_dtypes
+from s2s_deploy.transforms.inspect import deployable_files
+from s2s_deploy.transforms.share import share_weights
 
 KINDS = ("int8", "fp16")
 MIN_EMBEDDING = 1 << 16
@@ -98,7 +98,7 @@ def quantize_export(manifest: Manifest, kind: str, out_dir: Path, force: bool = 
 
 def _fuse_again(manifest: Manifest, work: Path) -> str | None:
     """A fused graph embeds the fp32 decoder, so the copy gets its own, fused from the quantised graphs."""
-    from s2s_deploy.tools.fuse import add_to_manifest, fuse_generate
+    from s2s_deploy.transforms.fuse import add_to_manifest, fuse_generate
 
     entry = manifest.raw["graphs"].get("generate")
     if not entry:
@@ -119,8 +119,8 @@ def _smoke_test(folder: Path, kind: str) -> None:
     (fp16 recurrent models segfault on CPU here), and that must not take the caller down."""
     code = (
         "import numpy as np\n"
-        "from s2s_deploy.runtime.manifest import load_manifest\n"
-        "from s2s_deploy.runtime.ort_backend import OrtBackend\n"
+        "from s2s_deploy.format.manifest import load_manifest\n"
+        "from s2s_deploy.runtime.ort.backend import OrtBackend\n"
         "from s2s_deploy.runtime.search import SearchConfig, search\n"
         "from s2s_deploy.runtime.translator import encode_batch\n"
         f"m = load_manifest({str(folder)!r})\n"

@@ -30,10 +30,10 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from s2s_deploy.runtime.errors import S2SError
+from s2s_deploy.errors import S2SError
 
 if TYPE_CHECKING:
-    from s2s_deploy.bench import PassTime
+    from s2s_deploy.bench.runner import PassTime
 
 MATRIX_OPS = frozenset({"MatMul", "Gemm", "MatMulInteger", "Conv", "GRU", "LSTM", "RNN"})
 """ONNX op types whose weight initializers are read in full by every step."""
@@ -213,7 +213,7 @@ def _products_session(matrices: Sequence[tuple[int, int, bool]], threads: int):
     returns, leaving the cores to the pass that follows. Returns the session and each input's (name, K, int8)."""
     import onnxruntime as ort
 
-    from s2s_deploy.runtime.ort_backend import session_options
+    from s2s_deploy.runtime.ort.backend import session_options
 
     rng = np.random.default_rng(0)
     nodes, weights, outputs, inputs = [], [], [], {}

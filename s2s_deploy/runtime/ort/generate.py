@@ -14,10 +14,10 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from s2s_deploy.runtime.errors import S2SError
-from s2s_deploy.runtime.manifest import Manifest, sha256_of
+from s2s_deploy.errors import S2SError
+from s2s_deploy.format.manifest import Manifest, sha256_of
 from s2s_deploy.runtime.options import options_on, prefixes_of
-from s2s_deploy.runtime.ort_backend import CUDA, create_session
+from s2s_deploy.runtime.ort.backend import CUDA, create_session
 from s2s_deploy.runtime.search import Hypothesis, SearchConfig, normalised
 
 

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from s2s_deploy.runtime.errors import S2SError
+from s2s_deploy.errors import S2SError
 
 MANIFEST_NAME = "manifest.json"
 

@@ -1,0 +1,1 @@
+"""Benchmarks: the runner (PyTorch, ONNX Runtime, generate.onnx) and the roofline."""

@@ -1,0 +1,1 @@
+"""Pictures: attention maps from the exported graphs, and charts."""

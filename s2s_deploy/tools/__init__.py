@@ -1,1 +1,0 @@
-"""Graph tools that need onnx but never torch: generate.onnx, quantisation, attention maps, plots."""
