@@ -28,7 +28,7 @@ from s2s_deploy.export.checks import forced_tokens, forward_step_comparison
 from s2s_deploy.export.parity import torch_backend_for
 from s2s_deploy.export.tolerance import NO_DIFF, StepDiff, StepTolerance
 from s2s_deploy.format.manifest import load_manifest, sha256_of
-from s2s_deploy.runtime import ort_backend
+from s2s_deploy.runtime.ort import backend as ort_backend
 from s2s_deploy.runtime.search import SearchConfig, greedy
 from s2s_deploy.runtime.translator import encode_batch
 

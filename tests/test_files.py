@@ -13,8 +13,8 @@ from click.testing import CliRunner
 
 from s2s_deploy.cli import main
 from s2s_deploy.errors import S2SError
+from s2s_deploy.jobs import files
 from s2s_deploy.jobs.files import FileOptions, TranslationInterrupted, translate_file
-from s2s_deploy.runtime import files
 from s2s_deploy.runtime.translator import Translator
 
 LIMIT = 16  # source tokens, EOS included: 15 characters

@@ -26,8 +26,9 @@ from s2s_deploy.export.checkpoint import load_checkpoint
 from s2s_deploy.export.exporter import _record, export_model
 from s2s_deploy.export.registry import Registry
 from s2s_deploy.export.tolerance import StepTolerance
+from s2s_deploy.format import files as staging
 from s2s_deploy.format.manifest import load_manifest, sha256_of
-from s2s_deploy.runtime import files, staging
+from s2s_deploy.jobs import files
 from s2s_deploy.runtime.backend import Backend, DecodeRun
 from s2s_deploy.runtime.search import SearchConfig, search
 from s2s_deploy.runtime.translator import Translator

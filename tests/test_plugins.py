@@ -243,7 +243,7 @@ def test_kept_buffers_decode_as_a_fresh_backend(exports, monkeypatch, arch: str,
     across batches, which is what lets CUDA replay steps as captured graphs. One backend decoding
     batch after batch, its state buffers outgrown, memory shapes and row counts dropped on the way, must
     find what a fresh backend finds for each batch alone; beam search's narrow first step included."""
-    from s2s_deploy.runtime import fixed_steps
+    from s2s_deploy.runtime.ort import step_loop as fixed_steps
 
     _, manifest = exports.get(arch)
     texts = sorted(manifest.samples, key=len)
