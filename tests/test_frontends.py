@@ -31,7 +31,7 @@ from s2s_deploy.frontends import (
 DATA = Path(__file__).parent / "data"
 SPEECH = {rate: DATA / f"speech_{rate}hz.flac" for rate in (8000, 16000, 44100)}
 
-AUDIO_ATOL = 1e-4  # docs/parity.md: largest measured 3.1e-5 (Whisper), 6.9e-6 (Speech2Text)
+AUDIO_ATOL = 2e-4  # docs/parity.md: largest measured 4.7e-5 (Whisper), 6.8e-6 (Speech2Text)
 IMAGE_ATOL = 1e-6  # docs/parity.md: measured 0 (the same Pillow resize, the same float arithmetic)
 
 
