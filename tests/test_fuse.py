@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -165,3 +167,11 @@ def test_translate_engine_graph_matches_loop(exports, tmp_path: Path) -> None:
     outputs = [runner.invoke(main, ["translate", str(folder), *texts, "--beam", "3", "--engine", engine]).stdout
                for engine in ("loop", "graph")]
     assert outputs[0] == outputs[1] and len(outputs[0].splitlines()) == 4
+
+
+def test_compiled_search_functions_are_current() -> None:
+    """fuse reads the search steps compiled (onnxscript is off the base install): after editing
+    export/search_graph.py, rerun `python -m s2s_deploy.export.search_graph`."""
+    result = subprocess.run([sys.executable, "-m", "s2s_deploy.export.search_graph", "--check"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr

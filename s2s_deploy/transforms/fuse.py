@@ -30,12 +30,14 @@ from onnx_ir.passes import common as passes
 
 from s2s_deploy.errors import S2SError
 from s2s_deploy.format.manifest import MANIFEST_NAME, Manifest, manifest_text, sha256_of
-from s2s_deploy.transforms import search_graph
 
 GENERATE_FILE = "generate.onnx"
+SEARCH_FUNCTIONS = Path(__file__).with_name("search_graph.onnx")
+"""The search steps, compiled from ``export/search_graph.py`` (onnxscript is not a base dependency)."""
 IR_VERSION = 10  # ONNX Runtime 1.31 reads at most 13; onnx.helper would stamp 14
 MIN_OPSET = 17
 _DEFAULT_DOMAINS = ("", "ai.onnx")
+_SEARCH_DOMAIN = "s2s_deploy.search"
 FUSED_OPTIONS = ("min_len", "max_len", "suppress_tokens", "disable_unk", "bad_words_ids (single tokens)",
                  "prefix (one for every sentence)", "forced_eos")
 """What ``fuse --options`` carries; the step loop runs every other option (docs/generate.md)."""
@@ -141,12 +143,14 @@ def build_generate(manifest: Manifest, beam: bool = True, options: bool = False)
     for io, value in zip(outputs, results, strict=True):
         value.name, value.type, value.shape = io.name, _type(io.dtype), ir.Shape(io.shape)
         graph.outputs.append(value)
-    model = ir.Model(graph, ir_version=IR_VERSION, producer_name="s2s-deploy",
-                     functions=[_function(f, opset) for f in search_graph.FUNCTIONS])
+    functions = list(ir.load(SEARCH_FUNCTIONS).functions.values())
+    for function in functions:  # the ops they use mean the same from opset 18 on
+        function.opset_imports[""] = opset
+    model = ir.Model(graph, ir_version=IR_VERSION, producer_name="s2s-deploy", functions=functions)
     for pass_ in (passes.InlinePass(), passes.RemoveUnusedFunctionsPass(), passes.RemoveUnusedNodesPass(),
                   passes.NameFixPass()):
         pass_(model)
-    model.opset_imports.pop(search_graph.DOMAIN)  # every call is inlined
+    model.opset_imports.pop(_SEARCH_DOMAIN)  # every call is inlined
     _unique_names(graph)
     proto = ir.to_proto(model)
     for key, value in encoder.metadata_props.items():
@@ -194,21 +198,6 @@ def _opset(model: ir.Model) -> int:
     return next(version for domain, version in model.opset_imports.items() if domain in _DEFAULT_DOMAINS)
 
 
-def _function(script: Any, opset: int) -> ir.Function:
-    """A search function in the export's opset: the ops it uses mean the same from opset 18 on."""
-    function = ir.serde.deserialize_function(script.to_function_proto())
-    function.domain = search_graph.DOMAIN
-    function.opset_imports[""] = opset
-    function.opset_imports.pop("this", None)
-    function.opset_imports[search_graph.DOMAIN] = 1
-    for value in (*function.inputs, *function.outputs):
-        value.shape = None  # onnxscript writes a bare ``FLOAT`` as rank 0
-    for node in ir.traversal.RecursiveGraphIterator(function):
-        if node.domain == "this":
-            node.domain = search_graph.DOMAIN
-    return function
-
-
 def _type(dtype: str) -> ir.TensorType:
     return ir.TensorType(ir.DataType.from_numpy(np.dtype(dtype)))
 
@@ -241,7 +230,7 @@ class _Carried:
 
 
 class _Fuser:
-    """Assembles generate.onnx around the search functions of ``search_graph``.
+    """Assembles generate.onnx around the search functions of ``export/search_graph.py``.
 
     The Loops and the inlined encoder and decoder are built here with ``onnx_ir`` rather than
     with onnxscript's ``@script``: a script function is compiled from a fixed Python signature
@@ -275,7 +264,7 @@ class _Fuser:
     @staticmethod
     def call(op: _Ops, name: str, *inputs: ir.Value, outs: int = 1) -> Any:
         """A call of a ``search_graph`` function, inlined before the model is saved."""
-        return getattr(op, name)(*inputs, _domain=search_graph.DOMAIN, _outputs=outs)
+        return getattr(op, name)(*inputs, _domain=_SEARCH_DOMAIN, _outputs=outs)
 
     def arange(self, op: _Ops, count: ir.Value) -> ir.Value:
         """``0 .. count-1`` for a ``(1,)`` count, as the shapes here are kept."""
@@ -286,7 +275,7 @@ class _Fuser:
         ``beam_size`` gives the unused one zero trips: the greedy body carries a fraction of
         the beam bookkeeping, and ONNX Runtime prepacks the weights only for a Loop body that
         uses them directly (inside an ``If``, base decoded 30% slower). Only the cheap
-        post-processing sits in an ``If`` (``search_graph.beam_outputs``)."""
+        post-processing sits in an ``If`` (``export/search_graph.py``'s ``beam_outputs``)."""
         op, c = self.op, self.const
         encoded = self.inline(self.encoder, "enc/", {name: self.inputs[name] for name in ("src", "src_len")}, op)
         batch = op.Shape(self.inputs["src"], end=1)  # (1,)
@@ -398,7 +387,7 @@ class _Fuser:
     def greedy(self, batch: ir.Value, trips: ir.Value, memory: dict[str, ir.Value],
                state: list[ir.Value]) -> list[ir.Value]:
         """Per iteration only what stopping needs (the pick, done flags); returns the records
-        ``search_graph.greedy_outputs`` reads: picks, their log-probs, done flags."""
+        ``export/search_graph.py``'s ``greedy_outputs`` reads: picks, their log-probs, done flags."""
         op, c = self.op, self.const
         reorder = self.arange(op, batch)
         carried = {"tokens": _Carried("int64", 1, op.Expand(c(self.m.decoder_start_id), batch)),
@@ -416,8 +405,8 @@ class _Fuser:
 
     def beam(self, batch: ir.Value, k: ir.Value, trips: ir.Value, memory: dict[str, ir.Value],
              state: list[ir.Value]) -> list[ir.Value]:
-        """The Loop only records each step (``search_graph.beam_step``); returns what
-        ``search_graph.n_best`` spells the K best out of after it."""
+        """The Loop only records each step (``export/search_graph.py``'s ``beam_step``); returns what
+        ``export/search_graph.py``'s ``n_best`` spells the K best out of after it."""
         op, c = self.op, self.const
         minus_inf = c(-np.inf, "float64")
         rows, k2 = op.Mul(batch, k), op.Mul(k, c([2]))

@@ -1,16 +1,25 @@
 """The search of generate.onnx as ONNX functions, written with onnxscript.
 
 Why functions: each is one step of ``runtime/search.py`` as ops, small enough to read against
-it; ``fuse.py`` calls them from the graph it assembles and inlines them, so the saved graph has
-default-domain ops only. Special ids, the vocabulary's id row and step-invariant shapes arrive
-as inputs (made once in the outer graph) rather than attributes, so nothing in a Loop body casts
-a constant per step. Scores are summed in float64; ``TopK`` breaks ties toward the lower index,
+it; ``transforms/fuse.py`` calls them from the graph it assembles and inlines them, so the saved
+graph has default-domain ops only. onnxscript stays off the base install, so ``fuse`` reads them
+compiled, from ``transforms/search_graph.onnx``: ``python -m s2s_deploy.export.search_graph``
+rewrites that file, and ``tests/test_fuse.py`` checks that it is current.
+
+Special ids, the vocabulary's id row and step-invariant shapes arrive as inputs (made once in
+the outer graph) rather than attributes, so nothing in a Loop body casts a constant per step. Scores are summed in float64; ``TopK`` breaks ties toward the lower index,
 as the engine's stable sorts do.
 """
 
 from __future__ import annotations
 
+import os
+import sys
+from pathlib import Path
+
 import numpy as np
+import onnx
+import onnx_ir as ir
 from onnx import TensorProto, numpy_helper
 from onnxscript import BOOL, DOUBLE, FLOAT, INT64, script
 from onnxscript import opset18 as op
@@ -249,3 +258,34 @@ def beam_outputs(use_greedy: BOOL, picks: INT64, pick_lps: FLOAT, done: BOOL, sc
 
 FUNCTIONS = (length_penalty, forbid_early_eos, suppressed_ids, apply_options, greedy_step, mask_after,
              greedy_outputs, first_k, beam_step, step_major, in_step_order, n_best, beam_outputs)
+
+COMPILED = Path(__file__).parents[1] / "transforms" / "search_graph.onnx"
+
+
+def library() -> onnx.ModelProto:
+    """``FUNCTIONS`` in one model with an empty graph, in the domain ``DOMAIN``: as fuse loads them."""
+    functions = []
+    for script_function in FUNCTIONS:
+        function = ir.serde.deserialize_function(script_function.to_function_proto())
+        function.domain = DOMAIN
+        function.opset_imports.pop("this", None)
+        function.opset_imports[DOMAIN] = 1
+        for value in (*function.inputs, *function.outputs):
+            value.shape = None  # onnxscript writes a bare ``FLOAT`` as rank 0
+        for node in ir.traversal.RecursiveGraphIterator(function):
+            if node.domain == "this":
+                node.domain = DOMAIN
+        functions.append(function)
+    graph = ir.Graph([], [], nodes=[], opset_imports={"": 18, DOMAIN: 1}, name="search_graph")
+    return ir.to_proto(ir.Model(graph, ir_version=10, producer_name="s2s-deploy", functions=functions))
+
+
+if __name__ == "__main__":
+    if os.environ.get("PYTHONHASHSEED") != "0":  # onnxscript orders a Loop's carried values as a set does
+        os.execve(sys.executable, [sys.executable, "-m", __spec__.name, *sys.argv[1:]],
+                  {**os.environ, "PYTHONHASHSEED": "0"})
+    compiled = library().SerializeToString(deterministic=True)
+    if sys.argv[1:] == ["--check"]:
+        sys.exit(0 if COMPILED.read_bytes() == compiled else f"{COMPILED.name} is stale: run python -m {__spec__.name}")
+    COMPILED.write_bytes(compiled)
+    sys.stdout.write(f"wrote {COMPILED}\n")
