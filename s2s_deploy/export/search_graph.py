@@ -7,8 +7,9 @@ compiled, from ``transforms/search_graph.onnx``: ``python -m s2s_deploy.export.s
 rewrites that file, and ``tests/test_fuse.py`` checks that it is current.
 
 Special ids, the vocabulary's id row and step-invariant shapes arrive as inputs (made once in
-the outer graph) rather than attributes, so nothing in a Loop body casts a constant per step. Scores are summed in float64; ``TopK`` breaks ties toward the lower index,
-as the engine's stable sorts do.
+the outer graph) rather than attributes, so nothing in a Loop body casts a constant per step.
+Scores are summed in float64; ``TopK`` breaks ties toward the lower index, as the engine's
+stable sorts do.
 """
 
 from __future__ import annotations
