@@ -241,7 +241,7 @@ class _Fuser:
 
     def __init__(self, manifest: Manifest, graph: ir.Graph, encoder: ir.Graph, decoder: ir.Graph,
                  options: bool) -> None:
-        self.m, self.graph, self.encoder, self.decoder, self.options = manifest, graph, encoder, decoder, options
+        self.m, self.encoder, self.decoder, self.options = manifest, encoder, decoder, options
         self.op = _Ops(graph)
         self.inputs = {value.name: value for value in graph.inputs}
         self._consts: dict[tuple[str, bytes, tuple[int, ...]], ir.Value] = {}
