@@ -27,6 +27,7 @@ from s2s_deploy.export.checks import check_encoder_axes_torch, check_model_torch
 from s2s_deploy.export.contract import ArchitecturePlugin, Seq2SeqModel, StateSpec
 from s2s_deploy.export.graphs import EncoderGraph, GraphIO, StepGraph, io_names
 from s2s_deploy.export.plugin_errors import check_batch_axes, check_encoded, plugin_errors
+from s2s_deploy.export.registry import REGISTRY
 from s2s_deploy.export.tolerance import DEFAULT_RTOL, NO_DIFF, StepTolerance, plugin_tolerance
 from s2s_deploy.format.files import staged_directory
 from s2s_deploy.format.manifest import FORMAT, sha256_of, write_manifest
@@ -458,7 +459,8 @@ def _manifest(
         }
     return {
         "format": FORMAT,
-        "plugin": {"name": plugin.name, "version": plugin.version, "description": plugin.description},
+        "plugin": {"name": plugin.name, "version": plugin.version, "description": plugin.description,
+                   "origin": REGISTRY.origin(plugin)},
         "config": dataclasses.asdict(config),
         "source": source,
         "exporter": exporter,

@@ -14,7 +14,7 @@ import re
 import sys
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 from s2s_deploy.errors import ContractError, S2SError
@@ -88,12 +88,13 @@ def _torch_output() -> Iterator[list[bytes]]:
 
 
 @contextmanager
-def plugin_errors(plugin: str, what: str, hint: str | None = None) -> Iterator[None]:
+def plugin_errors(plugin: str, what: str, hint: str | None = None, hold_output: bool = True) -> Iterator[None]:
     """Re-raise anything but our own errors as one PluginError line naming ``plugin`` and ``what``;
-    ``hint`` is the likely fix when no known cause matches. Torch's own prints wait: they are
-    replayed after a success, and kept on the error (for ``--debug``) after a failure."""
+    ``hint`` is the likely fix when no known cause matches. With ``hold_output`` torch's own prints
+    wait: they are replayed after a success, and kept on the error (for ``--debug``) after a failure."""
+    held: list[bytes] = []
     try:
-        with _torch_output() as held:
+        with _torch_output() if hold_output else nullcontext(held) as held:
             yield
     except S2SError as exc:
         _keep(exc, held)
@@ -102,7 +103,7 @@ def plugin_errors(plugin: str, what: str, hint: str | None = None) -> Iterator[N
         chain = _chain(exc)
         text = "\n".join(f"{type(e).__name__}: {e}" for e in chain)
         found = next((h for needles, h in _HINTS if any(n in text for n in needles)), None)
-        found = found or hint or "run `s2s-deploy --debug export ...` for the full trace"
+        found = found or hint or "rerun with `s2s-deploy --debug ...` for the full trace"
         error = PluginError(f"plugin {plugin!r}: {what} failed ({_first_line(chain[-1])}); likely fix: {found}")
         _keep(error, held)
         raise error from exc
