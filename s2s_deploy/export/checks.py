@@ -278,7 +278,7 @@ def _step(plugin: str, model: Seq2SeqModel, tokens: torch.Tensor, position: int,
                               "slice assignment)")
     if not hasattr(out, "log_probs") or not isinstance(getattr(out, "state", None), Mapping):
         raise PluginError(f"{label}: decode_step() returned {type(out).__name__}, not a StepOutput(log_probs, "
-                          "state)")
+                          "state); likely fix: return StepOutput(log_probs, {name: next value})")
     missing = [s.name for s in state if s.name not in out.state]
     if missing:
         raise PluginError(f"{label}: decode_step() returned no state {missing[0]!r} (it returned "
@@ -325,7 +325,8 @@ def _spec_shape(shape: tuple[int, ...], batch_axis: int) -> tuple[int | str, ...
 
 def _check_dtype(label: str, what: str, declared: str, tensor: Any) -> None:
     if not isinstance(tensor, torch.Tensor):
-        raise PluginError(f"{label}: {what} as {type(tensor).__name__}, not a tensor")
+        raise PluginError(f"{label}: {what} as {type(tensor).__name__}, not a tensor; likely fix: return torch "
+                          "tensors")
     if tensor.dtype != getattr(torch, declared):
         fix = ("leave the model in float32 (no .double() or torch.set_default_dtype in build())"
                if tensor.dtype == torch.float64 else f"dtype={str(tensor.dtype).removeprefix('torch.')!r} in its spec"
@@ -371,12 +372,15 @@ def _check_padding(plugin: ArchitecturePlugin, model: Seq2SeqModel, memory: Sequ
         mem = {m.name: encoded[m.name] for m in memory}
         past = _first_state(state, encoded, rows, src.device)
         steps.append(call_plugin(plugin.name, "decode_step()", model.decode_step, tokens[:rows],
-                                 torch.tensor(0, device=src.device), mem, past).log_probs)
-    worst = _row_difference(steps[0], steps[1], 0)
-    if worst is not None and worst > 0:
-        raise PluginError(f"{label}: decode_step() reads source padding: the first step of a {short}-token "
-                           f"sentence differs by {worst:.3g} in log-prob when a {src.shape[1]}-token batchmate pads "
-                           "it; likely fix: mask source positions at or beyond src_len in attention")
+                                 torch.tensor(0, device=src.device), mem, past))
+    outputs = [("log-probs", steps[0].log_probs, steps[1].log_probs, 0)]
+    outputs += [(f"state {s.name!r}", steps[0].state[s.name], steps[1].state[s.name], s.batch_axis) for s in state]
+    for what, single, batched, axis in outputs:
+        worst = _row_difference(single, batched, axis)
+        if worst is not None and worst > 0:
+            raise PluginError(f"{label}: decode_step() reads source padding: after the first step of a {short}-token "
+                              f"sentence, its {what} differ by {worst:.3g} when a {src.shape[1]}-token batchmate pads "
+                              "it; likely fix: mask source positions at or beyond src_len in attention")
 
 
 def _row_difference(alone: torch.Tensor, pair: torch.Tensor, batch_axis: int) -> float | None:
