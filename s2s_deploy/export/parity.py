@@ -20,7 +20,8 @@ from s2s_deploy.export.tolerance import NO_DIFF, StepDiff, StepTolerance, plugin
 from s2s_deploy.export.torch_backend import TorchBackend
 from s2s_deploy.format.manifest import Manifest, sha256_of
 from s2s_deploy.runtime.backend import Backend
-from s2s_deploy.runtime.search import SearchConfig, search
+from s2s_deploy.runtime.decoding import SearchConfig
+from s2s_deploy.runtime.search import search
 from s2s_deploy.runtime.translator import encode_batch
 from s2s_deploy.transforms.quantize import MIN_TOKEN_AGREEMENT
 
