@@ -195,3 +195,46 @@ def test_preset_with_a_bundled_checkpoint_is_honoured_and_said(tmp_path: Path) -
 def test_replace_checks_again() -> None:
     with pytest.raises(DecodingError):
         replace(SearchConfig(beam_size=2, n_best=2), beam_size=1)
+
+
+NODE_DIR = Path(__file__).resolve().parents[1] / "examples" / "node"
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="Node.js is not installed")
+@pytest.mark.skipif(not (NODE_DIR / "node_modules" / "onnxruntime-node").is_dir(),
+                    reason="run `npm install --ignore-scripts` in examples/node first (.ci/run does)")
+def test_node_search_module_takes_the_same_defaults(gru, tmp_path: Path) -> None:
+    """web/search.js (the browser page and the Node example) resolves the manifest's defaults as
+    resolve() does, and refuses an export whose defaults turn on an option it does not run."""
+    import subprocess
+
+    folder = with_search(gru, tmp_path / "gru", beam_size=3, alpha=0.2, max_len=9)
+    texts = list(gru.samples[:3])
+    node = subprocess.run(["node", "translate.js", str(folder), *texts], cwd=NODE_DIR, capture_output=True, text=True,
+                          timeout=120)
+    assert node.returncode == 0, node.stderr
+    assert node.stdout.splitlines() == [t.text for t in Translator(folder, device="cpu")(texts)]
+    other = with_search(gru, tmp_path / "other", no_repeat_ngram_size=2)
+    refused = subprocess.run(["node", "translate.js", str(other), texts[0]], cwd=NODE_DIR, capture_output=True,
+                             text=True, timeout=120)
+    assert refused.returncode == 1 and "search.no_repeat_ngram_size is set" in refused.stderr
+
+
+def test_manifest_doc_lists_every_option() -> None:
+    """docs/manifest.md's "Resolving the options" table has a row per option of the one table."""
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "manifest.md").read_text(encoding="utf-8")
+    section = doc[doc.index("## Resolving the options"):doc.index("### How `translate` batches")]
+    rows = {line.split("|")[1].strip() for line in section.splitlines() if line.startswith("| `")}
+    named = {name.strip(" `") for row in rows for name in row.split(",")}
+    assert named == {o.name for o in OPTIONS}
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["quantize", "nowhere", "--fp16", "--int8-activations", "per-tensor"], "--int8-activations applies to --int8"),
+    (["quantize", "nowhere", "--int8", "--limit", "5", "--no-evaluate"], "not with --no-evaluate"),
+    (["bench", "nowhere", "--synthetic-dir", "x"], "--synthetic-dir keeps the --synthetic export"),
+])
+def test_options_that_would_be_ignored_are_refused(args: list[str], message: str) -> None:
+    """The sweep: an option whose value another option makes meaningless is one line, not ignored."""
+    result = run(*args)
+    assert result.exit_code == 1 and message in result.stderr, result.output
