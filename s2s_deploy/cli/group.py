@@ -91,7 +91,7 @@ def decoding_options(command: F) -> F:
     """Every decoding option of format/decoding.py's table that has a flag, as a click option whose
     value is None when not given (a switch has its ``--no-`` form, to turn off an export's default):
     the command passes them on by name to ``decoding.resolve``."""
-    from s2s_deploy.format.decoding import OPTIONS, Ids, Real, Switch, Whole
+    from s2s_deploy.format.decoding import OPTIONS, Ids, Switch, Whole
 
     for option in reversed(OPTIONS):
         flag, kind = option.cli_flag, option.kind
@@ -104,13 +104,9 @@ def decoding_options(command: F) -> F:
             decorator = click.option(f"{flag}/--no-{flag[2:]}", option.name, default=None, help=text)
         elif isinstance(kind, Ids):
             decorator = click.option(flag, option.name, multiple=kind.strings != "text", default=None, help=text)
-        elif isinstance(kind, Whole):
-            decorator = click.option(flag, option.name, type=click.IntRange(kind.low, kind.high), default=None,
+        else:  # the range is the row's to check, in resolve: one line naming the option, exit 1
+            decorator = click.option(flag, option.name, type=int if isinstance(kind, Whole) else float, default=None,
                                      help=text)
-        else:
-            assert isinstance(kind, Real)
-            decorator = click.option(flag, option.name, type=click.FloatRange(kind.low, kind.high,
-                                     min_open=kind.open_low), default=None, help=text)
         command = decorator(command)
     return command
 
