@@ -242,7 +242,7 @@ def _manifest_beam(export_dir: str) -> int:
     from s2s_deploy.format.manifest import load_manifest
 
     manifest = load_manifest(export_dir, verify_hashes=False)
-    return int(manifest.raw["search"].get("beam_size", 1))  # typed by the manifest schema
+    return int(manifest.search.get("beam_size", 1))  # typed by the manifest schema
 
 
 def _translate_file(export_dir: str, input_path: str, output_path: str, options: FileOptions, resume: bool,
@@ -405,7 +405,7 @@ def evaluate_command(export_dir: str, task: str | None, splits: tuple[str, ...],
     load_plugin_files(plugin_files)
     manifest = load_manifest(export_dir)
     task_of(manifest, task)
-    trained_on = manifest.raw.get("training", {}).get("task")
+    trained_on = manifest.training.get("task")
     if task and trained_on and task != trained_on:
         click.echo(f"warning: {export_dir} was trained on {trained_on}, not {task}: expect low scores", err=True)
     chosen = []

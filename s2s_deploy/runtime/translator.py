@@ -203,7 +203,7 @@ def default_search_config(manifest: Manifest, beam: int | None = None, n_best: i
     if max_len is not None and limit is not None and max_len > limit:
         raise S2SError(f"max-len {max_len} exceeds the model's limit of {limit} target tokens (its position table)")
     min_len = options.get("min_len")
-    stored = manifest.raw.get("search", {})
+    stored = manifest.search
     values: dict[str, object] = {name: stored[name] for name in OPTION_NAMES if name in stored}
     values.setdefault("alpha", stored.get("length_penalty_alpha", 0.75))
     values.setdefault("max_len", limit or 256)
