@@ -49,7 +49,6 @@ class S2SDeploy:
         import s2s_deploy
 
         quantization = self.translator.manifest.quantization
-
         return {"s2s-deploy": s2s_deploy.__version__, "onnxruntime": onnxruntime.__version__,
                 "engine": self.engine, "intra_threads": self.threads,
                 "quantization": quantization and dataclasses.asdict(quantization)}

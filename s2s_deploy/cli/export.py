@@ -124,14 +124,25 @@ def _difference(folder: Path, wanted: dict[str, object]) -> str | None:
 
 @main.command("inspect")
 @click.argument("export_dir", type=click.Path())
-def inspect_command(export_dir: str) -> None:
+@click.option("--verify", is_flag=True, help="Re-hash every file the manifest lists and report each; exit 1 on any "
+              "missing or modified file.")
+def inspect_command(export_dir: str, verify: bool) -> None:
     """Show what an export folder holds.
 
     Inputs, outputs, opset, node and parameter counts, and sizes of each graph.
     """
+    from s2s_deploy.errors import S2SError
     from s2s_deploy.format.manifest import load_manifest
     from s2s_deploy.transforms.inspect import deployable_files, shared_parameter_bytes, startable_providers, summarise
 
+    if verify:
+        found = load_manifest(export_dir, verify_hashes=False).verify()
+        for name, status in found.items():
+            click.echo(f"{status:<12} {name}")
+        bad = [f"{name} {status}" for name, status in found.items() if status in ("missing", "modified")]
+        if bad:
+            raise S2SError(f"{len(bad)} of {len(found)} listed files do not match the manifest: {', '.join(bad)}")
+        return
     manifest = load_manifest(export_dir)
     click.echo(f"{manifest.directory}: {manifest.plugin} v{manifest.plugin_version}, "
                f"exporter {manifest.exporter}, source: {manifest.source}")
