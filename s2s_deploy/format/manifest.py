@@ -158,6 +158,8 @@ class Manifest:
     samples: tuple[str, ...]
     search: SearchDefaults
     plugin_description: str = ""
+    plugin_origin: str | None = None
+    """``file NAME.py`` or ``distribution NAME``: what to pass or install to load ``plugin`` again."""
     format: str = FORMAT
     generate: GenerateEntry | None = None
     checkpoint: CheckpointEntry | None = None
@@ -175,18 +177,19 @@ class Manifest:
 
     @classmethod
     def build(
-        cls, directory: Path, *, plugin: tuple[str, str, str], config: Mapping[str, Any], source: str, exporter: str,
-        opset: int, graphs: Mapping[str, tuple[str, Sequence[IOEntry], Sequence[IOEntry]]],
+        cls, directory: Path, *, plugin: tuple[str, str, str, str | None], config: Mapping[str, Any], source: str,
+        exporter: str, opset: int, graphs: Mapping[str, tuple[str, Sequence[IOEntry], Sequence[IOEntry]]],
         memory: Sequence[MemorySpec], state: Sequence[StateSpec], src_vocab: Vocabulary, tgt_vocab: Vocabulary,
         limits: tuple[int | None, int | None], search: Mapping[str, Any], validation: Mapping[str, Any],
         samples: Sequence[str], training: Mapping[str, Any], checkpoint: CheckpointEntry, ort_optimized: bool,
     ) -> Manifest:
-        """A new export's manifest from what the exporter knows; ``graphs`` maps a role to (file,
-        inputs, outputs), hashed later by ``with_graph`` once the files are final."""
-        name, version, description = plugin
+        """A new export's manifest from what the exporter knows; ``plugin`` is (name, version,
+        description, origin); ``graphs`` maps a role to (file, inputs, outputs), hashed later by
+        ``with_graph`` once the files are final."""
+        name, version, description, origin = plugin
         document = {
             "format": FORMAT,
-            "plugin": {"name": name, "version": version, "description": description},
+            "plugin": {"name": name, "version": version, "description": description, "origin": origin},
             "config": dict(config),
             "source": source,
             "exporter": exporter,
@@ -377,6 +380,7 @@ def _typed(directory: Path, doc: dict[str, Any], vocabs: tuple[Vocabulary, Vocab
         plugin=plugin["name"],
         plugin_version=plugin["version"],
         plugin_description=plugin.get("description", ""),
+        plugin_origin=plugin.get("origin"),
         format=doc["format"],
         encoder=_graph(graphs["encoder"]),
         decoder=_graph(graphs["decoder"]),
