@@ -15,9 +15,6 @@ agree to float64 rounding). Documented in docs/generate.md.
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +26,9 @@ import onnx_ir as ir
 from onnx_ir.passes import common as passes
 
 from s2s_deploy.errors import S2SError
-from s2s_deploy.format.manifest import MANIFEST_NAME, Manifest, manifest_text, sha256_of
+from s2s_deploy.format.files import write_atomically
+from s2s_deploy.format.manifest import IOEntry as GenerateIO
+from s2s_deploy.format.manifest import Manifest
 
 GENERATE_FILE = "generate.onnx"
 SEARCH_FUNCTIONS = Path(__file__).with_name("search_graph.onnx")
@@ -41,19 +40,6 @@ _SEARCH_DOMAIN = "s2s_deploy.search"
 FUSED_OPTIONS = ("min_len", "max_len", "suppress_tokens", "disable_unk", "bad_words_ids (single tokens)",
                  "prefix (one for every sentence)", "forced_eos")
 """What ``fuse --options`` carries; the step loop runs every other option (docs/generate.md)."""
-
-
-@dataclass(frozen=True)
-class GenerateIO:
-    """One input or output of generate.onnx as the manifest lists it."""
-
-    name: str
-    role: str
-    dtype: str
-    shape: tuple[int | str, ...]
-
-    def entry(self) -> dict[str, Any]:
-        return {"name": self.name, "role": self.role, "dtype": self.dtype, "shape": list(self.shape)}
 
 
 def generate_io(beam: bool, options: bool = False) -> tuple[tuple[GenerateIO, ...], tuple[GenerateIO, ...]]:
@@ -91,38 +77,13 @@ def fuse_generate(manifest: Manifest, out_path: str | Path, beam: bool = True, o
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
         raise S2SError(f"the fused graph fails the ONNX checker: {str(exc).splitlines()[0]}") from exc
     out_path = Path(out_path)
-    _atomic_write(out_path, model.SerializeToString())
+    write_atomically(out_path, model.SerializeToString())
     return out_path
 
 
 def add_to_manifest(manifest: Manifest, path: Path, beam: bool, options: bool = False) -> Path:
     """Record ``graphs.generate`` in manifest.json, replacing the file atomically."""
-    if path.resolve().parent != manifest.directory.resolve():
-        raise S2SError(f"{path} is not in the export folder {manifest.directory}")
-    raw = json.loads((manifest.directory / MANIFEST_NAME).read_text(encoding="utf-8"))
-    inputs, outputs = generate_io(beam, options)
-    raw["graphs"]["generate"] = {
-        "file": path.name,
-        "sha256": sha256_of(path),
-        "search": "beam" if beam else "greedy",
-        **({"options": list(FUSED_OPTIONS)} if options else {}),
-        "inputs": [io.entry() for io in inputs],
-        "outputs": [io.entry() for io in outputs],
-    }
-    target = manifest.directory / MANIFEST_NAME
-    _atomic_write(target, manifest_text(raw).encode("utf-8"))
-    return target
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    handle, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "wb") as stream:
-            stream.write(data)
-        os.replace(temp, path)
-    finally:
-        if os.path.exists(temp):
-            os.unlink(temp)
+    return manifest.with_generate(path, beam, FUSED_OPTIONS if options else (), *generate_io(beam, options)).write()
 
 
 def build_generate(manifest: Manifest, beam: bool = True, options: bool = False) -> onnx.ModelProto:
