@@ -157,8 +157,9 @@ def _unique_names(graph: ir.Graph) -> None:
 
 def _load_pruned(path: Path, outputs: Sequence[str]) -> ir.Model:
     """The graph computing ``outputs`` only (an unused attention output costs nothing), with
-    model-local functions inlined and only default-domain nodes."""
-    model = ir.load(path)
+    model-local functions inlined and only default-domain nodes. Weights stored as external data
+    (``shared_weights.bin``) are read in: generate.onnx is one self-contained file."""
+    model = ir.external_data.load_to_model(ir.load(path))
     passes.InlinePass()(model)
     for node in ir.traversal.RecursiveGraphIterator(model.graph):
         if node.domain not in _DEFAULT_DOMAINS:
