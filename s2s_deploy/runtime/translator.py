@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import threading
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, fields, replace
@@ -244,7 +245,8 @@ def _token_id(vocab: Vocabulary, token: object) -> int:
 
 
 class Translator:
-    """The embedding API: ``Translator("exported/transformer")(["..."], beam=4)``.
+    """The embedding API: ``Translator("exported/transformer")(["..."], beam=4)``. One instance may
+    serve many threads at once: each call answers exactly as it would alone (docs/architecture.md).
 
     ``engine="loop"`` runs the search in Python over the step decoder; ``engine="graph"`` makes one
     call per batch to the fused generate.onnx (``s2s-deploy fuse``). ``spin=False`` stops the step
@@ -258,6 +260,7 @@ class Translator:
             raise S2SError(f"unknown engine {engine!r}; known: {', '.join(ENGINES)}")
         self.manifest = load_manifest(export_dir)
         self.unknown: Counter[str] = Counter()  # source tokens outside the vocabulary, over this translator's life
+        self._unknown_lock = threading.Lock()  # calls from several threads add to it
         if engine == "graph":
             from s2s_deploy.runtime.ort.generate import GraphEngine
 
@@ -271,7 +274,8 @@ class Translator:
             self.notice = self.backend.choice.notice()
 
     def unknown_notice(self) -> str | None:
-        return unknown_notice(self.unknown, self.manifest.src_vocab.level)
+        with self._unknown_lock:
+            return unknown_notice(self.unknown, self.manifest.src_vocab.level)
 
     def search_config(self, beam: int | None = None, n_best: int | None = None, max_len: int | None = None,
                       alpha: float | None = None, **options: object) -> SearchConfig:
@@ -293,7 +297,9 @@ class Translator:
         config = self.search_config(beam, n_best, max_len, alpha, **options)
         manifest = self.manifest
         check_inputs(texts)
-        self.unknown.update(unknown_tokens(texts, manifest.src_vocab))
+        found = unknown_tokens(texts, manifest.src_vocab)
+        with self._unknown_lock:
+            self.unknown.update(found)
         return translate(self.engine, texts, manifest.src_vocab, manifest.tgt_vocab, config, batch_size,
                          manifest.max_source_length, max_batch_tokens=max_batch_tokens, prefixes=prefixes)
 
