@@ -14,9 +14,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from test_plugins import ARCH_CASES
+from test_plugins import ARCH_CASES, _FailsCapture
 
 from s2s_deploy.format.manifest import load_manifest
+from s2s_deploy.runtime.ort.backend import OrtBackend
+from s2s_deploy.runtime.ort.step_loop import StepLoops
 from s2s_deploy.runtime.translator import Translator
 from s2s_deploy.transforms.fuse import GENERATE_FILE, add_to_manifest, fuse_generate
 
@@ -91,3 +93,22 @@ def test_the_fused_graph_shared_by_threads_answers_as_one_at_a_time(exports, tmp
     add_to_manifest(copy, fuse_generate(copy, folder / GENERATE_FILE), beam=True)
     translator = Translator(folder, device="cpu", threads=1, engine="graph")
     assert_same_as_one_at_a_time(translator, plans(list(manifest.samples), seed=1, options=False))
+
+
+@pytest.mark.parametrize("fail_at", [0, 6], ids=["capture-holds", "capture-fails"])
+@pytest.mark.parametrize("arch", ["transformer", "gru"])
+def test_captured_steps_shared_by_threads_answer_as_one_at_a_time(exports, arch: str, fail_at: int) -> None:
+    """The CUDA-graph bookkeeping under threads, run on CPU (its session ignores graph ids): graph
+    ids from several step loops on one session, the device lock, and a capture that fails while
+    other threads decode (they go on uncaptured, and every answer stays exact)."""
+    _, manifest = exports.get(arch)
+    translator = Translator(manifest.directory, device="cpu", threads=1)
+    backend = translator.backend
+    threads = plans(list(manifest.samples), seed=5)
+    expected = [[call(translator) for call in calls] for calls in threads]
+    backend.loops = StepLoops(manifest, "cpu", _FailsCapture(backend.decoder, fail_at=fail_at), capture=True,
+                              uncaptured=lambda: OrtBackend(manifest, device="cpu", threads=1).decoder,
+                              on_step=backend.count_step)
+    got = run_together(translator, threads)
+    assert got == expected
+    assert backend.cuda_graph == (not fail_at)

@@ -183,9 +183,10 @@ class OrtBackend(Backend):
     def start(self, src: np.ndarray, src_len: np.ndarray, expand: int = 1, keep_attention: bool = False) -> DecodeRun:
         manifest = self.manifest
         names = list(manifest.encoder.outputs)
-        started = time.perf_counter()
-        encoded = dict(zip(names, self.encoder.run(names, {"src": src, "src_len": src_len}), strict=True))
-        self.runtime_seconds += time.perf_counter() - started
         if keep_attention and not manifest.has_attention_output:
             raise S2SError(f"{manifest.directory} was exported without --with-attention")
-        return FixedRun(self.loops.check_out(), encoded, src.shape[0], expand, keep_attention)
+        with self.loops.guard():
+            started = time.perf_counter()
+            encoded = dict(zip(names, self.encoder.run(names, {"src": src, "src_len": src_len}), strict=True))
+            self.runtime_seconds += time.perf_counter() - started
+            return FixedRun(self.loops.check_out(), encoded, src.shape[0], expand, keep_attention)

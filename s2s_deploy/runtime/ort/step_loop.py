@@ -35,8 +35,11 @@ its reorder tiles the beams from it inside the decoder, as a step's reorder alwa
 Threads: all of the above is one ``FixedSteps``, and a batch checks one out of ``StepLoops`` for
 as long as it runs, so two batches never share a buffer or a binding. A single thread gets the same
 set back batch after batch; N threads decoding at once hold N sets, all on one session (its ``run``
-is thread-safe). ONNX Runtime's CUDA graphs are not safe from two threads at once, so while
-capturing, the session's runs (and graph releases) are serialised by one lock.
+is thread-safe). While capturing CUDA graphs, a step (writing its inputs, running, reading its
+outputs) and a batch's start (encoder, buffers) hold one lock: ONNX Runtime does not support
+CUDA graphs on a session run from two threads at once, and a capture in global mode fails when
+another thread allocates or copies meanwhile. The search's own Python between steps still runs
+in parallel.
 """
 
 from __future__ import annotations
@@ -108,11 +111,16 @@ class StepLoops:
         self.on_step = on_step
         self.ids = itertools.count()
         """Graph, buffer and memory ids, unique across the loops: graph ids name captures in one session."""
-        self.run_lock = threading.Lock()
-        """Held around every run and graph release of a capturing session."""
+        self.device_lock = threading.RLock()
+        """Held by a step, and a batch's start, while capturing (reentrant: a failed capture
+        replays the batch's steps from within a step)."""
         self._uncaptured = uncaptured
         self._idle: list[FixedSteps] = []
         self._lock = threading.Lock()
+
+    def guard(self) -> contextlib.AbstractContextManager[Any]:
+        """The device lock while capturing; nothing otherwise (a CPU step takes no lock)."""
+        return self.device_lock if self.capture else contextlib.nullcontext()
 
     def check_out(self) -> FixedSteps:
         """A step loop for one batch: the one the last batch gave back (warm buffers), or a new one."""
@@ -204,12 +212,7 @@ class FixedSteps:
         self._uncaptured = _run_options(NO_CAPTURE) if self.capture else None
         self._top_k: dict[int, ort.OrtValue] = {}
         self._host_small = _host_inputs(self.session)
-        self.run: Callable[[ort.IOBinding, ort.RunOptions | None], None] = (
-            self._run_locked if self.capture else self.session.run_with_iobinding)
-
-    def _run_locked(self, binding: ort.IOBinding, run_options: ort.RunOptions | None) -> None:
-        with self.loops.run_lock:
-            self.session.run_with_iobinding(binding, run_options)
+        self.run = self.session.run_with_iobinding
 
     def capture_failed(self, graph_id: int) -> bool:
         """Whether a failed run is a capture failing: a captured graph id's run, or any run on a
@@ -315,7 +318,7 @@ class FixedSteps:
         for key in [key for key in self._graphs if doomed(key)]:
             graph = self._graphs.pop(key)
             if release is not None and graph.graph_id != NO_CAPTURE:
-                with self.loops.run_lock, contextlib.suppress(RuntimeError, ort.capi.onnxruntime_pybind11_state.Fail):
+                with contextlib.suppress(RuntimeError, ort.capi.onnxruntime_pybind11_state.Fail):
                     release(graph.graph_id)
 
 
@@ -589,10 +592,17 @@ class FixedRun(DecodeRun):
         self._last_reorder = None  # the new buffers' reorder is unwritten
 
     def step(self, tokens: np.ndarray, reorder: np.ndarray) -> np.ndarray:
+        if self.steps.capture:
+            with self.steps.loops.device_lock:
+                return self._run(tokens, reorder, ("log_probs",), 1)[0]
         return self._run(tokens, reorder, ("log_probs",), 1)[0]
 
     def step_top(self, tokens: np.ndarray, reorder: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        values, ids = self._run(tokens, reorder, TOP_OUTPUTS, k)
+        if self.steps.capture:
+            with self.steps.loops.device_lock:
+                values, ids = self._run(tokens, reorder, TOP_OUTPUTS, k)
+        else:
+            values, ids = self._run(tokens, reorder, TOP_OUTPUTS, k)
         return values, ids
 
     def attention(self) -> np.ndarray | None:
