@@ -176,6 +176,10 @@ def check(expected: Expected, setting: tuple[int, int], texts: list[str], body: 
             tally.wrong_examples.append(json.dumps({"texts": texts, "setting": setting, "got": got})[:500])
 
 
+def in_flight_at_kill(tally: Tally, sent_s: float, ended_s: float) -> bool:
+    return tally.killed_at_s is not None and sent_s <= tally.killed_at_s <= ended_s
+
+
 async def client(number: int, port: int, samples: list[str], expected: Expected, deadline: float,
                  started: float, tally: Tally) -> None:
     rng = random.Random(number)
@@ -193,9 +197,7 @@ async def client(number: int, port: int, samples: list[str], expected: Expected,
                 try:
                     response = await http.post(url, content=payload, headers={"content-type": "application/json"})
                 except httpx.TransportError as exc:
-                    ended = time.monotonic()
-                    killed = tally.killed_at_s
-                    if killed is not None and sent - started <= killed <= ended - started:
+                    if in_flight_at_kill(tally, sent - started, time.monotonic() - started):
                         tally.failed_in_flight_at_kill += 1
                         tally.count(kind, "no answer (worker killed)")
                     else:
@@ -225,6 +227,8 @@ async def client(number: int, port: int, samples: list[str], expected: Expected,
                 tally.count(kind, str(status))
                 if status == 200:
                     check(expected, setting, texts, json.loads(body), tally)
+                elif status is None and in_flight_at_kill(tally, sent - started, time.monotonic() - started):
+                    tally.failed_in_flight_at_kill += 1
                 elif status != 503:
                     tally.unexpected_status += 1
             else:
@@ -286,7 +290,8 @@ def summary(tally: Tally, args: argparse.Namespace) -> list[str]:
         f"requests: {sum(tally.sent.values())} ({', '.join(f'{k} {v}' for k, v in tally.sent.items())})",
         f"outcomes: {json.dumps(tally.statuses)}",
         f"translations checked: {tally.right} right, {tally.wrong} wrong; no answer: "
-        f"{tally.failed_in_flight_at_kill} in flight on the killed worker, {tally.lost} lost otherwise; "
+        f"{tally.failed_in_flight_at_kill} in flight on the killed worker (slow clients included), "
+        f"{tally.lost} lost otherwise; "
         f"{tally.unexpected_status} unexpected statuses",
         f"latency of answered translations: p50 {percentile(tally.latencies, 50):.3f} s, "
         f"p99 {percentile(tally.latencies, 99):.3f} s, max {max(tally.latencies, default=float('nan')):.3f} s",
