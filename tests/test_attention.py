@@ -53,7 +53,7 @@ def test_pytorch_and_onnx_maps_agree(exports, arch: str) -> None:
     comparison = compare_attention(torch_backend_for(manifest), OrtBackend(manifest, device="cpu"), manifest,
                                    "hello world", max_len=6)
     assert comparison.reference.target_ids == comparison.candidate.target_ids
-    assert comparison.max_abs_diff < manifest.raw["validation"]["atol"]
+    assert comparison.max_abs_diff < manifest.to_dict()["validation"]["atol"]
 
 
 def test_attention_map_rows_labels_and_mean(exports) -> None:
@@ -125,4 +125,4 @@ def test_cli_export_without_attention_output(exports, tmp_path) -> None:
     export_model(get_plugin("rnnsearch"), source.model, source.config, source.src_vocab, source.tgt_vocab, out,
                  checkpoint_path=source.checkpoint_path, source=source.description)
     line = one_line_error(["attention", str(out), "hello", "--out", str(tmp_path / "x.png")])
-    assert "re-export with --with-attention" in line
+    assert f"s2s-deploy export --arch rnnsearch --with-attention --force --out {out}" in line

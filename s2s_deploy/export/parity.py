@@ -15,12 +15,13 @@ from s2s_deploy.errors import CheckpointError
 from s2s_deploy.export.checkpoint import build_model, load_checkpoint
 from s2s_deploy.export.checks import forward_step_comparison
 from s2s_deploy.export.contract import Seq2SeqModel
-from s2s_deploy.export.registry import get_plugin
+from s2s_deploy.export.registry import exported_plugin
 from s2s_deploy.export.tolerance import NO_DIFF, StepDiff, StepTolerance, plugin_tolerance
 from s2s_deploy.export.torch_backend import TorchBackend
 from s2s_deploy.format.manifest import Manifest, sha256_of
 from s2s_deploy.runtime.backend import Backend
-from s2s_deploy.runtime.search import SearchConfig, search
+from s2s_deploy.runtime.decoding import SearchConfig
+from s2s_deploy.runtime.search import search
 from s2s_deploy.runtime.translator import encode_batch
 from s2s_deploy.transforms.quantize import MIN_TOKEN_AGREEMENT
 
@@ -81,13 +82,17 @@ def torch_backend_for(
     manifest: Manifest, checkpoint: str | Path | None = None, device: str = "cpu"
 ) -> TorchBackend:
     """Rebuild the PyTorch original of an export from the checkpoint it was exported from."""
-    plugin = get_plugin(manifest.plugin)
-    recorded = manifest.raw["checkpoint"]
-    path = Path(checkpoint) if checkpoint else manifest.directory / recorded["file"]
-    if checkpoint is None and not recorded.get("included", True):
+    plugin = exported_plugin(manifest.plugin, manifest.plugin_origin)
+    recorded = manifest.checkpoint
+    if checkpoint is None and recorded is None:
+        raise CheckpointError(f"{manifest.directory} records no checkpoint: pass --checkpoint FILE")
+    path = Path(checkpoint) if checkpoint else manifest.directory / recorded.file
+    if checkpoint is None and not recorded.included:
         raise CheckpointError(f"{manifest.directory} was exported without its checkpoint: pass --checkpoint FILE "
-                              f"(the one with sha256 {recorded['sha256'][:16]}...)")
-    if checkpoint is None and path.is_file() and sha256_of(path) != recorded["sha256"]:
+                              f"(the one with sha256 {recorded.sha256[:16]}...)")
+    if checkpoint is None and not path.is_file():
+        raise CheckpointError(f"{path} is missing: restore it, or pass --checkpoint FILE")
+    if checkpoint is None and sha256_of(path) != recorded.sha256:
         raise CheckpointError(f"{path} is not the checkpoint this folder was exported from (sha256 differs)")
     loaded = load_checkpoint(path)
     model = build_model(loaded, plugin)
@@ -101,8 +106,8 @@ def check_parity(
     beam_size: int = 4, max_len: int = 64, atol: float | None = None, rtol: float | None = None,
     batch_size: int = 16,
 ) -> ParityReport:
-    plugin = get_plugin(manifest.plugin)
-    quantised = "quantization" in manifest.raw
+    plugin = exported_plugin(manifest.plugin, manifest.plugin_origin)
+    quantised = manifest.quantization is not None
     tolerance = None if quantised and atol is None and rtol is None else plugin_tolerance(plugin, atol, rtol)
     forward_tolerance = plugin_tolerance(plugin, atol, rtol)
     modes = [("greedy", SearchConfig(1, 1, max_len)), (f"beam{beam_size}", SearchConfig(beam_size, 1, max_len))]
@@ -133,9 +138,9 @@ def check_parity(
         SearchAgreement(name, len(sources), tally[0], tally[1], tuple(tally[2]))
         for name, tally in agreements.items()
     )
-    per_tensor = manifest.raw.get("quantization", {}).get("activations") == "per-tensor"  # batch-dependent by choice
+    per_tensor = quantised and manifest.quantization.per_tensor  # batch-dependent by choice
     # the token agreement a quantised copy must keep comes from its kind, not from the manifest under test
-    min_agreement = MIN_TOKEN_AGREEMENT[manifest.raw["quantization"]["kind"]] if quantised else 1.0
+    min_agreement = MIN_TOKEN_AGREEMENT[manifest.quantization.kind] if quantised else 1.0
     return ParityReport(tolerance, step_diff, searches, len(sources), min_agreement,
                         forward_diff if isinstance(model, Seq2SeqModel) else None, forward_tolerance,
                         batch_agreement(manifest, candidate, sources, max_len), not per_tensor)
