@@ -51,7 +51,7 @@ def unpadded(manifest: Manifest) -> bool:
     batchmates. Padding moves a row's fp32 sums in the last bits, which can tip an activation
     across an int8 rounding edge; rows of one length run the very same arithmetic alone or
     together (docs/parity.md)."""
-    return manifest.raw.get("quantization", {}).get("activations") == "per-row"
+    return manifest.quantization is not None and manifest.quantization.activations == "per-row"
 
 
 def length_groups(order: Sequence[int], lengths: Sequence[int], exact: bool) -> list[list[int]]:
