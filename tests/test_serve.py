@@ -278,3 +278,13 @@ def test_serve_with_threads_answers_as_translate_prints(gru) -> None:
             want = expected[(beam, n_best)][text]
             assert [h["text"] for h in got["hypotheses"]] == [hyp for _, hyp in want]
             np.testing.assert_allclose([h["score"] for h in got["hypotheses"]], [s for s, _ in want], atol=6e-5)
+
+
+def test_the_soak_benchmark_runs_clean_for_seconds(gru) -> None:
+    """benchmarks/serve_soak.py in miniature: faults mixed in and a worker killed halfway, yet no
+    wrong answer and nothing lost beyond that worker's requests in flight (exit 0)."""
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "serve_soak.py"
+    result = subprocess.run([sys.executable, str(script), str(gru.directory), "--clients", "4", "--duration", "6",
+                             "--sample-every", "1"], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert " 0 wrong;" in result.stdout and "killed at" in result.stdout
