@@ -100,7 +100,8 @@ def build_generate(manifest: Manifest, beam: bool = True, options: bool = False)
     inputs, outputs = generate_io(beam, options)
     graph = ir.Graph([_value(io.name, io.dtype, io.shape) for io in inputs], [], nodes=[], opset_imports={"": opset},
                      name=f"{manifest.plugin}_generate_{'beam' if beam else 'greedy'}")
-    results = _Fuser(manifest, graph, encoder.graph, decoder, options).build(beam)
+    fuser = _Fuser(manifest, graph, encoder.graph, decoder, options)
+    results = fuser.build(beam)
     for io, value in zip(outputs, results, strict=True):
         value.name, value.type, value.shape = io.name, _type(io.dtype), ir.Shape(io.shape)
         graph.outputs.append(value)
@@ -112,12 +113,26 @@ def build_generate(manifest: Manifest, beam: bool = True, options: bool = False)
                   passes.NameFixPass()):
         pass_(model)
     model.opset_imports.pop(_SEARCH_DOMAIN)  # every call is inlined
+    _explicit_loop_conditions(graph, fuser.const(True, "bool"))
     _unique_names(graph)
     proto = ir.to_proto(model)
     for key, value in encoder.metadata_props.items():
         proto.metadata_props.add(key=key, value="generate" if key == "s2s_deploy.role" else value)
     proto.metadata_props.add(key="s2s_deploy.search", value="beam" if beam else "greedy")
     return proto
+
+
+def _explicit_loop_conditions(graph: ir.Graph, true: ir.Value) -> None:
+    """Give every ``Loop`` without a ``cond`` input (onnxscript's ``for i in range(n)``, perhaps
+    an exported graph's) the constant ``true``. The spec reads an omitted ``cond`` as true, and
+    ONNX Runtime does, but ``onnx.reference`` makes zero trips: it would skip ``n_best``'s walk
+    back through the parents."""
+    for node in ir.traversal.RecursiveGraphIterator(graph):
+        if node.op_type == "Loop" and node.domain in _DEFAULT_DOMAINS:
+            if len(node.inputs) < 2:
+                node.resize_inputs(2)
+            if node.inputs[1] is None:
+                node.replace_input_with(1, true)
 
 
 def _unique_names(graph: ir.Graph) -> None:
@@ -142,8 +157,9 @@ def _unique_names(graph: ir.Graph) -> None:
 
 def _load_pruned(path: Path, outputs: Sequence[str]) -> ir.Model:
     """The graph computing ``outputs`` only (an unused attention output costs nothing), with
-    model-local functions inlined and only default-domain nodes."""
-    model = ir.load(path)
+    model-local functions inlined and only default-domain nodes. Weights stored as external data
+    (``shared_weights.bin``) are read in: generate.onnx is one self-contained file."""
+    model = ir.external_data.load_to_model(ir.load(path))
     passes.InlinePass()(model)
     for node in ir.traversal.RecursiveGraphIterator(model.graph):
         if node.domain not in _DEFAULT_DOMAINS:
