@@ -15,7 +15,7 @@ import onnxruntime as ort
 
 from s2s_deploy.format.manifest import load_manifest
 from s2s_deploy.runtime.ort.backend import OrtBackend, session_options
-from s2s_deploy.runtime.ort.step_loop import FixedSteps
+from s2s_deploy.runtime.ort.step_loop import StepLoops
 from s2s_deploy.runtime.search import SearchConfig, search
 from s2s_deploy.runtime.translator import encode_batch
 
@@ -35,8 +35,9 @@ def main() -> None:
     options = session_options(args.threads)
     options.enable_profiling = True
     providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if args.device == "cuda" else ["CPUExecutionProvider"]
-    backend.decoder = ort.InferenceSession(str(manifest.graph_path(manifest.decoder)), options, providers=providers)
-    backend.fixed_steps = FixedSteps(backend, capture=False)  # the step loop, pointed at this session
+    profiled = ort.InferenceSession(str(manifest.graph_path(manifest.decoder)), options, providers=providers)
+    backend.loops = StepLoops(manifest, backend.device, profiled, capture=False,  # the step loop on this session
+                              uncaptured=lambda: profiled, on_step=backend.count_step)
     config = SearchConfig(args.beam, 1, args.tokens, min_len=args.tokens)
     samples = manifest.samples
     for first in range(args.sentences):

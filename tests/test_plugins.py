@@ -203,7 +203,7 @@ def test_a_step_that_fails_to_capture_falls_back_and_decodes_the_same(exports, a
     fresh uncaptured session: the caller gets what a backend that never captured gives. The
     capture bookkeeping runs on CPU here because the CPU session ignores graph ids; with no
     failure (``fail_at`` 0), graph ids kept across batches must decode as fresh backends do."""
-    from s2s_deploy.runtime.ort.step_loop import FixedSteps
+    from s2s_deploy.runtime.ort.step_loop import StepLoops
 
     _, manifest = exports.get(arch)
     texts = sorted(manifest.samples, key=len)
@@ -213,14 +213,14 @@ def test_a_step_that_fails_to_capture_falls_back_and_decodes_the_same(exports, a
     configs = (SearchConfig(3, 2, max_len), SearchConfig(1, 1, max_len))
     expected = [search(OrtBackend(manifest, device="cpu"), *batch, config) for config in configs for batch in batches]
     backend = OrtBackend(manifest, device="cpu")
-    backend.decoder = _FailsCapture(backend.decoder, fail_at=fail_at)
-    backend.fixed_steps = FixedSteps(backend, capture=True)
+    backend.loops = StepLoops(manifest, "cpu", _FailsCapture(backend.decoder, fail_at=fail_at), capture=True,
+                              uncaptured=lambda: OrtBackend(manifest, device="cpu").decoder, on_step=backend.count_step)
     got = [search(backend, *batch, config) for config in configs for batch in batches]
     if fail_at:
-        assert not backend.fixed_steps.capture and not isinstance(backend.decoder, _FailsCapture)
+        assert not backend.cuda_graph and not isinstance(backend.decoder, _FailsCapture)
         assert "failed to capture: CUDA failure 900" in backend.choice.reason
     else:
-        assert backend.fixed_steps.capture and isinstance(backend.decoder, _FailsCapture)
+        assert backend.cuda_graph and isinstance(backend.decoder, _FailsCapture)
     for want_batch, have_batch in zip(expected, got, strict=True):
         for want, have in zip(want_batch, have_batch, strict=True):
             assert [h.tokens for h in have] == [h.tokens for h in want]

@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 pytest.importorskip("starlette")
@@ -231,3 +232,59 @@ def test_serve_without_the_extra_names_it(gru) -> None:
     assert result.returncode == 1
     assert result.stderr.strip() == json.loads('"error: serve needs the [serve] extra: pip install '
                                                '\\"s2s-deploy[serve]\\" (uvicorn missing)"')
+
+
+def _cli_translations(manifest, texts: list[str], beam: int, n_best: int) -> dict[str, list[tuple[float, str]]]:
+    """What `s2s-deploy translate --scores` prints, per source text: its n-best (score, text)."""
+    unique = sorted(set(texts))
+    result = subprocess.run([sys.executable, "-m", "s2s_deploy", "translate", str(manifest.directory), *unique,
+                             "--beam", str(beam), "--n-best", str(n_best), "--scores", "--quiet"],
+                            capture_output=True, text=True, timeout=120, check=True)
+    lines = [line.split("\t", 1) for line in result.stdout.splitlines()]
+    assert len(lines) == len(unique) * n_best
+    return {text: [(float(score), hyp) for score, hyp in lines[i * n_best : (i + 1) * n_best]]
+            for i, text in enumerate(unique)}
+
+
+def test_serve_with_threads_answers_as_translate_prints(gru) -> None:
+    """A real server with two intra-op threads, twelve clients at once, each sending requests of its
+    own beam, n-best and batch size: every answer is what `s2s-deploy translate` prints for it."""
+    import random
+
+    rng = random.Random(3)
+    settings = ((1, 1), (2, 2), (4, 3))
+    requests = [(rng.choice(settings), [rng.choice(gru.samples) for _ in range(rng.randint(1, 6))])
+                for _ in range(36)]
+    expected = {(beam, n_best): _cli_translations(gru, [t for s, texts in requests if s == (beam, n_best)
+                                                        for t in texts], beam, n_best)
+                for beam, n_best in settings}
+    process, url = _start(gru, "--threads", "2", "--window-ms", "20")
+    try:
+        async def clients() -> list[httpx.Response]:
+            async with httpx.AsyncClient(timeout=120) as http:
+                async def one_client(mine: list) -> list[httpx.Response]:
+                    return [await http.post(f"{url}/translate", json={"texts": texts, "beam": beam, "n_best": n_best})
+                            for (beam, n_best), texts in mine]
+                answers = await asyncio.gather(*(one_client(requests[i::12]) for i in range(12)))
+            return [answers[i % 12][i // 12] for i in range(len(requests))]
+
+        responses = asyncio.run(clients())
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
+    for ((beam, n_best), texts), response in zip(requests, responses, strict=True):
+        assert response.status_code == 200, response.text
+        for text, got in zip(texts, response.json()["translations"], strict=True):
+            want = expected[(beam, n_best)][text]
+            assert [h["text"] for h in got["hypotheses"]] == [hyp for _, hyp in want]
+            np.testing.assert_allclose([h["score"] for h in got["hypotheses"]], [s for s, _ in want], atol=6e-5)
+
+
+def test_the_soak_benchmark_runs_clean_for_seconds(gru) -> None:
+    """benchmarks/serve_soak.py in miniature: faults mixed in and a worker killed halfway, yet no
+    wrong answer and nothing lost beyond that worker's requests in flight (exit 0)."""
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "serve_soak.py"
+    result = subprocess.run([sys.executable, str(script), str(gru.directory), "--clients", "4", "--duration", "6",
+                             "--sample-every", "1"], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert " 0 wrong;" in result.stdout and "killed at" in result.stdout

@@ -19,7 +19,7 @@ def split_threads(workers: int, threads: int | None, cores: int) -> int:
     server uses workers × threads cores, and more is refused. By default each worker leaves one of
     its share of the cores to its event loop (HTTP, JSON): on 2 cores, an intra-op pool whose idle
     threads may not spin waited seconds per batch for its sleeping threads to wake (measured,
-    docs/performance.md), one thread did not."""
+    benchmarks/NOTES.md), one thread did not."""
     if workers > cores:
         raise S2SError(f"--workers {workers} exceed the {cores} available cores")
     if threads is None:

@@ -33,7 +33,7 @@ from s2s_deploy.errors import S2SError
 from s2s_deploy.format.manifest import MANIFEST_NAME, Manifest, sha256_of
 from s2s_deploy.format.vocab import Vocabulary
 from s2s_deploy.runtime.decoding import SearchConfig, resolve
-from s2s_deploy.runtime.translator import Translator, check_ids, parse_ids, unknown_tokens
+from s2s_deploy.runtime.translator import Translator, check_ids, length_groups, parse_ids, unknown_tokens, unpadded
 
 CHUNK_LINES = 10_000
 SAVE_SECONDS = 30.0  # a chunk's finished batches are saved this often, so Ctrl-C keeps them too
@@ -169,10 +169,13 @@ def translate_chunk(translator: Translator, data: bytes, first_line: int, option
         out[offset] = text
     if on_batch and done.batches:
         on_batch(len(done.lines))
-    for number, start in enumerate(range(0, len(todo), options.batch_size)):
+    lengths = [len(ids) for _, ids in todo]
+    batches = [[todo[i] for i in group[start : start + options.batch_size]]
+               for group in length_groups(range(len(todo)), lengths, unpadded(manifest))
+               for start in range(0, len(group), options.batch_size)]
+    for number, batch in enumerate(batches):
         if number < done.batches:
             continue
-        batch = todo[start : start + options.batch_size]
         src, src_len = _pad([ids for _, ids in batch], vocab.pad_id)
         for (offset, _), hyps in zip(batch, translator.engine.search(src, src_len, config), strict=True):
             best = hyps[0]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import threading
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -10,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from s2s_deploy.errors import S2SError
-from s2s_deploy.format.manifest import load_manifest
+from s2s_deploy.format.manifest import Manifest, load_manifest
 from s2s_deploy.format.vocab import UNK, Vocabulary, split
 from s2s_deploy.runtime.decoding import SearchConfig, resolve
 from s2s_deploy.runtime.scoring import Scored
@@ -43,13 +45,33 @@ def pad_ids(ids: Sequence[Sequence[int]], pad_id: int) -> tuple[np.ndarray, np.n
     return batch, lengths
 
 
+def unpadded(manifest: Manifest) -> bool:
+    """Whether this export's batches must hold one source length, so that no sentence is padded:
+    int8 with per-row activation scales, which promises that a sentence's output ignores its
+    batchmates. Padding moves a row's fp32 sums in the last bits, which can tip an activation
+    across an int8 rounding edge; rows of one length run the very same arithmetic alone or
+    together (docs/parity.md)."""
+    return manifest.quantization is not None and manifest.quantization.activations == "per-row"
+
+
+def length_groups(order: Sequence[int], lengths: Sequence[int], exact: bool) -> list[list[int]]:
+    """``order`` (indices sorted by length) as the runs a batch may be cut from: with ``exact``
+    one run per length, so no batch pads a sentence (see ``unpadded``); else the whole order."""
+    if not exact:
+        return [list(order)]
+    return [list(group) for _, group in itertools.groupby(order, key=lengths.__getitem__)]
+
+
 def search_ids(engine: SearchEngine, ids: Sequence[Sequence[int]], pad_id: int, config: SearchConfig,
-               batch_size: int = 32) -> list[list[Hypothesis]]:
-    """n-best hypotheses per row of source ids, batched by length, in input order."""
-    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+               batch_size: int = 32, exact: bool = False) -> list[list[Hypothesis]]:
+    """n-best hypotheses per row of source ids, batched by length (``exact``: one length per
+    batch), in input order."""
+    lengths = [len(row) for row in ids]
+    order = sorted(range(len(ids)), key=lengths.__getitem__)
     results: list[list[Hypothesis]] = [[] for _ in ids]
-    for start in range(0, len(order), batch_size):
-        chunk = order[start : start + batch_size]
+    batches = [group[start : start + batch_size] for group in length_groups(order, lengths, exact)
+               for start in range(0, len(group), batch_size)]
+    for chunk in batches:
         src, src_len = pad_ids([ids[i] for i in chunk], pad_id)
         for index, hyps in zip(chunk, engine.search(src, src_len, config), strict=True):
             results[index] = hyps
@@ -67,17 +89,24 @@ def translate(
     on_batch: Callable[[int], None] | None = None,
     max_batch_tokens: int | None = None,
     prefixes: Sequence[tuple[int, ...]] | None = None,
+    exact: bool = False,
 ) -> list[Translation]:
     """Sentences are batched by length for speed and returned in input order. A batch holds at
     most ``batch_size`` sentences and, with ``max_batch_tokens``, at most that many source
-    tokens counted as rows x longest (padding included). ``prefixes``: one per text;
-    ``on_batch`` hears how many sentences each batch finished (for a progress bar)."""
+    tokens counted as rows x longest (padding included); with ``exact``, sentences of one source
+    length only (``unpadded``). ``prefixes``: one per text; ``on_batch`` hears how many sentences
+    each batch finished (for a progress bar)."""
     check_inputs(texts)
     if prefixes is not None and len(prefixes) != len(texts):
         raise S2SError(f"{len(prefixes)} prefixes for {len(texts)} inputs")
     order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+    lengths = [len(src_vocab.encode(text)) for text in texts] if exact else []
+    if exact:
+        order.sort(key=lengths.__getitem__)
+    batches = [chunk for group in length_groups(order, lengths, exact)
+               for chunk in _batches(group, texts, src_vocab, batch_size, max_batch_tokens)]
     results: list[Translation | None] = [None] * len(texts)
-    for chunk in _batches(order, texts, src_vocab, batch_size, max_batch_tokens):
+    for chunk in batches:
         src, src_len = encode_batch([texts[i] for i in chunk], src_vocab, max_source_length)
         chunk_config = config if prefixes is None else replace(config, prefix=tuple(prefixes[i] for i in chunk))
         for index, hyps in zip(chunk, engine.search(src, src_len, chunk_config), strict=True):
@@ -179,7 +208,8 @@ ENGINES = ("loop", "graph")
 
 
 class Translator:
-    """The embedding API: ``Translator("exported/transformer")(["..."], beam=4)``.
+    """The embedding API: ``Translator("exported/transformer")(["..."], beam=4)``. One instance may
+    serve many threads at once: each call answers exactly as it would alone (docs/architecture.md).
 
     ``engine="loop"`` runs the search in Python over the step decoder; ``engine="graph"`` makes one
     call per batch to the fused generate.onnx (``s2s-deploy fuse``). ``spin=False`` stops the step
@@ -193,6 +223,7 @@ class Translator:
             raise S2SError(f"unknown engine {engine!r}; known: {', '.join(ENGINES)}")
         self.manifest = load_manifest(export_dir)
         self.unknown: Counter[str] = Counter()  # source tokens outside the vocabulary, over this translator's life
+        self._unknown_lock = threading.Lock()  # calls from several threads add to it
         if engine == "graph":
             from s2s_deploy.runtime.ort.generate import GraphEngine
 
@@ -206,7 +237,8 @@ class Translator:
             self.notice = self.backend.choice.notice()
 
     def unknown_notice(self) -> str | None:
-        return unknown_notice(self.unknown, self.manifest.src_vocab.level)
+        with self._unknown_lock:
+            return unknown_notice(self.unknown, self.manifest.src_vocab.level)
 
     def search_config(self, beam: int | None = None, n_best: int | None = None, max_len: int | None = None,
                       alpha: float | None = None, **options: object) -> SearchConfig:
@@ -241,9 +273,12 @@ class Translator:
             prefixes, config = config.prefix, replace(config, prefix=())
         manifest = self.manifest
         check_inputs(texts)
-        self.unknown.update(unknown_tokens(texts, manifest.src_vocab))
+        found = unknown_tokens(texts, manifest.src_vocab)
+        with self._unknown_lock:
+            self.unknown.update(found)
         return translate(self.engine, texts, manifest.src_vocab, manifest.tgt_vocab, config, batch_size,
-                         manifest.max_source_length, max_batch_tokens=max_batch_tokens, prefixes=prefixes)
+                         manifest.max_source_length, max_batch_tokens=max_batch_tokens, prefixes=prefixes,
+                         exact=unpadded(manifest))
 
     def stream(self, text: str, max_len: int | None = None, *, config: SearchConfig | None = None,
                **options: object) -> Iterator[str]:
@@ -303,5 +338,5 @@ class Translator:
         config = self._config(config, beam, n_best, max_len, alpha, options)
         manifest = self.manifest
         rows = check_ids(ids, len(manifest.src_vocab), manifest.max_source_length)
-        return search_ids(self.engine, rows, manifest.src_vocab.pad_id, config, batch_size)
+        return search_ids(self.engine, rows, manifest.src_vocab.pad_id, config, batch_size, unpadded(manifest))
 

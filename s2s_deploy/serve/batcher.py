@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from s2s_deploy.errors import S2SError
 from s2s_deploy.runtime.decoding import SearchConfig
-from s2s_deploy.runtime.translator import Translation, Translator, translate
+from s2s_deploy.runtime.translator import Translation, Translator, translate, unpadded
 
 
 class QueueFullError(S2SError):
@@ -174,4 +174,5 @@ class Batcher:
     def _translate(self, texts: list[str], config: SearchConfig) -> list[Translation]:
         manifest = self.translator.manifest
         return translate(self.translator.engine, texts, manifest.src_vocab, manifest.tgt_vocab, config,
-                         batch_size=len(texts), max_source_length=manifest.max_source_length)
+                         batch_size=len(texts), max_source_length=manifest.max_source_length,
+                         exact=unpadded(manifest))

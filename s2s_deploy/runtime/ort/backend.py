@@ -18,7 +18,7 @@ import onnxruntime as ort
 from s2s_deploy.errors import S2SError
 from s2s_deploy.format.manifest import Manifest
 from s2s_deploy.runtime.backend import Backend, DecodeRun
-from s2s_deploy.runtime.ort.step_loop import FixedRun, FixedSteps
+from s2s_deploy.runtime.ort.step_loop import FixedRun, StepLoops
 
 DEVICES = ("auto", "cpu", "cuda")
 CPU = "CPUExecutionProvider"
@@ -46,7 +46,7 @@ def session_options(threads: int | None = None, spin: bool = True,
     returns: left spinning, one session's idle workers take the cores the next one needs
     (measured on 2 cores: the int8 ``base`` step loop ran greedy at 300 instead of 495 tok/s while
     the encoder's worker spun, and the encoder between step loops took 11.5 instead of 8 ms while
-    the decoder's did; docs/performance.md). ``spin=False`` never spins, for a process that needs
+    the decoder's did; benchmarks/NOTES.md). ``spin=False`` never spins, for a process that needs
     its cores between runs (``serve``)."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads or default_threads()
@@ -109,23 +109,6 @@ def _create(path: str | Path, device: str, threads: int | None, spin: bool = Tru
         raise S2SError(f"onnxruntime cannot load {path}: {str(exc).splitlines()[0]}") from exc
 
 
-@dataclass(frozen=True)
-class _StepLayout:
-    """What the step loop needs from the manifest, read once per backend, not once per batch."""
-
-    accepted: frozenset[str]
-    state_inputs: tuple[str, ...]
-    state_outputs: tuple[str, ...]
-
-    @classmethod
-    def of(cls, manifest: Manifest) -> _StepLayout:
-        return cls(
-            accepted=frozenset(manifest.decoder.inputs),
-            state_inputs=tuple(s.decoder_input for s in manifest.state),
-            state_outputs=tuple(s.decoder_output for s in manifest.state),
-        )
-
-
 class OrtBackend(Backend):
     """Steps run through ``runtime/ort/step_loop.py``: every input and output in buffers kept across
     batches and written in place, which is also what lets CUDA replay them as captured graphs."""
@@ -136,43 +119,52 @@ class OrtBackend(Backend):
                  graph_format: str = "onnx", spin: bool = True, cuda_graph: bool | None = None) -> None:
         """``cuda_graph``: on CUDA, replay each decoder step as a captured CUDA graph; None reads
         ``S2S_DEPLOY_CUDA_GRAPH`` (on unless ``0``). A decoder that cannot be captured, at session
-        creation or when a step runs (``stop_capturing``), falls back to the uncaptured loop, and the
-        device notice says so."""
+        creation or when a step runs (``StepLoops.stop_capturing``), falls back to the uncaptured loop,
+        and the device notice says so. Safe to share between threads: each batch decodes on a step
+        loop of its own (``StepLoops``); the counters below may miss a step or two then."""
         self.manifest = manifest
         # Its workers spin within a run as the decoder's do: woken op by op instead, a 20-token
-        # sentence's encoder took 7.85 instead of 6.7 ms on 2 cores (docs/performance.md, session 13)
+        # sentence's encoder took 7.85 instead of 6.7 ms on 2 cores (benchmarks/NOTES.md, session 13)
         self.encoder, choice = _create(manifest.graph_path(manifest.encoder, graph_format), device, threads,
                                        spin, spin_between_runs=False)
         self.device = "cuda" if choice.provider == CUDA else "cpu"
         if cuda_graph is None:
             cuda_graph = os.environ.get(CUDA_GRAPH_ENV, "1") != "0"
-        self.cuda_graph = cuda_graph and self.device == "cuda"
+        capture = cuda_graph and self.device == "cuda"
         self._decoder_settings = (manifest.graph_path(manifest.decoder, graph_format), threads, spin)
         try:
-            self.decoder = self._decoder_session(self.cuda_graph)
-            graphs = "decoder steps replayed as CUDA graphs" if self.cuda_graph else "CUDA graphs off"
+            decoder = self._decoder_session(capture)
+            graphs = "decoder steps replayed as CUDA graphs" if capture else "CUDA graphs off"
         except S2SError as exc:
-            if not self.cuda_graph:
+            if not capture:
                 raise
-            self.cuda_graph = False
-            self.decoder = self._decoder_session(cuda_graph=False)
+            capture = False
+            decoder = self._decoder_session(cuda_graph=False)
             graphs = f"CUDA graphs off: {exc}"
-        self.choice = dataclasses.replace(choice, reason=graphs) if self.device == "cuda" else choice
+        self._choice = dataclasses.replace(choice, reason=graphs) if self.device == "cuda" else choice
         self.decoder_start_id = manifest.decoder_start_id
         self.eos_id = manifest.eos_id
         self.vocab_size = len(manifest.tgt_vocab)
         self.unk_id = manifest.tgt_vocab.unk_id
-        self.layout = _StepLayout.of(manifest)
-        self.fixed_steps = FixedSteps(self, capture=self.cuda_graph)
+        self.loops = StepLoops(manifest, self.device, decoder, capture,
+                               uncaptured=lambda: self._decoder_session(cuda_graph=False), on_step=self.count_step)
 
-    def stop_capturing(self, reason: str) -> FixedSteps:
-        """A decoder step failed while being captured: a fresh session without CUDA graphs (the
-        failed one's stream may still be capturing), and the uncaptured loop from here on."""
-        self.decoder = self._decoder_session(cuda_graph=False)
-        self.cuda_graph = False
-        self.choice = dataclasses.replace(self.choice, reason=f"CUDA graphs off: a step failed to capture: {reason}")
-        self.fixed_steps = FixedSteps(self, capture=False)
-        return self.fixed_steps
+    @property
+    def decoder(self) -> ort.InferenceSession:
+        return self.loops.session
+
+    @property
+    def cuda_graph(self) -> bool:
+        return self.loops.capture
+
+    @property
+    def choice(self) -> SessionChoice:
+        """Where the sessions run; on CUDA, whether steps are captured, and why not once a step
+        failed to capture (the loops then run on a fresh uncaptured session)."""
+        failure = self.loops.capture_failure
+        if failure is None:
+            return self._choice
+        return dataclasses.replace(self._choice, reason=f"CUDA graphs off: a step failed to capture: {failure}")
 
     def _decoder_session(self, cuda_graph: bool) -> ort.InferenceSession:
         """The decoder's workers spin within a step and stop when it returns."""
@@ -191,9 +183,10 @@ class OrtBackend(Backend):
     def start(self, src: np.ndarray, src_len: np.ndarray, expand: int = 1, keep_attention: bool = False) -> DecodeRun:
         manifest = self.manifest
         names = list(manifest.encoder.outputs)
-        started = time.perf_counter()
-        encoded = dict(zip(names, self.encoder.run(names, {"src": src, "src_len": src_len}), strict=True))
-        self.runtime_seconds += time.perf_counter() - started
         if keep_attention and not manifest.has_attention_output:
             raise S2SError(f"{manifest.directory} was exported without --with-attention")
-        return FixedRun(self.fixed_steps, encoded, src.shape[0], expand, keep_attention)
+        with self.loops.guard():
+            started = time.perf_counter()
+            encoded = dict(zip(names, self.encoder.run(names, {"src": src, "src_len": src_len}), strict=True))
+            self.runtime_seconds += time.perf_counter() - started
+            return FixedRun(self.loops.check_out(), encoded, src.shape[0], expand, keep_attention)

@@ -2,7 +2,7 @@
 
 Why, on both devices: nothing is allocated or rebound per step, and a binding made once per
 (rows, memory shapes, position, outputs) is reused by every later batch of that shape. On CPU
-that made the identical Marian-base 3.5-10% faster than rebinding each step (docs/performance.md).
+that made the identical Marian-base 3.5-10% faster than rebinding each step (benchmarks/NOTES.md).
 On CUDA it is what makes a step replayable as a CUDA graph, and it is required there: a host
 array bound once is copied to the GPU at bind time, so writing it later changes nothing.
 
@@ -31,26 +31,33 @@ Beam search's narrow first step (one row per sentence, as the K beams of a sente
 identical) runs uncaptured on the encoder's own untiled memory and state and writes its state
 for one row per sentence; the next step binds that past as it is, with a graph of its own, and
 its reorder tiles the beams from it inside the decoder, as a step's reorder always does.
+
+Threads: all of the above is one ``FixedSteps``, and a batch checks one out of ``StepLoops`` for
+as long as it runs, so two batches never share a buffer or a binding. A single thread gets the same
+set back batch after batch; N threads decoding at once hold N sets, all on one session (its ``run``
+is thread-safe). While capturing CUDA graphs, a step (writing its inputs, running, reading its
+outputs) and a batch's start (encoder, buffers) hold one lock: ONNX Runtime does not support
+CUDA graphs on a session run from two threads at once, and a capture in global mode fails when
+another thread allocates or copies meanwhile. The search's own Python between steps still runs
+in parallel.
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
 
+from s2s_deploy.format.manifest import Manifest
 from s2s_deploy.format.names import TOP_K, TOP_OUTPUTS
 from s2s_deploy.runtime.backend import DecodeRun
-
-if TYPE_CHECKING:
-    from s2s_deploy.format.manifest import Manifest
-    from s2s_deploy.runtime.ort.backend import OrtBackend
 
 CAPTURE_FAILURES = (ort.capi.onnxruntime_pybind11_state.Fail, ort.capi.onnxruntime_pybind11_state.EPFail,
                     ort.capi.onnxruntime_pybind11_state.RuntimeException)
@@ -64,6 +71,81 @@ KEPT_MEMORY_BYTES = 256 << 20
 with its graphs (the newest always stays)."""
 KEPT_ROW_COUNTS = 4
 """Row counts whose state buffers are kept; the least recently used goes first, with its graphs."""
+KEPT_IDLE_LOOPS = 8
+"""Idle step loops (buffer sets) a backend keeps for the next batches; more threads than this
+decoding at once still each get their own, and the extra ones are dropped when their batch ends."""
+
+
+@dataclass(frozen=True)
+class StepLayout:
+    """What the step loop needs from the manifest, read once per backend, not once per batch."""
+
+    accepted: frozenset[str]
+    state_inputs: tuple[str, ...]
+    state_outputs: tuple[str, ...]
+
+    @classmethod
+    def of(cls, manifest: Manifest) -> StepLayout:
+        return cls(
+            accepted=frozenset(manifest.decoder.inputs),
+            state_inputs=tuple(s.decoder_input for s in manifest.state),
+            state_outputs=tuple(s.decoder_output for s in manifest.state),
+        )
+
+
+class StepLoops:
+    """The decoder session and the step loops on it, one checked out by each batch while it runs.
+
+    ``uncaptured`` makes a decoder session without CUDA graphs, for ``stop_capturing``;
+    ``on_step`` hears each step's start time (the backend's counters)."""
+
+    def __init__(self, manifest: Manifest, device: str, session: ort.InferenceSession, capture: bool,
+                 uncaptured: Callable[[], ort.InferenceSession], on_step: Callable[[float], None]) -> None:
+        self.manifest = manifest
+        self.device = device
+        self.layout = StepLayout.of(manifest)
+        self.session = session
+        self.capture = capture
+        self.capture_failure: str | None = None
+        """Why capture stopped while steps ran, once it has."""
+        self.on_step = on_step
+        self.ids = itertools.count()
+        """Graph, buffer and memory ids, unique across the loops: graph ids name captures in one session."""
+        self.device_lock = threading.RLock()
+        """Held by a step, and a batch's start, while capturing (reentrant: a failed capture
+        replays the batch's steps from within a step)."""
+        self._uncaptured = uncaptured
+        self._idle: list[FixedSteps] = []
+        self._lock = threading.Lock()
+
+    def guard(self) -> contextlib.AbstractContextManager[Any]:
+        """The device lock while capturing; nothing otherwise (a CPU step takes no lock)."""
+        return self.device_lock if self.capture else contextlib.nullcontext()
+
+    def check_out(self) -> FixedSteps:
+        """A step loop for one batch: the one the last batch gave back (warm buffers), or a new one."""
+        with self._lock:
+            if self._idle:
+                return self._idle.pop()
+        return FixedSteps(self)
+
+    def check_in(self, steps: FixedSteps) -> None:
+        with self._lock:
+            if steps.session is self.session and len(self._idle) < KEPT_IDLE_LOOPS:
+                self._idle.append(steps)
+
+    def stop_capturing(self, reason: str) -> FixedSteps:
+        """A decoder step failed while being captured: a fresh session without CUDA graphs (the
+        failed one's stream may still be capturing), the uncaptured loop from here on, and a loop
+        on it for the batch that failed. Batches still running on the old session stop capturing
+        at their next failed step."""
+        with self._lock:
+            if self.capture:
+                self.session = self._uncaptured()
+                self.capture = False
+                self.capture_failure = reason
+                self._idle.clear()
+        return self.check_out()
 
 
 @dataclass
@@ -112,24 +194,30 @@ class _Rows:
 
 
 class FixedSteps:
-    """The backend's part of captured decoding: buffers and graph ids, kept across batches."""
+    """One step loop: buffers and graph ids, kept across the batches that check it out in turn."""
 
-    def __init__(self, backend: OrtBackend, capture: bool) -> None:
-        self.backend = backend
-        self.session = backend.decoder
-        self.device = backend.device
-        self.manifest = backend.manifest
-        self.layout = backend.layout
-        self.capture = capture
+    def __init__(self, loops: StepLoops) -> None:
+        self.loops = loops
+        self.session = loops.session
+        self.device = loops.device
+        self.manifest = loops.manifest
+        self.layout = loops.layout
+        self.capture = loops.capture
         self.grows = any(s.grow_axis is not None for s in self.manifest.state)
         self.limit = (self.manifest.max_target_length or 0) + 1
-        self._ids = itertools.count()
+        self._ids = loops.ids
         self._rows: dict[int, _Rows] = {}
         self._memory: dict[tuple[Any, ...], tuple[int, dict[str, ort.OrtValue], int]] = {}
         self._graphs: dict[tuple[Any, ...], _Graph] = {}
-        self._uncaptured = _run_options(NO_CAPTURE) if capture else None
+        self._uncaptured = _run_options(NO_CAPTURE) if self.capture else None
         self._top_k: dict[int, ort.OrtValue] = {}
         self._host_small = _host_inputs(self.session)
+        self.run = self.session.run_with_iobinding
+
+    def capture_failed(self, graph_id: int) -> bool:
+        """Whether a failed run is a capture failing: a captured graph id's run, or any run on a
+        session another batch has already found it cannot capture."""
+        return self.capture and (graph_id != NO_CAPTURE or not self.loops.capture)
 
     def value(self, shape: Sequence[int], dtype: np.dtype, on_host: bool = False) -> ort.OrtValue:
         return ort.OrtValue.ortvalue_from_shape_and_type(list(shape), dtype, "cpu" if on_host else self.device, 0)
@@ -269,7 +357,7 @@ def _initial_states(manifest: Manifest, encoded: dict[str, np.ndarray], rows: in
 
 
 class FixedRun(DecodeRun):
-    """A batch decoded through ``FixedSteps``; see the module docstring for the scheme."""
+    """A batch decoded through a ``FixedSteps`` it holds until ``close``; see the module docstring."""
 
     def __init__(self, steps: FixedSteps, encoded: dict[str, np.ndarray], sentences: int, expand: int,
                  keep_attention: bool) -> None:
@@ -279,6 +367,7 @@ class FixedRun(DecodeRun):
                keep_attention: bool) -> None:
         manifest = steps.manifest
         self.steps = steps
+        self.closed = False
         self.expand = expand
         self.sentences = sentences
         self.rows = rows = sentences * expand
@@ -303,7 +392,10 @@ class FixedRun(DecodeRun):
         self._attention: np.ndarray | None = None
 
     def close(self) -> None:
-        self.memory = {}
+        if not self.closed:
+            self.closed = True
+            self.memory = {}
+            self.steps.loops.check_in(self.steps)
 
     def _positions(self, t: int) -> int:
         """The longest growing state after ``t`` steps."""
@@ -331,7 +423,12 @@ class FixedRun(DecodeRun):
         if self.keep_attention:
             names = (*names, "attention")
         if len(tokens) != self.rows:
-            return self._finish(self._run_narrow(tokens, reorder, names, top_k))
+            try:
+                return self._finish(self._run_narrow(tokens, reorder, names, top_k))
+            except CAPTURE_FAILURES as exc:
+                if not self.steps.capture_failed(NO_CAPTURE):
+                    raise
+                return self._start_again_uncaptured(str(exc).strip().splitlines()[0])
         steps, buffers, t = self.steps, self.buffers, self.t
         widen, self.widen_next = self.widen_next, False  # this step's past has one row per sentence
         if steps.grows and self._positions(t + 1) > buffers.capacity:
@@ -353,7 +450,12 @@ class FixedRun(DecodeRun):
             # first allocated by the session itself, then kept as the buffers later captures write
             graph, initial = steps.uncaptured(), self._initial_values() if t == 0 else None
             self._bind(graph, t, names, top_k, None, initial, self.sentences if widen else None)
-            steps.session.run_with_iobinding(graph.binding, graph.run_options)
+            try:
+                steps.run(graph.binding, graph.run_options)
+            except CAPTURE_FAILURES as exc:
+                if not steps.capture_failed(graph.graph_id):
+                    raise
+                return self._start_again_uncaptured(str(exc).strip().splitlines()[0])
             produced = graph.binding.get_outputs()[: len(names)]
             head = [value.numpy() for value in produced]
             if fixed is None:
@@ -364,22 +466,22 @@ class FixedRun(DecodeRun):
             if new:
                 self._bind(graph, t, names, top_k, fixed, None, self.sentences if widen else None)
             try:
-                steps.session.run_with_iobinding(graph.binding, graph.run_options)
+                steps.run(graph.binding, graph.run_options)
             except CAPTURE_FAILURES as exc:
-                if graph.graph_id == NO_CAPTURE:
+                if not steps.capture_failed(graph.graph_id):
                     raise
                 return self._start_again_uncaptured(str(exc).strip().splitlines()[0])
             head = fixed.read()
             if not (steps.grows or widen or self.keep_attention):
                 self._steady[t & 1] = (names, top_k, graph, fixed)
-        self.steps.backend.count_step(started)
+        steps.loops.on_step(started)
         return self._finish(head)
 
     def _start_again_uncaptured(self, reason: str) -> list[np.ndarray]:
-        """The backend drops capture; this batch starts over on the uncaptured loop and replays
-        its steps so far, the last of which is the one that failed."""
+        """Capture stops; this batch starts over on an uncaptured loop and replays its steps so
+        far, the last of which is the one that failed."""
         history = self.history or []
-        steps = self.steps.backend.stop_capturing(reason)
+        steps = self.steps.loops.stop_capturing(reason)
         self._begin(steps, self.encoded, self.sentences, self.expand, self.keep_attention)
         head: list[np.ndarray] = []
         for tokens, reorder, names, top_k in history:
@@ -412,9 +514,9 @@ class FixedRun(DecodeRun):
             io.bind_output(name, steps.device)
         self._bind_state_outputs(io, 0, self.sentences)
         started = time.perf_counter()
-        steps.session.run_with_iobinding(io, graph.run_options)
+        steps.run(io, graph.run_options)
         head = [value.numpy() for value in io.get_outputs()[: len(names)]]
-        steps.backend.count_step(started)
+        steps.loops.on_step(started)
         self.widen_next = True
         return head
 
@@ -430,13 +532,13 @@ class FixedRun(DecodeRun):
             buffers.write("step", self.t)
         started = time.perf_counter()
         try:
-            self.steps.session.run_with_iobinding(graph.binding, graph.run_options)
+            self.steps.run(graph.binding, graph.run_options)
         except CAPTURE_FAILURES as exc:  # were a capture to come on a later run of its graph id
-            if graph.graph_id == NO_CAPTURE:
+            if not self.steps.capture_failed(graph.graph_id):
                 raise
             return self._start_again_uncaptured(str(exc).strip().splitlines()[0])
         head = fixed.read()
-        self.steps.backend.count_step(started)
+        self.steps.loops.on_step(started)
         self.t += 1
         return head
 
@@ -490,10 +592,17 @@ class FixedRun(DecodeRun):
         self._last_reorder = None  # the new buffers' reorder is unwritten
 
     def step(self, tokens: np.ndarray, reorder: np.ndarray) -> np.ndarray:
+        if self.steps.capture:
+            with self.steps.loops.device_lock:
+                return self._run(tokens, reorder, ("log_probs",), 1)[0]
         return self._run(tokens, reorder, ("log_probs",), 1)[0]
 
     def step_top(self, tokens: np.ndarray, reorder: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        values, ids = self._run(tokens, reorder, TOP_OUTPUTS, k)
+        if self.steps.capture:
+            with self.steps.loops.device_lock:
+                values, ids = self._run(tokens, reorder, TOP_OUTPUTS, k)
+        else:
+            values, ids = self._run(tokens, reorder, TOP_OUTPUTS, k)
         return values, ids
 
     def attention(self) -> np.ndarray | None:
