@@ -66,7 +66,9 @@ def opus_mt_files(folder: Path) -> None:
     pieces: set[str] = set()
     for name, size in (("source.spm", 36), ("target.spm", 40)):
         buffer = io.BytesIO()
-        sentencepiece.SentencePieceTrainer.train(sentence_iterator=iter(corpus), model_writer=buffer,
+        # the target side never saw "in": its id is a piece only source.spm holds, as in real opus-mt
+        lines = corpus if name == "source.spm" else [" ".join(w for w in line.split() if w != "in") for line in corpus]
+        sentencepiece.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=buffer,
                                                  vocab_size=size, minloglevel=2)
         (folder / name).write_bytes(buffer.getvalue())
         processor = sentencepiece.SentencePieceProcessor(model_proto=buffer.getvalue())
@@ -267,8 +269,51 @@ def test_family_inputs_tokenise_as_transformers_does(family_exports: FamilyExpor
     assert any(manifest.eos_id in row for row in ended)
 
 
+def test_marian_prints_a_source_only_piece_as_marian_tokenizer_does(family_exports: FamilyExports) -> None:
+    """An opus-mt target id whose piece only ``source.spm`` holds: ``in in in``, not ``▁in▁in▁in``."""
+    import sentencepiece
+
+    from s2s_deploy.format.manifest import load_manifest
+
+    built = family_exports.get("marian")
+    files = [str(built.hf_dir / name) for name in ("source.spm", "target.spm", "vocab.json")]
+    tokenizer = transformers.MarianTokenizer(*files)
+    target = sentencepiece.SentencePieceProcessor(model_file=files[1])
+    table = json.loads((built.hf_dir / "vocab.json").read_text())
+    source_only = [i for piece, i in table.items() if piece.startswith("\u2581") and target.piece_to_id(piece) == 0]
+    assert table["\u2581in"] in source_only
+    vocab = load_manifest(built.out).tgt_vocab
+    for i in source_only:
+        assert vocab.decode([i] * 3) == tokenizer.decode([i] * 3, skip_special_tokens=True)
+    assert vocab.decode([table["\u2581in"]] * 3) == "in in in"
+
+
 def test_every_hf_plugin_has_a_row() -> None:
     from s2s_deploy.export.registry import REGISTRY
 
     served = {t for entry in REGISTRY.entries() for t in entry.plugin.hf_model_types}
     assert served <= set(BY_TYPE), sorted(served - set(BY_TYPE))
+
+
+def test_parity_reference_compares_with_generate(family_exports: FamilyExports, tmp_path: Path) -> None:
+    """``parity --reference`` passes on an export that decodes as ``generate``, and fails on a
+    copy whose only change is the length penalty (0.75, the pre-fix default, against 1.0)."""
+    import shutil
+
+    from click.testing import CliRunner
+
+    from s2s_deploy.cli import main
+
+    built = family_exports.get("bart")
+    runner = CliRunner()
+    result = runner.invoke(main, ["parity", str(built.out), "--reference", str(built.hf_dir)])
+    assert result.exit_code == 0 and "parity: PASS" in result.output, result.output
+    changed = tmp_path / "alpha"
+    shutil.copytree(built.out, changed)
+    raw = json.loads((changed / "manifest.json").read_text())
+    assert raw["search"]["length_penalty_alpha"] == 1.0
+    raw["search"]["length_penalty_alpha"] = 0.75
+    (changed / "manifest.json").write_text(json.dumps(raw))
+    result = runner.invoke(main, ["parity", str(changed), "--reference", str(built.hf_dir)])
+    assert result.exit_code == 1 and "parity: FAIL" in result.output, result.output
+    assert "beam4" in result.output and "generate" in result.output

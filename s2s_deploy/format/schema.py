@@ -57,7 +57,8 @@ SEARCH_PROPERTIES: dict[str, Any] = {  # the decoding defaults a runtime reads b
     "sampling_topk": _COUNT, "sampling_topp": {"type": "number", "minimum": 0, "maximum": 1},
     "sampling_temperature": _RATIO, "repetition_penalty": _RATIO, "seed": {"type": "integer"},
     "prefix": _IDS, "suppress_tokens": _IDS, "bad_words_ids": {"type": "array", "maxItems": 4096, "items": _IDS},
-    "disable_unk": {"type": "boolean"}, "forced_eos": {"type": "boolean"}, "early_stopping": {"type": "boolean"},
+    "disable_unk": {"type": "boolean"}, "forced_eos": {"type": "boolean"},
+    "early_stopping": {"enum": [True, False, "never"]}, "forced_bos": _ID,
 }
 PROPERTIES: dict[str, Any] = {
     "format": {"enum": list(FORMATS)},

@@ -74,7 +74,13 @@ class SearchConfig:
     """With either set, a sentence of ``n`` source tokens (its EOS included) stops after
     ``min(max_len, ceil(max_len_a * n + max_len_b))`` tokens, as fairseq's ``--max-len-a/b``: a
     looping model stops near its input's length instead of at ``max_len``."""
-    early_stopping: bool = False
+    early_stopping: bool | str = False
+    """Hugging Face's beam stopping rule: False (its default and ours, see the module docstring),
+    True (a sentence stops once it holds K finished hypotheses), or "never" (the best live beam
+    is judged at ``max_len`` when ``alpha`` > 0)."""
+    forced_bos: int | None = None
+    """Hugging Face's ``forced_bos_token_id``: the first token of a sentence without a prefix,
+    scored 0 as a forced EOS is (docs/decoding.md)."""
 
     def __post_init__(self) -> None:
         if self.beam_size < 1:
@@ -85,6 +91,8 @@ class SearchConfig:
             raise ValueError("max_len must be at least 1")
         if not 0 <= self.min_len <= self.max_len:
             raise ValueError("min_len must be between 0 and max_len")
+        if self.early_stopping not in (True, False, "never"):
+            raise ValueError('early_stopping must be true, false or "never"')
         if not (np.isfinite(self.max_len_a) and self.max_len_a >= 0 and self.max_len_b >= 0):
             raise ValueError("max_len_a and max_len_b must be finite and non-negative")
         check_options(self)
@@ -263,6 +271,13 @@ def beam_search(
     limits = config.sentence_limits(src_len)
     stops = _stops_by_step(limits)
     options = step_options(backend, src, src_len, config)
+    never = config.early_stopping == "never" and config.alpha > 0
+    ceiling = (np.full(batch, config.max_len) if limits is None else limits) if never else None
+
+    def judged_at(t: int) -> int | np.ndarray:
+        """The length a live beam's score is judged at: its own, or ("never") its sentence's limit."""
+        return t + 1 if ceiling is None else ceiling
+
     with backend.start(src, src_len, expand=k) as run:
         step_top = run.step_top if options is None else options.bind(run)
         for t in range(config.max_len if limits is None else int(limits.max())):
@@ -310,8 +325,11 @@ def beam_search(
                 lps, reorder = values.take(flat), flat // per_row
             trail.steps.append((reorder, tokens, lps))
             if any_full:  # K finished: stop once no live beam's score at its length beats the K-th best
-                best_live = normalised(-costs.reshape(batch, k).min(axis=1), t + 1, config.alpha)
-                active &= ~(kth_best >= best_live)
+                if config.early_stopping is True:
+                    active &= finished_count < k
+                else:
+                    best_live = normalised(-costs.reshape(batch, k).min(axis=1), judged_at(t), config.alpha)
+                    active &= ~(kth_best >= best_live)
                 if not active.any():
                     break
             stopping = stops.get(t)

@@ -35,7 +35,7 @@ IR_VERSION = 10  # ONNX Runtime 1.31 reads at most 13; onnx.helper would stamp 1
 MIN_OPSET = 17
 _DEFAULT_DOMAINS = ("", "ai.onnx")
 FUSED_OPTIONS = ("min_len", "max_len", "suppress_tokens", "disable_unk", "bad_words_ids (single tokens)",
-                 "prefix (one for every sentence)", "forced_eos")
+                 "prefix (one for every sentence)", "forced_eos", "forced_bos")
 """What ``fuse --options`` carries; the step loop runs every other option (docs/generate.md)."""
 
 
@@ -54,7 +54,8 @@ class GenerateIO:
 
 def generate_io(beam: bool, options: bool = False) -> tuple[tuple[GenerateIO, ...], tuple[GenerateIO, ...]]:
     """Inputs and outputs of generate.onnx, all inputs required (see docs/generate.md); ``options``
-    adds the decoding options a Loop carries: suppressed tokens, a shared prefix, forced EOS."""
+    adds the decoding options a Loop carries: suppressed tokens, a shared prefix, forced EOS and
+    BOS (``forced_bos`` -1: none)."""
     n: int | str = "beam_size" if beam else 1
     inputs = [
         GenerateIO("src", "source_tokens", "int64", ("batch", "src_len")),
@@ -70,6 +71,7 @@ def generate_io(beam: bool, options: bool = False) -> tuple[tuple[GenerateIO, ..
         inputs.append(GenerateIO("suppress_tokens", "suppress_tokens", "int64", ("suppressed",)))
         inputs.append(GenerateIO("prefix", "target_prefix", "int64", ("prefix_len",)))
         inputs.append(GenerateIO("forced_eos", "forced_eos", "bool", ()))
+        inputs.append(GenerateIO("forced_bos", "forced_bos", "int64", ()))
     outputs = (
         GenerateIO("tokens", "hypothesis_tokens", "int64", ("batch", n, "out_len")),
         GenerateIO("scores", "hypothesis_scores", "float32", ("batch", n)),
@@ -363,8 +365,9 @@ class _Fuser:
 
     def constrain(self, body: _Scope, iteration: str, log_probs: str) -> str:
         """min_len, then (fused with options) the suppressed tokens, and a forced token at a
-        prefix step or, with ``forced_eos``, at the last step: as runtime/options.py does, a
-        forced token keeps the model's log-prob and every other token becomes impossible."""
+        prefix step, at the first step with ``forced_bos`` and no prefix, or with ``forced_eos``
+        at the last step: as runtime/options.py does, every other token becomes impossible, a
+        prefix token keeps the model's log-prob and a forced BOS or EOS scores 0."""
         masked = self.no_early_eos(body, iteration, log_probs)
         if not self.options:
             return masked
@@ -379,10 +382,12 @@ class _Fuser:
         padded = body("Concat", "prefix", c([self.eos]), axis=0)  # never empty; index p is EOS
         in_prefix = body("Less", iteration, prefix_len)
         at_end = body("And", "forced_eos", body("Equal", iteration, body("Sub", "max_len", c(1))))
-        token = body("Gather", padded, body("Min", iteration, prefix_len))
-        forced_step = body("Or", in_prefix, at_end)
+        at_bos = body("And", body("And", body("Equal", iteration, c(0)), body("Equal", prefix_len, c(0))),
+                      body("GreaterOrEqual", "forced_bos", c(0)))
+        token = body("Where", at_bos, "forced_bos", body("Gather", padded, body("Min", iteration, prefix_len)))
+        forced_step = body("Or", body("Or", in_prefix, at_end), at_bos)
         onehot = body("Equal", c(np.arange(self.vocab)), token)
-        forced = body("Where", onehot, log_probs, inf)
+        forced = body("Where", onehot, body("Where", in_prefix, log_probs, c(0.0, "float32")), inf)
         return body("Where", forced_step, forced, masked)
 
     def loop(self, g: _Scope, body: _Scope, carried: Sequence[_Carried], inputs: dict[str, str],
