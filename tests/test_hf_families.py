@@ -214,16 +214,17 @@ def texts(family: Family, count: int = INPUTS) -> list[str]:
     return [" ".join(rng.choice(family.words, rng.integers(2, 12))) for _ in range(count)]
 
 
-def generated(model: Any, rows: list[list[int]], pad: int, eos: int, beams: int) -> list[tuple[int, ...]]:
-    """``generate``'s tokens at the model's own settings, but ``num_beams`` and ``max_new_tokens``:
-    after the decoder start, up to the first EOS."""
+def generated(model: Any, rows: list[list[int]], pad: int, eos: int, beams: int,
+              **settings: Any) -> list[tuple[int, ...]]:
+    """``generate``'s tokens at the model's own settings, but ``num_beams``, ``max_new_tokens``
+    and ``settings``: after the decoder start, up to the first EOS."""
     lengths = [len(r) for r in rows]
     ids = torch.full((len(rows), max(lengths)), pad, dtype=torch.long)
     for i, row in enumerate(rows):
         ids[i, : len(row)] = torch.tensor(row)
     mask = (torch.arange(ids.shape[1])[None, :] < torch.tensor(lengths)[:, None]).long()
     with torch.no_grad():
-        out = model.generate(input_ids=ids, attention_mask=mask, num_beams=beams, max_new_tokens=MAX_NEW)
+        out = model.generate(input_ids=ids, attention_mask=mask, num_beams=beams, max_new_tokens=MAX_NEW, **settings)
     return [tuple(row[: row.index(eos)] if eos in row else row) for row in out[:, 1:].tolist()]
 
 
@@ -319,3 +320,20 @@ def test_parity_reference_compares_with_generate(family_exports: FamilyExports, 
     result = runner.invoke(main, ["parity", str(changed), "--reference", str(built.hf_dir)])
     assert result.exit_code == 1 and "parity: FAIL" in result.output, result.output
     assert "beam4" in result.output and "generate" in result.output
+
+
+@pytest.mark.parametrize(("early_stopping", "alpha"), [(True, 1.0), ("never", 1.0), (False, 0.5)])
+def test_beam_stopping_rules_match_generate(family_exports: FamilyExports, early_stopping: bool | str,
+                                            alpha: float) -> None:
+    """``early_stopping`` true and "never", and another length penalty, given to both sides."""
+    from s2s_deploy.runtime.translator import Translator
+
+    built = family_exports.get("bart")
+    translator = Translator(built.out, device="cpu")
+    vocab = translator.manifest.src_vocab
+    rows = [vocab.encode(text) for text in texts(built.family)]
+    ours = [h[0].tokens for h in translator.translate_ids(rows, beam=4, max_len=MAX_NEW, alpha=alpha,
+                                                          early_stopping=early_stopping)]
+    theirs = generated(built.model, rows, vocab.pad_id, translator.manifest.eos_id, 4,
+                       early_stopping=early_stopping, length_penalty=alpha)
+    assert ours == theirs
