@@ -265,7 +265,7 @@ def _engine(export_dir: Path, system: str, threads: int):
 
 def _measure_system(export_dir: str, system: str, settings: BenchSettings,
                     passed: Callable[[int, int], None] | None = None) -> list[BenchRow] | str:
-    from s2s_deploy.runtime.search import SearchConfig
+    from s2s_deploy.runtime.decoding import SearchConfig
     from s2s_deploy.runtime.translator import encode_batch
 
     try:

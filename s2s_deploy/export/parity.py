@@ -15,13 +15,14 @@ from s2s_deploy.errors import CheckpointError
 from s2s_deploy.export.checkpoint import build_model, load_checkpoint
 from s2s_deploy.export.checks import forward_step_comparison
 from s2s_deploy.export.contract import Seq2SeqModel
-from s2s_deploy.export.registry import get_plugin
+from s2s_deploy.export.registry import exported_plugin
 from s2s_deploy.export.tolerance import NO_DIFF, StepDiff, StepTolerance, plugin_tolerance
 from s2s_deploy.export.torch_backend import TorchBackend
 from s2s_deploy.format.manifest import Manifest, sha256_of
 from s2s_deploy.runtime.backend import Backend
-from s2s_deploy.runtime.search import SearchConfig, SearchEngine, StepLoop, search
-from s2s_deploy.runtime.translator import default_search_config, encode_batch
+from s2s_deploy.runtime.decoding import SearchConfig, resolve
+from s2s_deploy.runtime.search import SearchEngine, StepLoop, search
+from s2s_deploy.runtime.translator import encode_batch
 from s2s_deploy.transforms.quantize import MIN_TOKEN_AGREEMENT
 
 
@@ -81,7 +82,7 @@ def torch_backend_for(
     manifest: Manifest, checkpoint: str | Path | None = None, device: str = "cpu"
 ) -> TorchBackend:
     """Rebuild the PyTorch original of an export from the checkpoint it was exported from."""
-    plugin = get_plugin(manifest.plugin)
+    plugin = exported_plugin(manifest.plugin, manifest.plugin_origin)
     recorded = manifest.raw["checkpoint"]
     path = Path(checkpoint) if checkpoint else manifest.directory / recorded["file"]
     if checkpoint is None and not recorded.get("included", True):
@@ -105,7 +106,7 @@ def check_parity(
     over ``candidate``, greedy and beam, and each step's log-probs of ``reference`` against
     ``candidate``'s. With a ``reference_search`` of its own (``generate``), both sides decode at the
     export's own settings (the manifest's ``search`` block), but the beam size and ``max_len``."""
-    plugin = get_plugin(manifest.plugin)
+    plugin = exported_plugin(manifest.plugin, manifest.plugin_origin)
     quantised = "quantization" in manifest.raw
     tolerance = None if quantised and atol is None and rtol is None else plugin_tolerance(plugin, atol, rtol)
     forward_tolerance = plugin_tolerance(plugin, atol, rtol)
@@ -113,7 +114,7 @@ def check_parity(
         reference_search = StepLoop(reference)
         modes = [("greedy", SearchConfig(1, 1, max_len)), (f"beam{beam_size}", SearchConfig(beam_size, 1, max_len))]
     else:
-        modes = [(name, default_search_config(manifest, beam=beam, n_best=1, max_len=max_len))
+        modes = [(name, resolve(manifest, {"beam_size": beam, "n_best": 1, "max_len": max_len}))
                  for name, beam in (("greedy", 1), (f"beam{beam_size}", beam_size))]
     agreements = {name: [0, 0.0, []] for name, _ in modes}
     step_diff, forward_diff = NO_DIFF, NO_DIFF

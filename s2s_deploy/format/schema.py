@@ -3,19 +3,19 @@
 One JSON Schema (``SCHEMA``) validated with ``jsonschema``, then the checks a schema cannot say:
 every path it names stays inside the folder, and the vocabularies, special ids and I/O names agree
 with the graphs. Known keys are strict; unknown keys are allowed at the top level and in
-``search`` so that newer writers stay readable. To add a key, add it to ``PROPERTIES`` (or to
-``SEARCH_PROPERTIES``); a new format version goes in ``FORMATS``.
+``search`` so that newer writers stay readable. To add a key, add it to ``PROPERTIES`` (a decoding
+default: a row of format/decoding.py); a new format version goes in ``FORMATS``.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 from pathlib import Path
 from typing import Any
 
 from s2s_deploy.errors import ManifestError
+from s2s_deploy.format.decoding import search_schema
 
 FORMATS = ("s2s-deploy-manifest/2", "s2s-deploy-manifest/3")
 MAX_MANIFEST_BYTES = 64 << 20  # a vocabulary of a million tokens fits; a crafted 1 GB file does not
@@ -47,24 +47,12 @@ _VOCAB = {
                    "tokens": {"type": "array", "minItems": 5, "maxItems": MAX_VOCAB, "items": {"type": "string"}}},
 }
 _LIMIT = {"anyOf": [{"type": "integer", "minimum": 1, "maximum": 1 << 20}, {"type": "null"}]}
-_COUNT = {"type": "integer", "minimum": 0, "maximum": 1 << 16}
-_RATIO = {"type": "number", "minimum": 0, "maximum": 1e6}
-_IDS = {"type": "array", "maxItems": 4096, "items": _ID}
-SEARCH_PROPERTIES: dict[str, Any] = {  # the decoding defaults a runtime reads by name (SearchConfig's)
-    "length_penalty_alpha": {"type": "number", "minimum": 0, "maximum": 10},
-    "beam_size": {**_COUNT, "minimum": 1}, "n_best": {**_COUNT, "minimum": 1}, "max_len": {**_COUNT, "minimum": 1},
-    "min_len": _COUNT, "max_len_a": _RATIO, "max_len_b": _COUNT, "no_repeat_ngram_size": _COUNT,
-    "sampling_topk": _COUNT, "sampling_topp": {"type": "number", "minimum": 0, "maximum": 1},
-    "sampling_temperature": _RATIO, "repetition_penalty": _RATIO, "seed": {"type": "integer"},
-    "prefix": _IDS, "suppress_tokens": _IDS, "bad_words_ids": {"type": "array", "maxItems": 4096, "items": _IDS},
-    "disable_unk": {"type": "boolean"}, "forced_eos": {"type": "boolean"},
-    "early_stopping": {"enum": [True, False, "never"]}, "forced_bos": _ID,
-}
 PROPERTIES: dict[str, Any] = {
     "format": {"enum": list(FORMATS)},
     "plugin": {"type": "object", "required": ["name", "version"],
                "properties": {"name": _NAME, "version": {"type": "string", "maxLength": 64},
-                              "description": {"type": "string"}}},
+                              "description": {"type": "string"},
+                              "origin": {"type": ["string", "null"], "maxLength": 300}}},
     "exporter": {"type": "string"},
     "opset": {"type": "integer", "minimum": 1, "maximum": 1000},
     "graphs": {"type": "object", "required": ["encoder", "decoder"],
@@ -83,7 +71,7 @@ PROPERTIES: dict[str, Any] = {
     "vocab": {"type": "object", "required": ["source", "target"],
               "properties": {"source": _VOCAB, "target": _VOCAB}},
     "limits": {"type": "object", "properties": {"max_source_length": _LIMIT, "max_target_length": _LIMIT}},
-    "search": {"type": "object", "required": ["length_penalty_alpha"], "properties": SEARCH_PROPERTIES},
+    "search": {"type": "object", "required": ["length_penalty_alpha"], "properties": search_schema()},
     "checkpoint": {"type": "object", "required": ["file", "sha256"], "properties": {"file": _FILE, "sha256": _SHA}},
     "quantization": {"type": "object", "required": ["kind"], "properties": {"kind": {"enum": ["int8", "fp16"]}}},
     "samples": {"type": "array", "maxItems": 100_000, "items": {"type": "string", "maxLength": 100_000}},
@@ -150,9 +138,6 @@ def validate_manifest(raw: Any, path: Path) -> None:
     for entry in all_files(raw):
         if not entry or entry.startswith("/") or "\\" in entry or "\x00" in entry:
             raise ManifestError(f"{path}: file {entry!r} must be a relative path inside the export folder")
-    alpha = raw["search"].get("length_penalty_alpha")
-    if alpha is not None and not math.isfinite(alpha):
-        raise ManifestError(f"{path}: key search.length_penalty_alpha: must be finite")
 
 
 def all_files(raw: dict[str, Any]) -> list[str]:

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from s2s_deploy.errors import S2SError
 from s2s_deploy.format.manifest import Manifest
 from s2s_deploy.runtime.backend import Backend
-from s2s_deploy.runtime.search import SearchConfig, StepLoop
+from s2s_deploy.runtime.decoding import SearchConfig
+from s2s_deploy.runtime.search import StepLoop
 from s2s_deploy.runtime.translator import translate
 from s2s_deploy.train.metrics import Scores, score
 from s2s_deploy.train.tasks import load_task

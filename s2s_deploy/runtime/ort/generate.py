@@ -16,9 +16,10 @@ import onnxruntime as ort
 
 from s2s_deploy.errors import S2SError
 from s2s_deploy.format.manifest import Manifest, sha256_of
-from s2s_deploy.runtime.options import options_on, prefixes_of
+from s2s_deploy.runtime.decoding import SearchConfig, prefixes_of
+from s2s_deploy.runtime.options import options_on
 from s2s_deploy.runtime.ort.backend import CUDA, create_session
-from s2s_deploy.runtime.search import Hypothesis, SearchConfig, normalised
+from s2s_deploy.runtime.search import Hypothesis, normalised
 
 
 def generate_entry(manifest: Manifest) -> dict[str, Any]:
