@@ -18,7 +18,8 @@ import torch
 
 from s2s_deploy.errors import S2SError
 from s2s_deploy.runtime.backend import Backend, DecodeRun
-from s2s_deploy.runtime.search import Hypothesis, SearchConfig
+from s2s_deploy.runtime.decoding import SearchConfig
+from s2s_deploy.runtime.search import Hypothesis
 
 
 def load_transformers_model(directory: str | Path) -> Any:

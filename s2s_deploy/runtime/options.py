@@ -29,7 +29,7 @@ def options_on(config: SearchConfig) -> bool:
     masks EOS among the in-graph top-k)."""
     return (config.sampling_topk != 1 or config.repetition_penalty != 1.0 or config.no_repeat_ngram_size > 0
             or any(prefixes_of(config)) or bool(config.suppress_tokens) or config.disable_unk
-            or bool(config.bad_words_ids) or config.forced_eos or config.forced_bos is not None)
+            or bool(config.bad_words_ids) or config.forced_eos or config.forced_bos >= 0)
 
 
 def sentence_limits(config: SearchConfig, src_len: np.ndarray) -> np.ndarray:
@@ -70,7 +70,7 @@ class StepOptions:
         self.prefixes = prefixes * self.batch if len(prefixes) == 1 else prefixes
         if any(eos_id in p for p in self.prefixes):
             raise ValueError("a prefix cannot hold the EOS token")
-        if config.forced_bos is not None and not 0 <= config.forced_bos < vocab_size:
+        if config.forced_bos >= vocab_size:
             raise ValueError(f"forced_bos {config.forced_bos} is outside the vocabulary (0..{vocab_size - 1})")
         banned = set(config.suppress_tokens) | ({unk_id} if config.disable_unk and unk_id is not None else set())
         if any(not 0 <= i < vocab_size for i in banned | {i for w in config.bad_words_ids for i in w}):
@@ -125,7 +125,7 @@ class StepOptions:
                 if t < len(p):
                     forced[row] = p[t]
         from_prefix = forced >= 0
-        if config.forced_bos is not None and t == 0:
+        if config.forced_bos >= 0 and t == 0:
             forced[~from_prefix] = config.forced_bos
         if config.forced_eos:
             forced[(self.limits[sentence] - 1 == t) & (forced < 0)] = self.eos

@@ -64,7 +64,7 @@ def option_feeds(config: SearchConfig, unk_id: int) -> dict[str, np.ndarray]:
         "suppress_tokens": np.array(sorted(suppressed), dtype=np.int64),
         "prefix": np.array(prefixes[0] if prefixes else (), dtype=np.int64),
         "forced_eos": np.array(config.forced_eos),
-        "forced_bos": np.array(-1 if config.forced_bos is None else config.forced_bos, dtype=np.int64),
+        "forced_bos": np.array(config.forced_bos, dtype=np.int64),
     }
 
 
@@ -145,7 +145,7 @@ class GraphEngine:
         if self.options:
             feeds.update(option_feeds(config, self.manifest.tgt_vocab.unk_id))
             if "forced_bos" not in {i.name for i in self.session.get_inputs()}:  # fused before it was an input
-                if config.forced_bos is not None:
+                if config.forced_bos >= 0:
                     raise S2SError(f"{self.path.name} predates forced_bos: run `s2s-deploy fuse --options` again, "
                                    "or use the step loop (engine 'loop')")
                 del feeds["forced_bos"]
