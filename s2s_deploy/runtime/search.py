@@ -7,7 +7,9 @@ Scores follow the seeds: a hypothesis of L tokens (its EOS included when it has 
 within the top K of a step becomes a finished hypothesis. A sentence stops (Hugging Face's
 default, ``early_stopping=False``) once it holds K finished hypotheses and the K-th best of
 them scores at least the best live beam's ``log P / (t+1)**alpha``; or at ``max_len``, where
-its live beams are finished as they stand. The rule never reads n-best, so the 1-best is the
+its live beams are finished as they stand. ``early_stopping`` True stops it once it holds K;
+"never" judges the best live beam at ``max_len`` instead of ``t+1`` when ``alpha`` > 0 (as
+``generate``). The rule never reads n-best, so the 1-best is the
 same for every n-best; every finished hypothesis is kept and ranked, so the answer is never
 worse than one it held (docs/manifest.md has the algorithm as pseudo-code, docs/parity.md
 the measurements behind the choice).
