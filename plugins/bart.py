@@ -27,13 +27,15 @@ from torch import Tensor, nn
 
 from s2s_deploy.errors import CheckpointError
 from s2s_deploy.export.contract import (
-    BATCH,
     ArchitecturePlugin,
     HFWeights,
     MemorySpec,
     Seq2SeqModel,
     StateSpec,
     StepOutput,
+    cross_attention_memory,
+    layer_name,
+    self_attention_cache,
 )
 
 LEARNED_OFFSET = 2  # BartLearnedPositionalEmbedding: positions are read at index + 2
@@ -76,10 +78,6 @@ class BartFamilyConfig:
     positions: Literal["learned", "sinusoidal"] = "learned"
     tie_word_embeddings: bool = True
     dropout: float = 0.0
-
-
-def layer_name(kind: str, layer: int) -> str:
-    return f"{kind}{layer}"
 
 
 def sinusoid_denominators(dim: int) -> Tensor:
@@ -311,23 +309,14 @@ class BartFamilyPlugin(ArchitecturePlugin):
         return BartFamily(config, src_vocab_size, tgt_vocab_size)
 
     def memory_specs(self, config: BartFamilyConfig) -> tuple[MemorySpec, ...]:
-        specs = [MemorySpec("src_bias", 0, description="(B, 1, 1, S) additive source padding mask")]
-        for i in range(config.decoder_layers):
-            specs += [MemorySpec(layer_name("cross_k", i), 0,
-                                 description=f"(B, heads, head_dim, S) layer {i} cross-attention keys, transposed"),
-                      MemorySpec(layer_name("cross_v", i), 0,
-                                 description=f"(B, heads, S, head_dim) layer {i} cross-attention values")]
-        return tuple(specs)
+        return (
+            MemorySpec("src_bias", 0, description="(B, 1, 1, S) additive source padding mask"),
+            *cross_attention_memory(config.decoder_layers),
+        )
 
     def state_specs(self, config: BartFamilyConfig) -> tuple[StateSpec, ...]:
         heads = config.decoder_attention_heads
-        dim = config.d_model // heads
-        return tuple(
-            StateSpec(layer_name(kind, i), batch_axis=0, init="zeros", shape=(BATCH, heads, 0, dim), grow_axis=2,
-                      description=f"(B, heads, T, head_dim) layer {i} self-attention {what}")
-            for i in range(config.decoder_layers)
-            for kind, what in (("self_k", "keys"), ("self_v", "values"))
-        )
+        return self_attention_cache(config.decoder_layers, heads, config.d_model // heads)
 
     def max_target_length(self, config: BartFamilyConfig) -> int:
         return config.max_position_embeddings

@@ -29,13 +29,15 @@ import torch
 from torch import Tensor, nn
 
 from s2s_deploy.export.contract import (
-    BATCH,
     ArchitecturePlugin,
     HFWeights,
     MemorySpec,
     Seq2SeqModel,
     StateSpec,
     StepOutput,
+    cross_attention_memory,
+    layer_name,
+    self_attention_cache,
 )
 from s2s_deploy_plugins.bart import padding_bias
 
@@ -55,10 +57,6 @@ class T5Config:
     scale_decoder_outputs: bool = True
     tie_word_embeddings: bool = True
     dropout: float = 0.0
-
-
-def layer_name(kind: str, layer: int) -> str:
-    return f"{kind}{layer}"
 
 
 def relative_bucket(relative_position: Tensor, bidirectional: bool, num_buckets: int, max_distance: int) -> Tensor:
@@ -319,21 +317,13 @@ class T5Plugin(ArchitecturePlugin):
         return T5(config, src_vocab_size, tgt_vocab_size)
 
     def memory_specs(self, config: T5Config) -> tuple[MemorySpec, ...]:
-        specs = [MemorySpec("src_bias", 0, description="(B, 1, 1, S) additive source padding mask")]
-        for i in range(config.num_decoder_layers):
-            specs += [MemorySpec(layer_name("cross_k", i), 0,
-                                 description=f"(B, heads, d_kv, S) layer {i} cross-attention keys, transposed"),
-                      MemorySpec(layer_name("cross_v", i), 0,
-                                 description=f"(B, heads, S, d_kv) layer {i} cross-attention values")]
-        return tuple(specs)
+        return (
+            MemorySpec("src_bias", 0, description="(B, 1, 1, S) additive source padding mask"),
+            *cross_attention_memory(config.num_decoder_layers),
+        )
 
     def state_specs(self, config: T5Config) -> tuple[StateSpec, ...]:
-        return tuple(
-            StateSpec(layer_name(kind, i), batch_axis=0, init="zeros", shape=(BATCH, config.num_heads, 0, config.d_kv),
-                      grow_axis=2, description=f"(B, heads, T, d_kv) layer {i} self-attention {what}")
-            for i in range(config.num_decoder_layers)
-            for kind, what in (("self_k", "keys"), ("self_v", "values"))
-        )
+        return self_attention_cache(config.num_decoder_layers, config.num_heads, config.d_kv)
 
     def from_hf(self, hf: Mapping[str, Any], tensors: Mapping[str, Tensor]) -> HFWeights:
         """Hugging Face names as they are; ``embed_tokens`` copies dropped, ``lm_head`` kept only

@@ -51,7 +51,7 @@ def test_corrupt_manifest(exports, tmp_path: Path) -> None:
     (broken / "manifest.json").write_text("{not json")
     code, _, err = run("translate", str(broken), "hello")
     assert_one_line_error(code, err, "not valid JSON")
-    raw = dict(manifest.raw)
+    raw = manifest.to_dict()
     del raw["graphs"]
     (broken / "manifest.json").write_text(json.dumps(raw))
     code, _, err = run("parity", str(broken))

@@ -76,6 +76,8 @@ def test_graph_is_portable(fused, beam: bool) -> None:
     assert {o.domain for o in model.opset_import} == {""}
     assert model.opset_import[0].version >= 17
     assert {n.domain for n in all_nodes(model.graph)} == {""}
+    # onnx.reference makes zero trips of a Loop without a cond, where the spec reads true
+    assert all(n.inputs[1] is not None for n in all_nodes(model.graph) if n.op_type == "Loop")
     decoding = [n for n in model.graph.node if n.op_type == "Loop"]  # top level: weights used directly
     if beam:  # a greedy and a beam Loop, beam_size gives the unused one zero trips
         assert len(decoding) == 2
@@ -175,3 +177,27 @@ def test_compiled_search_functions_are_current() -> None:
     result = subprocess.run([sys.executable, "-m", "s2s_deploy.export.search_graph", "--check"],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
+
+
+def test_an_export_with_external_weights_fuses_into_one_file(exports, tmp_path) -> None:
+    """Weights stored as external data (as the exporter stores those both graphs hold) are read
+    in: generate.onnx stands alone."""
+    _, manifest = exports.get("gru")
+    copy = tmp_path / "gru"
+    shutil.copytree(manifest.directory, copy)
+    manifest = load_manifest(copy)
+    for role, graph in (("encoder", manifest.encoder), ("decoder", manifest.decoder)):
+        path = manifest.graph_path(graph)
+        onnx.save_model(onnx.load(str(path)), str(path), save_as_external_data=True, location=f"{role}.data",
+                        size_threshold=0)
+        manifest = manifest.with_graph(role, path, {f"{role}.data": sha256_of(copy / f"{role}.data")})
+    manifest.write()
+    manifest = load_manifest(copy)
+    add_to_manifest(manifest, fuse_generate(manifest, copy / GENERATE_FILE), beam=True)
+    fused = onnx.load(str(copy / GENERATE_FILE), load_external_data=False)
+    assert not [t.name for t in fused.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+    manifest = load_manifest(copy)
+    src, src_len = encode_batch(list(manifest.samples[:SENTENCES]), manifest.src_vocab)
+    config = SearchConfig(3, 2, 16)
+    assert_same(GraphEngine(manifest, device="cpu").search(src, src_len, config),
+                search(OrtBackend(manifest, device="cpu"), src, src_len, config))

@@ -82,4 +82,4 @@ def test_the_export_default_applies_unless_overridden(exports, tmp_path) -> None
     text = manifest.samples[0]
     n = encode_batch([text], manifest.src_vocab)[1][0]
     assert len(translator([text])[0].hypotheses[0][0]) <= int(np.ceil(0.25 * n + 2))
-    assert resolve(manifest).max_len_a == manifest.raw["search"].get("max_len_a", 0.0)
+    assert resolve(manifest).max_len_a == manifest.search.get("max_len_a", 0.0)

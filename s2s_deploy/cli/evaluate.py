@@ -39,7 +39,7 @@ def evaluate_command(export_dir: str, task: str | None, splits: tuple[str, ...],
     load_plugin_files(plugin_files)
     manifest = load_manifest(export_dir)
     task_of(manifest, task)
-    trained_on = manifest.raw.get("training", {}).get("task")
+    trained_on = manifest.training.get("task")
     if task and trained_on and task != trained_on:
         click.echo(f"warning: {export_dir} was trained on {trained_on}, not {task}: expect low scores", err=True)
     chosen = []

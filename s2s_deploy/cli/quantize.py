@@ -59,7 +59,7 @@ def quantize_command(export_dir: str, kind: str | None, activations: str | None,
                f"({total_after / total_before:.0%})")
     if report.generate:
         click.echo(f"  {report.generate}")
-    if no_evaluate or not manifest.raw.get("training", {}).get("task"):
+    if no_evaluate or not manifest.training.get("task"):
         if not no_evaluate:
             click.echo("no training task recorded: skipping the accuracy comparison (use `s2s-deploy evaluate`)")
         return

@@ -90,7 +90,7 @@ def prefixes_of(config: Any) -> tuple[tuple[int, ...], ...]:
 def manifest_defaults(manifest: Manifest) -> dict[str, Any]:
     """The export's own decoding defaults, by option name: the one reader of the manifest's
     ``search`` block (the schema has typed it). A name beats its alias; lists become tuples."""
-    stored = manifest.raw.get("search", {})
+    stored = manifest.search
     found = {}
     for option in OPTIONS:
         key = next((key for key in option.manifest_keys if key in stored), None)

@@ -141,12 +141,13 @@ def create_app(config: ServeConfig) -> Starlette:
         translator: Translator = state["translator"]
         manifest = translator.manifest
         return JSONResponse({
-            "plugin": manifest.raw["plugin"],
+            "plugin": {"name": manifest.plugin, "version": manifest.plugin_version,
+                       "description": manifest.plugin_description},
             "vocab_size": {"source": len(manifest.src_vocab), "target": len(manifest.tgt_vocab)},
             "limits": {"max_source_length": manifest.max_source_length,
                        "max_target_length": manifest.max_target_length, "max_beam": config.max_beam},
             "batching": asdict(config.limits),
-            "search": manifest.raw["search"],
+            "search": dict(manifest.search),
             "decoding": asdict(translator.search_config()),  # what a request that names no option decodes with
             "provider": translator.notice,
         })

@@ -26,7 +26,7 @@ class EvalRow:
 
 
 def task_of(manifest: Manifest, task: str | None) -> tuple[str, int]:
-    training = manifest.raw.get("training", {})
+    training = manifest.training
     name = task or training.get("task")
     if not name:
         raise S2SError(f"{manifest.directory} records no training task; pass --task NAME or a TSV file")
