@@ -211,7 +211,7 @@ def _tokenizer_file(entry: Mapping[str, str] | None, read_file: FileReader | Non
         raise VocabularyError(f"the vocabulary's tokenizer file {entry['file']!r} has nowhere to be read from")
     file = TokenizerFile(entry["file"], read_file(entry["file"], entry["sha256"]))
     if file.sha256 != entry["sha256"]:
-        raise VocabularyError(f"tokenizer file {entry['file']!r} does not match its sha256 (modified or corrupt)")
+        raise VocabularyError(f"tokenizer file {entry['file']} modified: it does not match its sha256 (or is corrupt)")
     return file
 
 
