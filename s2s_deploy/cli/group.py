@@ -135,7 +135,7 @@ def read_lines(path: str, keep_blank: bool = False) -> list[str]:
     except OSError as exc:
         raise S2SError(f"cannot read {path}: {exc.strerror}") from exc
     lines = [line.removesuffix("\r") for line in text.split("\n")]
-    if lines and lines[-1] == "":
+    if not data or data.endswith(b"\n"):  # as --output counts: a BOM alone is one (blank) line
         lines.pop()
     if keep_blank:
         return lines
