@@ -38,6 +38,10 @@ def decoding_options(command: F) -> F:
         ("--no-repeat-ngram-size", "no_repeat_ngram_size", click.IntRange(0),
          "Never repeat an n-gram of this size [default: 0, off]."),
         ("--prefix", "prefix", str, "Target text forced at the start of every translation."),
+        ("--target-lang", "target_lang", str,
+         "Translate into this language (a multilingual model's code, e.g. fra_Latn): its token is forced first."),
+        ("--source-lang", "source_lang", str,
+         "The sources' language (e.g. eng_Latn): its token starts every source sentence."),
         ("--max-len-a", "max_len_a", click.FloatRange(0), "Max length = a * source tokens + b [default: 0, off]."),
         ("--max-len-b", "max_len_b", click.IntRange(0), "See --max-len-a [default: 0]."),
     ]

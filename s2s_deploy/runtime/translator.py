@@ -186,6 +186,7 @@ def default_search_config(manifest: Manifest, beam: int | None = None, n_best: i
     then SearchConfig's own. Token options take ids or strings: a ``prefix`` string is tokenised, a
     ``suppress_tokens`` string is one vocabulary entry, a ``bad_words_ids`` string is tokenised
     into one sequence."""
+    target_lang = options.pop("target_lang", None)
     unknown = sorted(set(options) - set(OPTION_NAMES))
     if unknown:
         raise S2SError(f"unknown decoding option {unknown[0]!r}; known: {', '.join(OPTION_NAMES)}")
@@ -214,6 +215,9 @@ def default_search_config(manifest: Manifest, beam: int | None = None, n_best: i
     vocab = manifest.tgt_vocab
     if "prefix" in values and not _per_sentence(values["prefix"]):
         values["prefix"] = _ids(vocab, values["prefix"])
+    if target_lang is not None:  # the language token is forced first, instead of the model's own default
+        asked = () if options.get("prefix") is None or _per_sentence(options["prefix"]) else values["prefix"]
+        values["prefix"] = (language_id(vocab, target_lang), *asked)  # type: ignore[misc]
     values["suppress_tokens"] = tuple(_token_id(vocab, t) for t in values.get("suppress_tokens", ()))  # type: ignore[attr-defined]
     values["bad_words_ids"] = tuple(_ids(vocab, w) for w in values.get("bad_words_ids", ()))  # type: ignore[attr-defined]
     if int(values.get("beam_size", 1)) < int(values.get("n_best", 1)):  # type: ignore[call-overload]
@@ -227,6 +231,17 @@ def default_search_config(manifest: Manifest, beam: int | None = None, n_best: i
     if any(not 0 <= i < len(vocab) for i in config.suppress_tokens):
         raise S2SError(f"a suppressed token id is outside the target vocabulary (0..{len(vocab) - 1})")
     return config
+
+
+def language_id(vocab: Vocabulary, code: object) -> int:
+    """The id of the token that names language ``code``: the token itself (``fra_Latn``) or
+    fairseq's ``__fr__``, so users give codes, never ids."""
+    if not isinstance(code, str):
+        raise S2SError(f"a language code is a string, not {code!r}")
+    for token in (code, f"__{code}__"):
+        if token in vocab.tokens:
+            return vocab.tokens.index(token)
+    raise S2SError(f"no language token {code!r} (or __{code}__) in the vocabulary")
 
 
 def _ids(vocab: Vocabulary, value: object) -> tuple[int, ...]:
@@ -275,8 +290,15 @@ class Translator:
 
     def search_config(self, beam: int | None = None, n_best: int | None = None, max_len: int | None = None,
                       alpha: float | None = None, **options: object) -> SearchConfig:
-        """See ``default_search_config``."""
+        """See ``default_search_config``; a ``source_lang`` is checked here and used by ``__call__``."""
+        self.source_vocab(options.pop("source_lang", None))
         return default_search_config(self.manifest, beam, n_best, max_len, alpha, **options)
+
+    def source_vocab(self, source_lang: object = None) -> Vocabulary:
+        """The source vocabulary, its framing prefix the token of ``source_lang`` when one is given
+        (a multilingual model reads the source language from the sentence's first token)."""
+        vocab = self.manifest.src_vocab
+        return vocab if source_lang is None else replace(vocab, prefix=(language_id(vocab, source_lang),))
 
     def __call__(self, texts: Sequence[str], beam: int | None = None, n_best: int | None = None,
                  max_len: int | None = None, alpha: float | None = None, batch_size: int = 32,
@@ -287,14 +309,17 @@ class Translator:
             texts = [texts]
         prefix = options.get("prefix")
         prefixes = None
+        source = self.source_vocab(options.pop("source_lang", None))
         if _per_sentence(prefix):
-            prefixes = [_ids(self.manifest.tgt_vocab, p) for p in prefix]  # type: ignore[union-attr]
+            language = options.get("target_lang")
+            first = () if language is None else (language_id(self.manifest.tgt_vocab, language),)
+            prefixes = [(*first, *_ids(self.manifest.tgt_vocab, p)) for p in prefix]  # type: ignore[union-attr]
             options = {**options, "prefix": None}
         config = self.search_config(beam, n_best, max_len, alpha, **options)
         manifest = self.manifest
         check_inputs(texts)
-        self.unknown.update(unknown_tokens(texts, manifest.src_vocab))
-        return translate(self.engine, texts, manifest.src_vocab, manifest.tgt_vocab, config, batch_size,
+        self.unknown.update(unknown_tokens(texts, source))
+        return translate(self.engine, texts, source, manifest.tgt_vocab, config, batch_size,
                          manifest.max_source_length, max_batch_tokens=max_batch_tokens, prefixes=prefixes)
 
     def stream(self, text: str, max_len: int | None = None, **options: object) -> Iterator[str]:
@@ -305,9 +330,10 @@ class Translator:
         if not isinstance(self.engine, StepLoop):
             raise S2SError("streaming runs the step loop: use engine='loop'")
         check_inputs([text])
+        source = self.source_vocab(options.pop("source_lang", None))
         config = self.search_config(1, 1, max_len, None, **options)
         manifest = self.manifest
-        src, src_len = encode_batch([text], manifest.src_vocab, manifest.max_source_length)
+        src, src_len = encode_batch([text], source, manifest.max_source_length)
         done: list[int] = []
         shown = ""
         for token, _ in stream_tokens(self.backend, src, src_len, config):
