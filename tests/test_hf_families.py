@@ -1,0 +1,274 @@
+"""Every Hugging Face family against ``transformers``' own ``generate``, at the folder's own settings.
+
+One row per family in ``FAMILIES`` (as CTranslate2's converter table): its ``model_type``, a
+config builder (2+2 layers, d_model 64), the ``transformers`` model class, and the tokenizer
+files the family ships, made here with no network. Each row builds a tiny random model, saves
+it with ``save_pretrained``, exports it once per session with ``export --hf``, and translates
+20 inputs greedy and beam 4 (``max_new_tokens`` 20), which must be token-identical to
+``model.generate`` on the folder as saved: whatever ``generation_config.json`` says or leaves
+to ``generate``'s defaults (α, early stopping, forced BOS/EOS, ...), the export must reproduce.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+VOCAB = 128
+D_MODEL = 64
+MAX_NEW = 20
+INPUTS = 20
+SEED = 0
+
+
+def word_level(words: list[str], single: str, special: tuple[str, ...]) -> Callable[[Path], None]:
+    """A ``tokenizer.json`` with one id per whitespace-separated word, framing a sentence as
+    ``single`` (a tokenizers template: ``"<s> $A </s>"``, ``"$A </s>"``, ...)."""
+
+    def write(folder: Path) -> None:
+        from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+        table = {w: i for i, w in enumerate(words)}
+        tokenizer = Tokenizer(models.WordLevel(table, unk_token="<unk>"))
+        tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single=single, special_tokens=[(s, table[s]) for s in special])
+        tokenizer.save(str(folder / "tokenizer.json"))
+
+    return write
+
+
+def words_around(specials: dict[int, str], size: int = VOCAB) -> list[str]:
+    """``size`` tokens: the specials at their ids, ``w<id>`` everywhere else."""
+    return [specials.get(i, f"w{i}") for i in range(size)]
+
+
+OPUS_WORDS = ("alpha", "beta", "gamma", "delta", "march", "april", "one", "two", "three", "hello", "world",
+              "in", "on", "under", "river", "stone", "light", "green")
+
+
+def opus_mt_files(folder: Path) -> None:
+    """opus-mt's ``source.spm``, ``target.spm`` and ``vocab.json`` (eos 0, unk 1, pad last)."""
+    import sentencepiece
+
+    rng = np.random.default_rng(SEED)
+    corpus = [" ".join(rng.choice(OPUS_WORDS, rng.integers(2, 8))) for _ in range(400)]
+    pieces: set[str] = set()
+    for name, size in (("source.spm", 36), ("target.spm", 40)):
+        buffer = io.BytesIO()
+        sentencepiece.SentencePieceTrainer.train(sentence_iterator=iter(corpus), model_writer=buffer,
+                                                 vocab_size=size, minloglevel=2)
+        (folder / name).write_bytes(buffer.getvalue())
+        processor = sentencepiece.SentencePieceProcessor(model_proto=buffer.getvalue())
+        pieces |= {processor.id_to_piece(i) for i in range(processor.get_piece_size())}
+    vocab = ["</s>", "<unk>", *sorted(pieces - {"<unk>", "<s>", "</s>"})]
+    vocab += [f"x{i}" for i in range(len(vocab), VOCAB - 1)] + ["<pad>"]
+    (folder / "vocab.json").write_text(json.dumps({piece: i for i, piece in enumerate(vocab)}))
+
+
+def _marian() -> Any:
+    return transformers.MarianConfig(
+        vocab_size=VOCAB, decoder_vocab_size=VOCAB, pad_token_id=VOCAB - 1, eos_token_id=0,
+        decoder_start_token_id=VOCAB - 1, bos_token_id=None, forced_eos_token_id=0,
+        share_encoder_decoder_embeddings=True, **_bart_sizes())
+
+
+def _bart() -> Any:
+    return transformers.BartConfig(vocab_size=VOCAB, pad_token_id=1, bos_token_id=0, eos_token_id=2,
+                                   decoder_start_token_id=2, forced_eos_token_id=2, forced_bos_token_id=0,
+                                   **_bart_sizes())
+
+
+def _mbart() -> Any:
+    return transformers.MBartConfig(vocab_size=VOCAB, pad_token_id=1, bos_token_id=0, eos_token_id=2,
+                                    decoder_start_token_id=2, forced_eos_token_id=2, scale_embedding=True,
+                                    **_bart_sizes())
+
+
+def _bart_sizes() -> dict[str, Any]:
+    # init_std 0.3: peaked, tie-free choices (the default 0.02 gives near-uniform logits, where
+    # float32 rounding picks between equals)
+    return {"d_model": D_MODEL, "encoder_layers": 2, "decoder_layers": 2, "encoder_attention_heads": 4,
+            "decoder_attention_heads": 4, "encoder_ffn_dim": 128, "decoder_ffn_dim": 128,
+            "max_position_embeddings": 64, "init_std": 0.3}
+
+
+def _t5() -> Any:
+    return transformers.T5Config(vocab_size=VOCAB, d_model=D_MODEL, d_kv=16, d_ff=128, num_layers=2,
+                                 num_decoder_layers=2, num_heads=4, relative_attention_num_buckets=8,
+                                 relative_attention_max_distance=20, pad_token_id=0, eos_token_id=1,
+                                 decoder_start_token_id=0, initializer_factor=2.0)
+
+
+@dataclass(frozen=True)
+class Family:
+    """One row: ``model_type``, how to build its config, its ``transformers`` class (by name),
+    the tokenizer files its folders ship (written into the saved folder), and the words the
+    test's source texts are drawn from."""
+
+    model_type: str
+    config: Callable[[], Any]
+    model_class: str
+    tokenizer: Callable[[Path], None]
+    words: tuple[str, ...]
+
+
+BART_WORDS = tuple(f"w{i}" for i in range(4, VOCAB))
+T5_WORDS = tuple(f"w{i}" for i in range(3, VOCAB))
+MBART_WORDS = tuple(f"w{i}" for i in range(4, VOCAB - 1))
+
+FAMILIES: tuple[Family, ...] = (
+    Family("marian", _marian, "MarianMTModel", opus_mt_files, OPUS_WORDS),
+    Family("bart", _bart, "BartForConditionalGeneration",
+           word_level(words_around({0: "<s>", 1: "<pad>", 2: "</s>", 3: "<unk>"}), "<s> $A </s>", ("<s>", "</s>")),
+           BART_WORDS),
+    Family("mbart", _mbart, "MBartForConditionalGeneration",
+           word_level(words_around({0: "<s>", 1: "<pad>", 2: "</s>", 3: "<unk>", VOCAB - 1: "en_XX"}),
+                      "$A </s> en_XX", ("</s>", "en_XX")),
+           MBART_WORDS),
+    Family("t5", _t5, "T5ForConditionalGeneration",
+           word_level(words_around({0: "<pad>", 1: "</s>", 2: "<unk>"}), "$A </s>", ("</s>",)), T5_WORDS),
+)
+BY_TYPE = {f.model_type: f for f in FAMILIES}
+
+
+def favour_eos(model: Any, strength: float = 0.9) -> None:
+    """Random weights almost never pick EOS. Point the EOS output row along the mean of the
+    states the output layer reads, so its logit is ``strength`` times a typical best logit:
+    sentences then end at varied lengths, and EOS handling is tested too."""
+    eos, vocab = model.config.eos_token_id, model.get_output_embeddings().weight.shape[0]
+    seen = []
+    hook = model.get_output_embeddings().register_forward_hook(lambda _m, args, out: seen.append((args[0], out)))
+    generator = torch.Generator().manual_seed(1)
+    src = torch.randint(3, vocab - 1, (8, 10), generator=generator)
+    with torch.no_grad():
+        model(input_ids=src, decoder_input_ids=torch.randint(3, vocab - 1, (8, 12), generator=generator))
+    hook.remove()
+    states, logits = seen[0][0].reshape(-1, seen[0][0].shape[-1]), seen[0][1].reshape(-1, vocab)
+    mean = states.mean(0)
+    target = strength * logits.max(-1).values.median()
+    with torch.no_grad():
+        model.get_output_embeddings().weight[eos] = mean * target / mean.dot(mean)
+
+
+@dataclass(frozen=True)
+class Built:
+    family: Family
+    hf_dir: Path
+    out: Path
+    model: Any  # transformers' model loaded back from hf_dir, with its generation_config.json
+
+
+class FamilyExports:
+    """One tiny model and one ``--hf`` export per family per session."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.done: dict[str, Built] = {}
+        self.failed: dict[str, str] = {}
+
+    def get(self, model_type: str) -> Built:
+        if model_type in self.failed:  # one failed export per session, not one per test
+            pytest.fail(self.failed[model_type])
+        if model_type not in self.done:
+            from click.testing import CliRunner
+
+            from s2s_deploy.cli import main
+
+            family = BY_TYPE[model_type]
+            torch.manual_seed(SEED)
+            model = getattr(transformers, family.model_class)(family.config()).eval()
+            favour_eos(model)
+            hf_dir, out = self.root / f"{model_type}-hf", self.root / model_type
+            model.save_pretrained(hf_dir)
+            family.tokenizer(hf_dir)
+            result = CliRunner().invoke(main, ["export", "--hf", str(hf_dir), "--out", str(out)])
+            if result.exit_code != 0:
+                self.failed[model_type] = result.output
+                pytest.fail(result.output)
+            loaded = transformers.AutoModelForSeq2SeqLM.from_pretrained(hf_dir, local_files_only=True).eval()
+            self.done[model_type] = Built(family, hf_dir, out, loaded)
+        return self.done[model_type]
+
+
+@pytest.fixture(scope="session")
+def family_exports(tmp_path_factory: pytest.TempPathFactory) -> FamilyExports:
+    return FamilyExports(tmp_path_factory.mktemp("hf-families"))
+
+
+def texts(family: Family, count: int = INPUTS) -> list[str]:
+    rng = np.random.default_rng(SEED)
+    return [" ".join(rng.choice(family.words, rng.integers(2, 12))) for _ in range(count)]
+
+
+def generated(model: Any, rows: list[list[int]], pad: int, eos: int, beams: int) -> list[tuple[int, ...]]:
+    """``generate``'s tokens at the model's own settings, but ``num_beams`` and ``max_new_tokens``:
+    after the decoder start, up to the first EOS."""
+    lengths = [len(r) for r in rows]
+    ids = torch.full((len(rows), max(lengths)), pad, dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, : len(row)] = torch.tensor(row)
+    mask = (torch.arange(ids.shape[1])[None, :] < torch.tensor(lengths)[:, None]).long()
+    with torch.no_grad():
+        out = model.generate(input_ids=ids, attention_mask=mask, num_beams=beams, max_new_tokens=MAX_NEW)
+    return [tuple(row[: row.index(eos)] if eos in row else row) for row in out[:, 1:].tolist()]
+
+
+def agreement(built: Built, beams: int) -> tuple[int, list[tuple[str, tuple[int, ...], tuple[int, ...]]]]:
+    """How many of the inputs ours translates to generate's tokens, and the ones that differ."""
+    from s2s_deploy.runtime.translator import Translator
+
+    translator = Translator(built.out, device="cpu")
+    vocab = translator.manifest.src_vocab
+    sources = texts(built.family)
+    rows = [vocab.encode(text) for text in sources]
+    ours = [h[0].tokens for h in translator.translate_ids(rows, beam=beams, max_len=MAX_NEW)]
+    theirs = generated(built.model, rows, vocab.pad_id, translator.manifest.eos_id, beams)
+    differ = [(s, o, t) for s, o, t in zip(sources, ours, theirs, strict=True) if o != t]
+    return len(sources) - len(differ), differ
+
+
+@pytest.mark.parametrize("model_type", [f.model_type for f in FAMILIES])
+@pytest.mark.parametrize("beams", [1, 4])
+def test_family_matches_generate_at_its_own_settings(family_exports: FamilyExports, model_type: str,
+                                                     beams: int) -> None:
+    built = family_exports.get(model_type)
+    matches, differ = agreement(built, beams)
+    assert matches == INPUTS, (model_type, beams, differ[:3])
+
+
+@pytest.mark.parametrize("model_type", [f.model_type for f in FAMILIES])
+def test_family_inputs_tokenise_as_transformers_does(family_exports: FamilyExports, model_type: str) -> None:
+    """The harness feeds ids both ways: they must be the ids the folder's own tokenizer gives,
+    and some sentences must end before the limit, or EOS handling goes untested."""
+    from s2s_deploy.format.manifest import load_manifest
+
+    built = family_exports.get(model_type)
+    manifest = load_manifest(built.out)
+    if (built.hf_dir / "tokenizer.json").is_file():
+        tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_file=str(built.hf_dir / "tokenizer.json"))
+    else:
+        tokenizer = transformers.MarianTokenizer(*(str(built.hf_dir / name) for name in
+                                                   ("source.spm", "target.spm", "vocab.json")))
+    sources = texts(built.family)
+    assert [tokenizer(s)["input_ids"] for s in sources] == [manifest.src_vocab.encode(s) for s in sources]
+    rows = [manifest.src_vocab.encode(s) for s in sources]
+    ended = generated(built.model, rows, manifest.src_vocab.pad_id, -1, 4)
+    assert any(manifest.eos_id in row for row in ended)
+
+
+def test_every_hf_plugin_has_a_row() -> None:
+    from s2s_deploy.export.registry import REGISTRY
+
+    served = {t for entry in REGISTRY.entries() for t in entry.plugin.hf_model_types}
+    assert served <= set(BY_TYPE), sorted(served - set(BY_TYPE))
