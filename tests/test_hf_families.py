@@ -110,6 +110,51 @@ def _t5() -> Any:
                                  decoder_start_token_id=0, initializer_factor=2.0)
 
 
+def _t5_sizes() -> dict[str, Any]:
+    return {"vocab_size": VOCAB, "d_model": D_MODEL, "d_kv": 16, "d_ff": 128, "num_layers": 2, "num_decoder_layers": 2,
+            "num_heads": 4, "relative_attention_num_buckets": 8, "relative_attention_max_distance": 20,
+            "pad_token_id": 0, "eos_token_id": 1, "decoder_start_token_id": 0, "initializer_factor": 2.0}
+
+
+NLLB_SOURCE, NLLB_TARGET = VOCAB - 2, VOCAB - 1  # eng_Latn, fra_Latn: NLLB's language tokens end the vocabulary
+
+
+def _m2m100() -> Any:
+    """NLLB's layout: the target language is the forced first token."""
+    return transformers.M2M100Config(vocab_size=VOCAB, pad_token_id=1, bos_token_id=0, eos_token_id=2,
+                                     decoder_start_token_id=2, forced_bos_token_id=NLLB_TARGET,
+                                     scale_embedding=True, **_bart_sizes())
+
+
+def _pegasus() -> Any:
+    return transformers.PegasusConfig(vocab_size=VOCAB, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0,
+                                      forced_eos_token_id=1, scale_embedding=True, **_bart_sizes())
+
+
+def _blenderbot() -> Any:
+    return transformers.BlenderbotConfig(vocab_size=VOCAB, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                                         decoder_start_token_id=1, forced_eos_token_id=2, **_bart_sizes())
+
+
+def _blenderbot_small() -> Any:
+    return transformers.BlenderbotSmallConfig(vocab_size=VOCAB, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                                              decoder_start_token_id=1, forced_eos_token_id=2, **_bart_sizes())
+
+
+FSMT_TARGET_VOCAB = VOCAB - 24  # separate source and target vocabularies of different sizes
+
+
+def _fsmt() -> Any:
+    return transformers.FSMTConfig(langs=["en", "de"], src_vocab_size=VOCAB, tgt_vocab_size=FSMT_TARGET_VOCAB,
+                                   pad_token_id=1, bos_token_id=0, eos_token_id=2, decoder_start_token_id=2,
+                                   forced_eos_token_id=2, **_bart_sizes())
+
+
+def ids_only(folder: Path) -> None:
+    """No tokenizer file the export reads (FSMT ships Moses + BPE files): the export is ids-only,
+    its source words ``t<id>``."""
+
+
 @dataclass(frozen=True)
 class Family:
     """One row: ``model_type``, how to build its config, its ``transformers`` class (by name),
@@ -138,6 +183,25 @@ FAMILIES: tuple[Family, ...] = (
            MBART_WORDS),
     Family("t5", _t5, "T5ForConditionalGeneration",
            word_level(words_around({0: "<pad>", 1: "</s>", 2: "<unk>"}), "$A </s>", ("</s>",)), T5_WORDS),
+)
+FAMILIES += (
+    Family("mt5", lambda: transformers.MT5Config(**_t5_sizes()), "MT5ForConditionalGeneration",
+           FAMILIES[3].tokenizer, T5_WORDS),
+    Family("umt5", lambda: transformers.UMT5Config(**_t5_sizes()), "UMT5ForConditionalGeneration",
+           FAMILIES[3].tokenizer, T5_WORDS),
+    Family("m2m_100", _m2m100, "M2M100ForConditionalGeneration",
+           word_level(words_around({0: "<s>", 1: "<pad>", 2: "</s>", 3: "<unk>", NLLB_SOURCE: "eng_Latn",
+                                    NLLB_TARGET: "fra_Latn"}), "eng_Latn $A </s>", ("eng_Latn", "</s>")),
+           tuple(f"w{i}" for i in range(4, VOCAB - 2))),
+    Family("pegasus", _pegasus, "PegasusForConditionalGeneration",
+           word_level(words_around({0: "<pad>", 1: "</s>", 2: "<unk>"}), "$A </s>", ("</s>",)), T5_WORDS),
+    Family("blenderbot", _blenderbot, "BlenderbotForConditionalGeneration",
+           word_level(words_around({0: "<pad>", 1: "<s>", 2: "</s>", 3: "<unk>"}), "$A </s>", ("</s>",)),
+           BART_WORDS),
+    Family("blenderbot-small", _blenderbot_small, "BlenderbotSmallForConditionalGeneration",
+           word_level(words_around({0: "<pad>", 1: "<s>", 2: "</s>", 3: "<unk>"}), "$A </s>", ("</s>",)),
+           BART_WORDS),
+    Family("fsmt", _fsmt, "FSMTForConditionalGeneration", ids_only, tuple(f"t{i}" for i in range(3, VOCAB))),
 )
 BY_TYPE = {f.model_type: f for f in FAMILIES}
 
@@ -255,13 +319,18 @@ def test_family_inputs_tokenise_as_transformers_does(family_exports: FamilyExpor
 
     built = family_exports.get(model_type)
     manifest = load_manifest(built.out)
-    if (built.hf_dir / "tokenizer.json").is_file():
+    sources = texts(built.family)
+    if built.family.tokenizer is ids_only:
+        assert [manifest.src_vocab.encode(s) for s in sources] == [
+            [int(word[1:]) for word in s.split()] + [manifest.eos_id] for s in sources]
+        tokenizer = None
+    elif (built.hf_dir / "tokenizer.json").is_file():
         tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_file=str(built.hf_dir / "tokenizer.json"))
     else:
         tokenizer = transformers.MarianTokenizer(*(str(built.hf_dir / name) for name in
                                                    ("source.spm", "target.spm", "vocab.json")))
-    sources = texts(built.family)
-    assert [tokenizer(s)["input_ids"] for s in sources] == [manifest.src_vocab.encode(s) for s in sources]
+    if tokenizer is not None:
+        assert [tokenizer(s)["input_ids"] for s in sources] == [manifest.src_vocab.encode(s) for s in sources]
     rows = [manifest.src_vocab.encode(s) for s in sources]
     ended = generated(built.model, rows, manifest.src_vocab.pad_id, -1, 4)
     assert any(manifest.eos_id in row for row in ended)
@@ -272,3 +341,36 @@ def test_every_hf_plugin_has_a_row() -> None:
 
     served = {t for entry in REGISTRY.entries() for t in entry.plugin.hf_model_types}
     assert served <= set(BY_TYPE), sorted(served - set(BY_TYPE))
+
+
+def test_language_codes_choose_the_forced_first_token_and_the_source_token(family_exports: FamilyExports) -> None:
+    """NLLB-style: ``target_lang`` makes its language token the forced first token (what
+    ``forced_bos_token_id`` does in ``generate``), ``source_lang`` starts each source with its
+    token; from the CLI too, and an unknown code is one line."""
+    from click.testing import CliRunner
+
+    from s2s_deploy.cli import main
+    from s2s_deploy.runtime.translator import Translator
+
+    built = family_exports.get("m2m_100")
+    translator = Translator(built.out, device="cpu")
+    vocab = translator.manifest.src_vocab
+    sources = texts(built.family, 6)
+    assert translator.source_vocab("fra_Latn").encode(sources[0])[0] == NLLB_TARGET
+    assert vocab.encode(sources[0])[0] == NLLB_SOURCE  # the tokenizer's own framing otherwise
+    for code, token in (("fra_Latn", NLLB_TARGET), ("eng_Latn", NLLB_SOURCE)):
+        ours = [t.text.split() for t in translator(sources, beam=1, max_len=MAX_NEW, target_lang=code)]
+        rows = [vocab.encode(text) for text in sources]
+        built.model.generation_config.forced_bos_token_id = token
+        try:
+            theirs = generated(built.model, rows, vocab.pad_id, translator.manifest.eos_id, 1)
+        finally:
+            built.model.generation_config.forced_bos_token_id = NLLB_TARGET
+        assert all(row[0] == token for row in theirs)
+        assert ours == [translator.manifest.tgt_vocab.decode(row).split() for row in theirs]
+    runner = CliRunner()
+    result = runner.invoke(main, ["translate", str(built.out), sources[0], "--target-lang", "eng_Latn",
+                                  "--source-lang", "fra_Latn", "--quiet"])
+    assert result.exit_code == 0, result.output
+    wrong = runner.invoke(main, ["translate", str(built.out), sources[0], "--target-lang", "xx_Yyyy"])
+    assert wrong.exit_code == 1 and "no language token 'xx_Yyyy'" in wrong.output and "Traceback" not in wrong.output
