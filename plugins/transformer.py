@@ -31,7 +31,8 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
-from s2s_deploy.export.contract import BATCH, ArchitecturePlugin, MemorySpec, Seq2SeqModel, StateSpec, StepOutput
+from s2s_deploy.export.contract import ArchitecturePlugin, MemorySpec, Seq2SeqModel, StateSpec, StepOutput
+from s2s_deploy.export.parts import cross_memory_specs, layer_name, padding_bias, self_cache_specs
 
 
 @dataclass(frozen=True)
@@ -44,11 +45,6 @@ class TransformerConfig:
     dropout: float = 0.1
     max_len: int = 256
     tie_output: bool = True
-
-
-def layer_name(kind: str, layer: int) -> str:
-    """Graph tensor name of one layer's cache or memory: ``self_k0``, ``cross_v1``, ..."""
-    return f"{kind}{layer}"
 
 
 def sinusoidal_table(max_len: int, d_model: int) -> Tensor:
@@ -201,15 +197,8 @@ class Transformer(Seq2SeqModel):
         if cfg.tie_output:
             self.output.weight = self.tgt_embedding.weight
 
-    @staticmethod
-    def padding_bias(src: Tensor, src_len: Tensor) -> Tensor:
-        """``(B, 1, 1, S)``: 0 on real tokens, the float minimum on padding."""
-        valid = torch.arange(src.shape[1], device=src.device)[None, :] < src_len[:, None]
-        bias = torch.zeros(valid.shape, dtype=torch.float32, device=src.device)
-        return bias.masked_fill(~valid, torch.finfo(torch.float32).min)[:, None, None, :]
-
     def run_encoder(self, src: Tensor, src_len: Tensor) -> tuple[Tensor, Tensor]:
-        bias = self.padding_bias(src, src_len)
+        bias = padding_bias(src, src_len)
         x = self.dropout(self.src_embedding(src) * self.scale + self.positions[: src.shape[1]])
         for block in self.encoder_blocks:
             x = block(x, bias)
@@ -269,26 +258,10 @@ class TransformerPlugin(ArchitecturePlugin):
         return Transformer(config, src_vocab_size, tgt_vocab_size)
 
     def memory_specs(self, config: TransformerConfig) -> tuple[MemorySpec, ...]:
-        layers = (
-            (MemorySpec(layer_name("cross_k", i), 0,
-                        description=f"(B, heads, head_dim, S) layer {i} cross-attention keys, transposed"),
-             MemorySpec(layer_name("cross_v", i), 0,
-                        description=f"(B, heads, S, head_dim) layer {i} cross-attention values"))
-            for i in range(config.decoder_layers)
-        )
-        return (
-            MemorySpec("src_bias", 0, description="(B, 1, 1, S) additive source padding mask"),
-            *(spec for pair in layers for spec in pair),
-        )
+        return cross_memory_specs(config.decoder_layers)
 
     def state_specs(self, config: TransformerConfig) -> tuple[StateSpec, ...]:
-        heads, dim = config.num_heads, config.d_model // config.num_heads
-        return tuple(
-            StateSpec(layer_name(kind, i), batch_axis=0, init="zeros", shape=(BATCH, heads, 0, dim), grow_axis=2,
-                      description=f"(B, heads, T, head_dim) layer {i} self-attention {what}")
-            for i in range(config.decoder_layers)
-            for kind, what in (("self_k", "keys"), ("self_v", "values"))
-        )
+        return self_cache_specs(config.decoder_layers, config.num_heads, config.d_model // config.num_heads)
 
     def max_target_length(self, config: TransformerConfig) -> int:
         return config.max_len
