@@ -125,4 +125,4 @@ def test_cli_export_without_attention_output(exports, tmp_path) -> None:
     export_model(get_plugin("rnnsearch"), source.model, source.config, source.src_vocab, source.tgt_vocab, out,
                  checkpoint_path=source.checkpoint_path, source=source.description)
     line = one_line_error(["attention", str(out), "hello", "--out", str(tmp_path / "x.png")])
-    assert "re-export with --with-attention" in line
+    assert f"s2s-deploy export --arch rnnsearch --with-attention --force --out {out}" in line

@@ -60,6 +60,30 @@ def test_require_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
         extras.require("export", "eval", "export")
 
 
+def test_require_names_everything_missing_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`train` without its extra names [train], not [export] and then [eval] on the next try."""
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name in ("torch", "sacrebleu") else real(name, *a))
+    with pytest.raises(extras.MissingExtra, match=r'needs torch, sacrebleu, which are .*"s2s-deploy\[train\]"$'):
+        extras.require("train", "export", "eval", bundle="train")
+    with pytest.raises(extras.MissingExtra, match=r'"s2s-deploy\[plot,export\]"$'):
+        monkeypatch.setattr(importlib.util, "find_spec",
+                            lambda name, *a: None if name in ("torch", "matplotlib") else real(name, *a))
+        extras.require("attention", "plot", "export")
+
+
+def test_bench_of_the_runtime_needs_no_torch(exports) -> None:
+    """`bench --systems onnxruntime-cpu` measures the torch-free runtime, so it must run without torch."""
+    _, manifest = exports.get("gru")
+    code = ("import sys; sys.modules['torch'] = None\nfrom s2s_deploy.cli import main\n"
+            f"main(['bench', {str(manifest.directory)!r}, '--systems', 'onnxruntime-cpu', '--reps', '1', "
+            "'--warmup', '0', '--beams', '1', '--batches', '1', '--sentences', '2'])\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "onnxruntime-cpu" in result.stdout
+
+
 def test_every_extra_module_is_declared_in_pyproject() -> None:
     import tomllib
 

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 import pytest
 from click.testing import CliRunner
 from onnx.reference import ReferenceEvaluator
@@ -20,7 +23,7 @@ from s2s_deploy.runtime.ort.backend import OrtBackend
 from s2s_deploy.runtime.ort.generate import GraphEngine, generate_feeds, hypotheses
 from s2s_deploy.runtime.search import Hypothesis, SearchConfig, search
 from s2s_deploy.runtime.translator import encode_batch
-from s2s_deploy.transforms.fuse import GENERATE_FILE, _all_nodes, add_to_manifest, build_generate, fuse_generate
+from s2s_deploy.transforms.fuse import GENERATE_FILE, add_to_manifest, build_generate, fuse_generate
 
 ARCHS = [pytest.param(arch, max_len, id=arch) for arch, max_len in ARCH_CASES]
 SENTENCES = 8  # a mixed-length batch; more only slows the Python reference down
@@ -57,8 +60,12 @@ def assert_same(got: list[list[Hypothesis]], want: list[list[Hypothesis]]) -> No
             assert g.score == pytest.approx(w.score, abs=1e-5)
 
 
+def all_nodes(graph: onnx.GraphProto) -> list[ir.Node]:
+    return list(ir.traversal.RecursiveGraphIterator(ir.serde.deserialize_graph(graph)))
+
+
 def loops_in(graph: onnx.GraphProto) -> int:
-    return sum(node.op_type == "Loop" for node in _all_nodes(graph))
+    return sum(node.op_type == "Loop" for node in all_nodes(graph))
 
 
 @pytest.mark.parametrize("beam", [True, False], ids=["beam", "greedy"])
@@ -68,7 +75,7 @@ def test_graph_is_portable(fused, beam: bool) -> None:
     assert model.ir_version <= 13
     assert {o.domain for o in model.opset_import} == {""}
     assert model.opset_import[0].version >= 17
-    assert {n.domain for n in _all_nodes(model.graph)} == {""}
+    assert {n.domain for n in all_nodes(model.graph)} == {""}
     decoding = [n for n in model.graph.node if n.op_type == "Loop"]  # top level: weights used directly
     if beam:  # a greedy and a beam Loop, beam_size gives the unused one zero trips
         assert len(decoding) == 2
@@ -160,3 +167,11 @@ def test_translate_engine_graph_matches_loop(exports, tmp_path: Path) -> None:
     outputs = [runner.invoke(main, ["translate", str(folder), *texts, "--beam", "3", "--engine", engine]).stdout
                for engine in ("loop", "graph")]
     assert outputs[0] == outputs[1] and len(outputs[0].splitlines()) == 4
+
+
+def test_compiled_search_functions_are_current() -> None:
+    """fuse reads the search steps compiled (onnxscript is off the base install): after editing
+    export/search_graph.py, rerun `python -m s2s_deploy.export.search_graph`."""
+    result = subprocess.run([sys.executable, "-m", "s2s_deploy.export.search_graph", "--check"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr

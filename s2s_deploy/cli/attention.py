@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from s2s_deploy.cli.decode import device_option
-from s2s_deploy.cli.extras import require
+from s2s_deploy.cli.extras import missing_extras, require
 from s2s_deploy.cli.group import echo_device, load_plugin_files, main, plugin_option
 
 
@@ -26,16 +26,17 @@ def attention_command(export_dir: str, text: str, out: str, reduce: str | None, 
 
     Decodes TEXT greedily and draws its cross-attention (the export needs --with-attention).
     """
-    require("attention", "plot", *(("export",) if compare else ()))
     from s2s_deploy.format.manifest import load_manifest
-    from s2s_deploy.pictures.attention import attention_map, compare_attention
-    from s2s_deploy.runtime.ort.backend import OrtBackend
 
     load_plugin_files(plugin_files)
     manifest = load_manifest(export_dir)
+    extras = ("plot", *(("export",) if compare else ()))
     if not manifest.has_attention_output:
-        _explain_missing_attention(manifest.plugin, export_dir)
+        _explain_missing_attention(manifest.plugin, export_dir, missing_extras(*extras))
+    require("attention", *extras)
     from s2s_deploy.pictures import plot
+    from s2s_deploy.pictures.attention import attention_map, compare_attention
+    from s2s_deploy.runtime.ort.backend import OrtBackend
 
     plot.require_matplotlib()
     backend = OrtBackend(manifest, device=device)
@@ -61,15 +62,22 @@ def attention_command(export_dir: str, text: str, out: str, reduce: str | None, 
     click.echo(f"wrote {path}: {len(amap.target_tokens)} target x {len(amap.source_tokens)} source tokens, {maps}")
 
 
-def _explain_missing_attention(architecture: str, export_dir: str) -> None:
-    """Tell an architecture without attention from an export that merely left it out."""
+def _explain_missing_attention(architecture: str, export_dir: str, missing: list[str]) -> None:
+    """Tell an architecture without attention from an export that merely left it out, and give
+    the whole fix in one line: the re-export (over the folder, hence --force) and any extra."""
     from s2s_deploy.errors import S2SError
-    from s2s_deploy.export.registry import get_plugin
 
-    try:
-        has_attention = get_plugin(architecture).has_attention
-    except S2SError:  # a plugin not installed here: the export cannot tell us more
-        has_attention = True
-    if not has_attention:
-        raise S2SError(f"the {architecture} architecture has no attention")
-    raise S2SError(f"{export_dir} was exported without attention weights; re-export with --with-attention")
+    if not missing_extras("export"):  # the plugin can say whether the architecture has attention at all
+        from s2s_deploy.export.registry import get_plugin
+
+        try:
+            has_attention = get_plugin(architecture).has_attention
+        except S2SError:  # a plugin not installed here: the export cannot tell us more
+            has_attention = True
+        if not has_attention:
+            raise S2SError(f"the {architecture} architecture has no attention")
+    extras = list(dict.fromkeys([*missing_extras("export"), *missing]))
+    install = f'pip install "s2s-deploy[{",".join(extras)}]", then ' if extras else ""
+    raise S2SError(f"{export_dir} was exported without attention weights; to draw them: {install}"
+                   f"s2s-deploy export --arch {architecture} --with-attention --force --out {export_dir} "
+                   "(plus the --checkpoint or --hf it came from, if any)")

@@ -32,14 +32,22 @@ def install_hint(extra: str) -> str:
     return f'pip install "s2s-deploy[{extra}]"'
 
 
-def require(command: str, *extras: str) -> None:
-    """Refuse ``command`` up front, in one line, when a module of one of ``extras`` is missing."""
-    for extra in extras:
-        for module in EXTRA_MODULES[extra]:
-            if importlib.util.find_spec(module) is None:
-                raise MissingExtra(
-                    f"`s2s-deploy {command}` needs {module}, which is not installed: {install_hint(extra)}"
-                )
+def missing_extras(*extras: str) -> list[str]:
+    """The extras among ``extras`` of which some module is not installed, in order."""
+    return [extra for extra in extras
+            if any(importlib.util.find_spec(module) is None for module in EXTRA_MODULES[extra])]
+
+
+def require(command: str, *extras: str, bundle: str | None = None) -> None:
+    """Refuse ``command`` up front, in one line that names everything missing at once: the
+    ``bundle`` extra when one covers them all (``train`` is ``export`` plus ``eval``), else each."""
+    missing = missing_extras(*extras)
+    if not missing:
+        return
+    modules = [m for extra in missing for m in EXTRA_MODULES[extra] if importlib.util.find_spec(m) is None]
+    verb = "is" if len(modules) == 1 else "are"
+    raise MissingExtra(f"`s2s-deploy {command}` needs {', '.join(modules)}, which {verb} not installed: "
+                       f"{install_hint(bundle or ','.join(missing))}")
 
 
 def explain_missing_module(command: str, exc: ModuleNotFoundError) -> str:

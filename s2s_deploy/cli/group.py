@@ -21,6 +21,7 @@ class Group(click.Group):
         try:
             return super().invoke(ctx)
         except ModuleNotFoundError as exc:
+            _trace(ctx)
             click.echo(f"error: {explain_missing_module(ctx.invoked_subcommand or '', exc)}", err=True)
             sys.exit(1)
         except S2SError as exc:
@@ -49,6 +50,9 @@ def _one_line(message: str) -> str:
 
 
 def load_plugin_files(paths: tuple[str, ...]) -> None:
+    """Register ``--plugin`` files; without any, import nothing (the registry needs torch)."""
+    if not paths:
+        return
     from s2s_deploy.export.registry import REGISTRY
 
     for path in paths:

@@ -18,6 +18,7 @@ from typing import Any
 import click
 
 from s2s_deploy.cli.group import load_plugin_files, main, plugin_option
+from s2s_deploy.errors import S2SError
 
 CONTRACT_MODULE = "s2s_deploy.export.contract"
 BASE_CLASS = "ArchitecturePlugin"
@@ -154,13 +155,17 @@ def _value(field: str, node: ast.expr) -> Any:
 def list_command(plugin_files: tuple[str, ...]) -> None:
     """List architectures and where each comes from."""
     found = entries(plugin_files, "s2s_deploy.plugins")  # from the plugins' source: no torch import
+    disabled: list[str] = []
     if found is None:
         from s2s_deploy.export.registry import REGISTRY
 
         load_plugin_files(plugin_files)
         found = [PluginFacts(e.plugin.name, e.plugin.version, e.plugin.description, tuple(e.plugin.presets),
                              e.plugin.default_preset, e.plugin.exporter, e.source) for e in REGISTRY.entries()]
+        disabled = REGISTRY.disabled
     for p in found:
         click.echo(f"{p.name:<12} v{p.version:<5} {p.description}")
         click.echo(f"{'':<12} presets: {', '.join(p.presets)} (default {p.default_preset}); exporter: {p.exporter}; "
                    f"from {p.source}")
+    if disabled:
+        raise S2SError(f"{len(disabled)} plugin entry point(s) disabled: {disabled[0]}")

@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ import torch
 
 from s2s_deploy.errors import S2SError
 from s2s_deploy.export.contract import ArchitecturePlugin, MemorySpec, Seq2SeqModel, StateSpec
+from s2s_deploy.export.plugin_errors import PluginError, call_plugin
 from s2s_deploy.export.tolerance import NO_DIFF, StepDiff, StepTolerance
 from s2s_deploy.format.names import TOP_K, init_name, past_name, present_name
 from s2s_deploy.format.vocab import Vocabulary
@@ -204,3 +205,193 @@ def run_export_checks(
     max_len = min(plugin.max_target_length(config) or 64, 64) - 1
     targets = [h.tokens for h in greedy(stepper, src, src_len, SearchConfig(1, 1, max_len))]
     return check_forward_step(plugin.name, model, stepper, src, src_len, targets, tolerance)
+
+
+_SAME = {"rtol": 1e-3, "atol": 1e-4}  # float32 noise between batch shapes, far below any real disagreement
+
+
+@torch.no_grad()
+def check_model_torch(plugin: ArchitecturePlugin, model: Seq2SeqModel, config: Any, src_vocab: Vocabulary,
+                      tgt_vocab: Vocabulary) -> None:
+    """What the specs promise, held against ``encode`` and ``decode_step`` in PyTorch before any
+    export, so a mistake reads as the spec it breaks instead of a failure deep in the exporter or
+    ONNX Runtime: dtypes, zeros-state shapes, a state's shape across a step (``grow_axis``), the
+    log-probs' width, two identical calls agreeing (dropout left on), no input changed in place,
+    and a sentence's memory and first step not depending on the padding a longer batchmate adds."""
+    label = f"plugin {plugin.name!r}"
+    memory, state = plugin.memory_specs(config), plugin.state_specs(config)
+    for spec in (*memory, *state):
+        if not isinstance(getattr(torch, spec.dtype, None), torch.dtype):
+            raise PluginError(f"{label}: {spec.name!r} declares dtype {spec.dtype!r}, which torch does not know; "
+                              "likely fix: a torch dtype name such as 'float32'")
+    for s in state:
+        if s.init == "zeros" and s.grow_axis is not None and s.shape[s.grow_axis] != 0:
+            empty = [i for i, size in enumerate(s.shape) if size == 0]
+            fix = f"grow_axis={empty[0]}" if len(empty) == 1 else "the axis the cache grows along, with 0 there"
+            raise PluginError(f"{label}: state {s.name!r} declares grow_axis={s.grow_axis}, but its shape "
+                              f"{s.shape} holds {s.shape[s.grow_axis]} there, and a cache starts empty (0) on the "
+                              f"axis it grows along; likely fix: {fix}")
+    device = next(iter(model.parameters()), torch.empty(0)).device
+    generator = torch.Generator().manual_seed(0)
+    longest = min(9, plugin.max_source_length(config) or 9)
+    src = torch.randint(4, len(src_vocab), (3, longest), generator=generator).to(device)
+    src_len = torch.tensor([longest, longest - 2, longest - 1], device=device)
+    encoded = call_plugin(plugin.name, "encode()", model.encode, src, src_len)
+    _same_calls(label, "encode()", encoded, call_plugin(plugin.name, "encode()", model.encode, src, src_len))
+    for kind, spec in [("memory", m) for m in memory] + [("state", s) for s in state if s.init == "encoder"]:
+        _check_dtype(label, f"encode() returns {kind} {spec.name!r}", spec.dtype, encoded[spec.name])
+    batch = src.shape[0]
+    mem = {m.name: encoded[m.name] for m in memory}
+    first = _first_state(state, encoded, batch, device)
+    tokens = torch.randint(4, len(tgt_vocab), (batch,), generator=generator).to(device)
+    out = _step(plugin.name, model, tokens, 0, mem, first, state)
+    _same_calls(label, "decode_step()", out, _step(plugin.name, model, tokens, 0, mem, first, state))
+    _check_step(label, state, first, out, batch, len(tgt_vocab))
+    _check_step(label, state, out.state, _step(plugin.name, model, tokens, 1, mem, out.state, state), batch,
+                len(tgt_vocab))
+    _check_padding(plugin, model, memory, state, src, src_vocab.pad_id, tokens)
+
+
+def _first_state(state: Sequence[StateSpec], encoded: dict[str, torch.Tensor], batch: int,
+                 device: torch.device) -> dict[str, torch.Tensor]:
+    return {s.name: encoded[s.name] if s.init == "encoder" else
+            torch.zeros(s.zeros_shape(batch, 0), dtype=getattr(torch, s.dtype), device=device) for s in state}
+
+
+def _step(plugin: str, model: Seq2SeqModel, tokens: torch.Tensor, position: int, memory: dict[str, torch.Tensor],
+          past: dict[str, torch.Tensor], state: Sequence[StateSpec]) -> Any:
+    """One ``decode_step`` on copies, so that a step writing into its inputs is caught rather than
+    spoiling the comparison that follows; what it returns must be a StepOutput holding every state."""
+    copies = {name: value.clone() for name, value in past.items()}
+    step = torch.tensor(position, dtype=torch.int64, device=tokens.device)
+    fed = ", ".join(f"{s.name} {'zeros ' if s.init == 'zeros' and position == 0 else ''}"
+                    f"{tuple(past[s.name].shape)}" for s in state)
+    hint = ("make each zeros state's shape in state_specs the shape decode_step reads, with 0 on its grow_axis"
+            if position == 0 and any(s.init == "zeros" for s in state) else None)
+    out = call_plugin(plugin, f"decode_step() at step {position} (fed state {fed})", model.decode_step, tokens,
+                      step, dict(memory), copies, hint=hint)
+    label = f"plugin {plugin!r}"
+    for name, value in past.items():
+        if not torch.equal(copies[name], value):
+            raise PluginError(f"{label}: decode_step() changes its input state {name!r} in place; a beam search "
+                              "reuses it for other hypotheses; likely fix: return new tensors (torch.cat, not "
+                              "slice assignment)")
+    if not hasattr(out, "log_probs") or not isinstance(getattr(out, "state", None), Mapping):
+        raise PluginError(f"{label}: decode_step() returned {type(out).__name__}, not a StepOutput(log_probs, "
+                          "state); likely fix: return StepOutput(log_probs, {name: next value})")
+    missing = [s.name for s in state if s.name not in out.state]
+    if missing:
+        raise PluginError(f"{label}: decode_step() returned no state {missing[0]!r} (it returned "
+                          f"{', '.join(map(repr, out.state)) or 'none'}); likely fix: return every state_specs "
+                          "name, each with its next value, in StepOutput.state")
+    return out
+
+
+def _check_step(label: str, state: Sequence[StateSpec], past: dict[str, torch.Tensor], out: Any, batch: int,
+                vocab: int) -> None:
+    log_probs = out.log_probs
+    if not isinstance(log_probs, torch.Tensor) or tuple(log_probs.shape) != (batch, vocab):
+        shape = tuple(log_probs.shape) if isinstance(log_probs, torch.Tensor) else type(log_probs).__name__
+        fix = ("size the output layer with tgt_vocab_size in build() (are src_vocab_size and tgt_vocab_size "
+               "swapped?)" if isinstance(log_probs, torch.Tensor) and log_probs.dim() == 2 and
+               log_probs.shape[0] == batch else "return (batch, target vocabulary) log-probs for the one position")
+        raise PluginError(f"{label}: decode_step() returns log_probs of shape {shape}, not ({batch}, {vocab}) for "
+                          f"{batch} rows and a target vocabulary of {vocab}; likely fix: {fix}")
+    _check_dtype(label, "decode_step() returns log_probs", "float32", log_probs)
+    for s in state:
+        before, after = tuple(past[s.name].shape), tuple(out.state[s.name].shape)
+        _check_dtype(label, f"decode_step() returns state {s.name!r}", s.dtype, out.state[s.name])
+        changed = (None if len(before) != len(after) else
+                   [i for i, (a, b) in enumerate(zip(before, after, strict=True)) if a != b])
+        if changed == ([] if s.grow_axis is None else [s.grow_axis]) and (
+                s.grow_axis is None or after[s.grow_axis] == before[s.grow_axis] + 1):
+            continue
+        where = f"{label}: state {s.name!r} enters a step as {before} and decode_step() returns {after}"
+        if changed and len(changed) == 1 and after[changed[0]] == before[changed[0]] + 1:
+            declared = "no grow_axis" if s.grow_axis is None else f"grow_axis={s.grow_axis}"
+            raise PluginError(f"{where}: it grows along axis {changed[0]}, but its spec declares {declared}; "
+                              f"likely fix: grow_axis={changed[0]}")
+        if s.grow_axis is not None and not changed:
+            raise PluginError(f"{where}: it does not grow along its grow_axis {s.grow_axis}; likely fix: "
+                              "grow_axis=None, or append the step to the cache")
+        fix = (f"shape={_spec_shape(after, s.batch_axis)} in its spec" if s.init == "zeros" and s.grow_axis is None
+               else "keep a state's shape across a step, except one more entry along its grow_axis")
+        raise PluginError(f"{where}; likely fix: {fix}")
+
+
+def _spec_shape(shape: tuple[int, ...], batch_axis: int) -> tuple[int | str, ...]:
+    return tuple("batch" if i == batch_axis else size for i, size in enumerate(shape))
+
+
+def _check_dtype(label: str, what: str, declared: str, tensor: Any) -> None:
+    if not isinstance(tensor, torch.Tensor):
+        raise PluginError(f"{label}: {what} as {type(tensor).__name__}, not a tensor; likely fix: return torch "
+                          "tensors")
+    if tensor.dtype != getattr(torch, declared):
+        fix = ("leave the model in float32 (no .double() or torch.set_default_dtype in build())"
+               if tensor.dtype == torch.float64 else f"dtype={str(tensor.dtype).removeprefix('torch.')!r} in its spec"
+               if declared != "float32" or "log_probs" not in what else "return float32 log-probs")
+        raise PluginError(f"{label}: {what} as {str(tensor.dtype).removeprefix('torch.')}, but {declared} is "
+                           f"declared (export runs in it); likely fix: {fix}")
+
+
+def _same_calls(label: str, what: str, first: Any, second: Any) -> None:
+    """Two identical calls must agree: dropout or sampling left on in eval mode makes every
+    comparison with ONNX Runtime (and every translation) a coin toss."""
+    pairs = (zip(first.values(), second.values(), strict=True) if isinstance(first, Mapping) else
+             [(first.log_probs, second.log_probs), *zip(first.state.values(), second.state.values(), strict=True)])
+    worst = max((float((a.double() - b.double()).abs().max()) for a, b in pairs if a.numel()), default=0.0)
+    if not worst <= 1e-6:
+        raise PluginError(f"{label}: two identical {what} calls disagree by {worst:.3g}, though the model is in "
+                           "eval mode; likely fix: let dropout and sampling follow self.training (nn.Dropout, or "
+                           "F.dropout(x, p, self.training))")
+
+
+def _check_padding(plugin: ArchitecturePlugin, model: Seq2SeqModel, memory: Sequence[MemorySpec],
+                   state: Sequence[StateSpec], src: torch.Tensor, pad_id: int, tokens: torch.Tensor) -> None:
+    """A sentence encoded alone and padded beside a longer one must give the same memory on its
+    real positions and the same first step: otherwise its translation depends on its batchmates."""
+    label = f"plugin {plugin.name!r}"
+    short = max(1, src.shape[1] - 4)
+    alone_src = src[:1, :short]
+    padded = src[:2].clone()
+    padded[0, short:] = pad_id
+    lengths = torch.tensor([short, src.shape[1]], device=src.device)
+    alone = call_plugin(plugin.name, "encode()", model.encode, alone_src, lengths[:1])
+    pair = call_plugin(plugin.name, "encode()", model.encode, padded, lengths)
+    declared = [("memory", m) for m in memory] + [("state", s) for s in state if s.init == "encoder"]
+    for kind, spec in declared:
+        worst = _row_difference(alone[spec.name], pair[spec.name], spec.batch_axis)
+        if worst is not None and worst > 0:
+            raise PluginError(f"{label}: encode() reads padding: {kind} {spec.name!r} of a {short}-token sentence "
+                               f"differs by {worst:.3g} on its real positions when a {src.shape[1]}-token batchmate "
+                               "pads it, so a translation would depend on its batchmates; likely fix: mask positions "
+                               "at or beyond src_len (attention masks, pooling, packed RNNs)")
+    steps = []
+    for encoded, rows in ((alone, 1), (pair, 2)):
+        mem = {m.name: encoded[m.name] for m in memory}
+        past = _first_state(state, encoded, rows, src.device)
+        steps.append(call_plugin(plugin.name, "decode_step()", model.decode_step, tokens[:rows],
+                                 torch.tensor(0, device=src.device), mem, past))
+    outputs = [("log-probs", steps[0].log_probs, steps[1].log_probs, 0)]
+    outputs += [(f"state {s.name!r}", steps[0].state[s.name], steps[1].state[s.name], s.batch_axis) for s in state]
+    for what, single, batched, axis in outputs:
+        worst = _row_difference(single, batched, axis)
+        if worst is not None and worst > 0:
+            raise PluginError(f"{label}: decode_step() reads source padding: after the first step of a {short}-token "
+                              f"sentence, its {what} differ by {worst:.3g} when a {src.shape[1]}-token batchmate pads "
+                              "it; likely fix: mask source positions at or beyond src_len in attention")
+
+
+def _row_difference(alone: torch.Tensor, pair: torch.Tensor, batch_axis: int) -> float | None:
+    """Beyond tolerance, how far row 0 of ``pair`` is from ``alone`` on the positions ``alone``
+    has (axes that differ in size are the source's); None when the shapes cannot be aligned, 0 when close."""
+    row = pair.narrow(batch_axis, 0, 1)
+    if row.dim() != alone.dim() or any(a > b for a, b in zip(alone.shape, row.shape, strict=True)):
+        return None
+    for axis, size in enumerate(alone.shape):
+        row = row.narrow(axis, 0, size)
+    a, b = alone.double(), row.double()
+    if torch.allclose(a, b, rtol=_SAME["rtol"], atol=_SAME["atol"], equal_nan=True):
+        return 0.0
+    return float((a - b).abs().nan_to_num(posinf=float("inf")).max())

@@ -23,10 +23,11 @@ import onnx
 import torch
 
 from s2s_deploy.errors import S2SError
-from s2s_deploy.export.checks import check_encoder_axes_torch, run_export_checks
+from s2s_deploy.export.checks import check_encoder_axes_torch, check_model_torch, run_export_checks
 from s2s_deploy.export.contract import ArchitecturePlugin, Seq2SeqModel, StateSpec
 from s2s_deploy.export.graphs import EncoderGraph, GraphIO, StepGraph, io_names
 from s2s_deploy.export.plugin_errors import check_batch_axes, check_encoded, plugin_errors
+from s2s_deploy.export.registry import REGISTRY
 from s2s_deploy.export.tolerance import DEFAULT_RTOL, NO_DIFF, StepTolerance, plugin_tolerance
 from s2s_deploy.format.files import staged_directory
 from s2s_deploy.format.manifest import FORMAT, sha256_of, write_manifest
@@ -113,6 +114,7 @@ def export_model(
         with plugin_errors(plugin.name, "encode() on example inputs"):
             _check_encoder(plugin, model, specs, enc_args)
             check_encoder_axes_torch(encoder, specs.io.encoder_outputs, memory, state, len(src_vocab))
+            check_model_torch(plugin, model, config, src_vocab, tgt_vocab)
             vocab_sizes = (len(src_vocab), len(tgt_vocab))
             dec_args = _decoder_inputs(encoder, specs, vocab_sizes, _EXAMPLE)
             check_batch_axes(plugin.name, "state", specs.state, dec_args[3 + len(specs.memory):], _EXAMPLE["batch"])
@@ -457,7 +459,8 @@ def _manifest(
         }
     return {
         "format": FORMAT,
-        "plugin": {"name": plugin.name, "version": plugin.version, "description": plugin.description},
+        "plugin": {"name": plugin.name, "version": plugin.version, "description": plugin.description,
+                   "origin": REGISTRY.origin(plugin)},
         "config": dataclasses.asdict(config),
         "source": source,
         "exporter": exporter,

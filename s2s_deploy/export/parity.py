@@ -15,7 +15,7 @@ from s2s_deploy.errors import CheckpointError
 from s2s_deploy.export.checkpoint import build_model, load_checkpoint
 from s2s_deploy.export.checks import forward_step_comparison
 from s2s_deploy.export.contract import Seq2SeqModel
-from s2s_deploy.export.registry import get_plugin
+from s2s_deploy.export.registry import exported_plugin
 from s2s_deploy.export.tolerance import NO_DIFF, StepDiff, StepTolerance, plugin_tolerance
 from s2s_deploy.export.torch_backend import TorchBackend
 from s2s_deploy.format.manifest import Manifest, sha256_of
@@ -81,7 +81,7 @@ def torch_backend_for(
     manifest: Manifest, checkpoint: str | Path | None = None, device: str = "cpu"
 ) -> TorchBackend:
     """Rebuild the PyTorch original of an export from the checkpoint it was exported from."""
-    plugin = get_plugin(manifest.plugin)
+    plugin = exported_plugin(manifest.plugin, manifest.plugin_origin)
     recorded = manifest.raw["checkpoint"]
     path = Path(checkpoint) if checkpoint else manifest.directory / recorded["file"]
     if checkpoint is None and not recorded.get("included", True):
@@ -101,7 +101,7 @@ def check_parity(
     beam_size: int = 4, max_len: int = 64, atol: float | None = None, rtol: float | None = None,
     batch_size: int = 16,
 ) -> ParityReport:
-    plugin = get_plugin(manifest.plugin)
+    plugin = exported_plugin(manifest.plugin, manifest.plugin_origin)
     quantised = "quantization" in manifest.raw
     tolerance = None if quantised and atol is None and rtol is None else plugin_tolerance(plugin, atol, rtol)
     forward_tolerance = plugin_tolerance(plugin, atol, rtol)

@@ -3,14 +3,18 @@
 Torch and the ONNX exporters fail with traces of hundreds of lines whose first line rarely says
 what the author did wrong. The checks here run on the example tensors before export; whatever
 still fails inside ``torch.onnx.export`` is matched against known causes for a hint. The full
-trace stays on the exception chain: ``s2s-deploy --debug`` prints it.
+trace stays on the exception chain, and what torch printed meanwhile (a TorchScript IR dump, an FX
+graph) on a note of the error: ``s2s-deploy --debug`` prints both.
 """
 
 from __future__ import annotations
 
+import os
 import re
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+import sys
+import tempfile
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 from s2s_deploy.errors import ContractError, S2SError
@@ -29,6 +33,9 @@ _HINTS: tuple[tuple[tuple[str, ...], str], ...] = (
       "UserError: Could not extract specialized integer"),
      "a shape or slice depends on tensor values (e.g. x[:, :lengths.max()]): compute sizes from shapes and mask "
      "instead, or try --exporter torchscript"),
+    (("index out of range in self",),
+     "a token id beyond an embedding table: size the source embedding with src_vocab_size and the target's "
+     "embedding and output layer with tgt_vocab_size in build() (are the two swapped?)"),
     (("UnsupportedOperatorError", "not supported", "No decomposition", "unsupported", "OnnxExporterError",
       "is not implemented", "ConversionError"),
      "an operator the exporter cannot translate: replace it with supported torch ops, or try the other "
@@ -54,18 +61,65 @@ def _first_line(exc: BaseException) -> str:
 
 
 @contextmanager
-def plugin_errors(plugin: str, what: str) -> Iterator[None]:
-    """Re-raise anything but our own errors as one PluginError line naming ``plugin`` and ``what``."""
+def _torch_output() -> Iterator[list[bytes]]:
+    """Hold what is written to stdout and stderr at the file-descriptor level (torch's C++ side
+    prints its IR dumps there, past Python); the list holds the bytes once the block ends."""
+    held: list[bytes] = []
+    sys.stdout.flush()
+    sys.stderr.flush()
     try:
-        yield
-    except S2SError:
+        saved = (os.dup(1), os.dup(2))
+    except OSError:  # no descriptors to redirect (closed, or not a process-level stream)
+        yield held
+        return
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), 1)
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield held
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            for fd, copy in zip((1, 2), saved, strict=True):
+                os.dup2(copy, fd)
+                os.close(copy)
+            sink.seek(0)
+            held.append(sink.read())
+
+
+@contextmanager
+def plugin_errors(plugin: str, what: str, hint: str | None = None, hold_output: bool = True) -> Iterator[None]:
+    """Re-raise anything but our own errors as one PluginError line naming ``plugin`` and ``what``;
+    ``hint`` is the likely fix when no known cause matches. With ``hold_output`` torch's own prints
+    wait: they are replayed after a success, and kept on the error (for ``--debug``) after a failure."""
+    held: list[bytes] = []
+    try:
+        with _torch_output() if hold_output else nullcontext(held) as held:
+            yield
+    except S2SError as exc:
+        _keep(exc, held)
         raise
     except Exception as exc:
         chain = _chain(exc)
         text = "\n".join(f"{type(e).__name__}: {e}" for e in chain)
-        hint = next((h for needles, h in _HINTS if any(n in text for n in needles)), None)
-        hint = hint or "run `s2s-deploy --debug export ...` for the full trace"
-        raise PluginError(f"plugin {plugin!r}: {what} failed ({_first_line(chain[-1])}); likely fix: {hint}") from exc
+        found = next((h for needles, h in _HINTS if any(n in text for n in needles)), None)
+        found = found or hint or "rerun with `s2s-deploy --debug ...` for the full trace"
+        error = PluginError(f"plugin {plugin!r}: {what} failed ({_first_line(chain[-1])}); likely fix: {found}")
+        _keep(error, held)
+        raise error from exc
+    if held and held[0]:
+        os.write(2, held[0])
+
+
+def _keep(exc: BaseException, held: list[bytes]) -> None:
+    if held and held[0].strip():
+        exc.add_note("torch printed before the failure:\n" + held[0].decode(errors="replace").rstrip())
+
+
+def call_plugin(plugin: str, what: str, function: Callable[..., Any], *args: Any, hint: str | None = None) -> Any:
+    """``function(*args)`` (a plugin's model method) with its failures as one PluginError line."""
+    with plugin_errors(plugin, what, hint):
+        return function(*args)
 
 
 def check_encoded(plugin: str, encoded: Any, expected: Sequence[str]) -> None:

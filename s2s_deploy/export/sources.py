@@ -15,6 +15,7 @@ import torch
 from s2s_deploy.errors import S2SError
 from s2s_deploy.export.checkpoint import build_model, load_checkpoint, save_checkpoint
 from s2s_deploy.export.contract import ArchitecturePlugin, Seq2SeqModel
+from s2s_deploy.export.plugin_errors import plugin_errors
 from s2s_deploy.format.manifest import sha256_of
 from s2s_deploy.format.vocab import Vocabulary
 
@@ -93,12 +94,24 @@ def _hf_source(plugin: ArchitecturePlugin, directory: Path, workdir: Path) -> Mo
 
 
 def _random_source(plugin: ArchitecturePlugin, preset: str | None, workdir: Path) -> ModelSource:
+    """Seeded random weights over a source and a target vocabulary of different sizes, so that a
+    ``build()`` that swaps ``src_vocab_size`` and ``tgt_vocab_size`` fails at export, not in ``train``.
+    A family that shares one embedding refuses different sizes (its ``build`` raises): it gets the
+    source vocabulary on both sides, and a ``build`` that fails at equal sizes too is reported."""
     config = plugin.preset(preset)
-    vocab = Vocabulary.build([string.ascii_letters + string.digits + string.punctuation + " "],
-                             decoder_start=plugin.special_tokens.decoder_start)
+    start = plugin.special_tokens.decoder_start
+    src_vocab = Vocabulary.build([string.ascii_letters + string.digits + string.punctuation + " "],
+                                 decoder_start=start)
+    tgt_vocab = Vocabulary.build([string.ascii_lowercase + string.digits + " "], decoder_start=start)
     torch.manual_seed(RANDOM_SEED)
-    model = plugin.build(config, len(vocab), len(vocab)).eval()
-    path = save_checkpoint(workdir / f"{plugin.name}-random.safetensors", plugin, config, model, vocab, vocab,
+    with plugin_errors(plugin.name, "build()"):
+        try:
+            model = plugin.build(config, len(src_vocab), len(tgt_vocab)).eval()
+        except Exception:  # retried below at equal sizes, where a real mistake fails again
+            tgt_vocab = src_vocab
+            torch.manual_seed(RANDOM_SEED)
+            model = plugin.build(config, len(src_vocab), len(tgt_vocab)).eval()
+    path = save_checkpoint(workdir / f"{plugin.name}-random.safetensors", plugin, config, model, src_vocab, tgt_vocab,
                            {"random_seed": RANDOM_SEED})
     rng = random.Random(RANDOM_SEED)
     samples = tuple(
@@ -106,7 +119,7 @@ def _random_source(plugin: ArchitecturePlugin, preset: str | None, workdir: Path
         for _ in range(8)
     )
     return ModelSource(
-        plugin, config, model, vocab, vocab, path,
+        plugin, config, model, src_vocab, tgt_vocab, path,
         f"seeded random weights (seed {RANDOM_SEED}, preset {preset or plugin.default_preset}): "
         "no checkpoint given and none bundled; this model does not translate",
         samples, trained=False, info={"random_seed": RANDOM_SEED},

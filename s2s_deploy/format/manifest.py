@@ -106,6 +106,8 @@ class Manifest:
     max_target_length: int | None
     has_attention_output: bool
     samples: tuple[str, ...]
+    plugin_origin: str | None = None
+    """``file NAME.py`` or ``distribution NAME``: what to pass or install to load ``plugin`` again."""
 
     def graph_path(self, graph: GraphEntry, graph_format: str = "onnx") -> Path:
         if graph_format == "ort":
@@ -194,6 +196,7 @@ def _parse(directory: Path, raw: dict[str, Any]) -> Manifest:
         raw=raw,
         plugin=raw["plugin"]["name"],
         plugin_version=raw["plugin"]["version"],
+        plugin_origin=raw["plugin"].get("origin"),
         encoder=_graph(graphs["encoder"]),
         decoder=_graph(graphs["decoder"]),
         memory=tuple(MemoryEntry(m["name"], int(m["batch_axis"]), m["dtype"]) for m in raw["memory"]),

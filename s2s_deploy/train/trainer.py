@@ -29,6 +29,7 @@ from tqdm import tqdm
 from s2s_deploy.errors import CheckpointError, ContractError, S2SError
 from s2s_deploy.export.checkpoint import build_model, load_checkpoint, save_checkpoint
 from s2s_deploy.export.contract import ArchitecturePlugin, Seq2SeqModel
+from s2s_deploy.export.plugin_errors import plugin_errors
 from s2s_deploy.format.vocab import BUILT_LEVELS, Vocabulary
 from s2s_deploy.train.metrics import Scores, score
 from s2s_deploy.train.tasks import Pair, TaskSplits
@@ -284,7 +285,8 @@ def train(
         tgt_vocab = Vocabulary.build((p.target for p in train_pairs), cfg.level,
                                      decoder_start=plugin.special_tokens.decoder_start)
         torch.manual_seed(cfg.seed)
-        model = plugin.build(config, len(src_vocab), len(tgt_vocab))
+        with plugin_errors(plugin.name, "build()"):
+            model = plugin.build(config, len(src_vocab), len(tgt_vocab))
     model.to(device)
 
     if start_epoch >= cfg.epochs:
@@ -327,8 +329,9 @@ def train(
             for group in optimizer.param_groups:
                 group["lr"] = learning_rate(step, total_steps, cfg)
             optimizer.zero_grad(set_to_none=True)
-            loss_sum, tokens = masked_cross_entropy(model(src, src_len, tgt_in), labels, pad_id)
-            (loss_sum / tokens).backward()
+            with plugin_errors(plugin.name, "forward() and backward() on a training batch", hold_output=False):
+                loss_sum, tokens = masked_cross_entropy(model(src, src_len, tgt_in), labels, pad_id)
+                (loss_sum / tokens).backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_norm)
             optimizer.step()
             step += 1
@@ -338,8 +341,9 @@ def train(
             bar.set_postfix(loss=f"{total_loss / total_tokens:.3f}", tok_s=f"{total_tokens / max(elapsed, 1e-9):.0f}")
         bar.close()
         elapsed = time.perf_counter() - began
-        valid, _ = evaluate(model, plugin, config, valid_pairs, src_vocab, tgt_vocab, splits.bleu_tokenize,
-                            max_steps, device)
+        with plugin_errors(plugin.name, "greedy decoding of the valid split", hold_output=False):
+            valid, _ = evaluate(model, plugin, config, valid_pairs, src_vocab, tgt_vocab, splits.bleu_tokenize,
+                                max_steps, device)
         stats = EpochStats(epoch, total_loss / total_tokens, total_tokens / max(elapsed, 1e-9), valid)
         history.append(stats)
         improved = (valid.exact_match, valid.bleu) > best_key

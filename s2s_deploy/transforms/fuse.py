@@ -18,22 +18,26 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+import onnx_ir as ir
+from onnx_ir.passes import common as passes
 
 from s2s_deploy.errors import S2SError
 from s2s_deploy.format.manifest import MANIFEST_NAME, Manifest, manifest_text, sha256_of
 
 GENERATE_FILE = "generate.onnx"
+SEARCH_FUNCTIONS = Path(__file__).with_name("search_graph.onnx")
+"""The search steps, compiled from ``export/search_graph.py`` (onnxscript is not a base dependency)."""
 IR_VERSION = 10  # ONNX Runtime 1.31 reads at most 13; onnx.helper would stamp 14
 MIN_OPSET = 17
 _DEFAULT_DOMAINS = ("", "ai.onnx")
+_SEARCH_DOMAIN = "s2s_deploy.search"
 FUSED_OPTIONS = ("min_len", "max_len", "suppress_tokens", "disable_unk", "bad_words_ids (single tokens)",
                  "prefix (one for every sentence)", "forced_eos")
 """What ``fuse --options`` carries; the step loop runs every other option (docs/generate.md)."""
@@ -123,560 +127,312 @@ def _atomic_write(path: Path, data: bytes) -> None:
 
 def build_generate(manifest: Manifest, beam: bool = True, options: bool = False) -> onnx.ModelProto:
     """The fused model, unchecked: the encoder inlined once, the decoder inside a Loop."""
-    encoder = _load_plain(manifest.graph_path(manifest.encoder))
-    decoder = _load_plain(manifest.graph_path(manifest.decoder))
+    state_outputs = [s.decoder_output for s in manifest.state]
+    encoder = _load_pruned(manifest.graph_path(manifest.encoder), [m.name for m in manifest.memory] +
+                           [s.encoder_output for s in manifest.state if s.encoder_output])
+    decoder = _load_pruned(manifest.graph_path(manifest.decoder), ["log_probs", *state_outputs]).graph
     opset = _opset(encoder)
     if _opset(decoder) != opset:
         raise S2SError(f"encoder and decoder use different opsets ({opset} vs {_opset(decoder)})")
     if opset < MIN_OPSET:
         raise S2SError(f"generate.onnx needs opset {MIN_OPSET} or later; this export has {opset}")
-    fuser = _Fuser(manifest, decoder, options)
-    outputs = fuser.build(encoder, beam)
-    inputs, output_io = generate_io(beam, options)
-    graph = helper.make_graph(
-        fuser.outer.nodes,
-        f"{manifest.plugin}_generate_{'beam' if beam else 'greedy'}",
-        [_value_info(io.name, io.dtype, io.shape) for io in inputs],
-        [_value_info(io.name, io.dtype, io.shape) for io in output_io],
-        initializer=fuser.initializers,
-    )
-    for io, name in zip(output_io, outputs, strict=True):
-        graph.node.append(helper.make_node("Identity", [name], [io.name], name=f"out/{io.name}"))
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)], ir_version=IR_VERSION,
-                              producer_name="s2s-deploy")
-    for prop in encoder.metadata_props:
-        model.metadata_props.add(key=prop.key, value="generate" if prop.key == "s2s_deploy.role" else prop.value)
-    model.metadata_props.add(key="s2s_deploy.search", value="beam" if beam else "greedy")
-    return model
+    inputs, outputs = generate_io(beam, options)
+    graph = ir.Graph([_value(io.name, io.dtype, io.shape) for io in inputs], [], nodes=[], opset_imports={"": opset},
+                     name=f"{manifest.plugin}_generate_{'beam' if beam else 'greedy'}")
+    results = _Fuser(manifest, graph, encoder.graph, decoder, options).build(beam)
+    for io, value in zip(outputs, results, strict=True):
+        value.name, value.type, value.shape = io.name, _type(io.dtype), ir.Shape(io.shape)
+        graph.outputs.append(value)
+    functions = list(ir.load(SEARCH_FUNCTIONS).functions.values())
+    for function in functions:  # the ops they use mean the same from opset 18 on
+        function.opset_imports[""] = opset
+    model = ir.Model(graph, ir_version=IR_VERSION, producer_name="s2s-deploy", functions=functions)
+    for pass_ in (passes.InlinePass(), passes.RemoveUnusedFunctionsPass(), passes.RemoveUnusedNodesPass(),
+                  passes.NameFixPass()):
+        pass_(model)
+    model.opset_imports.pop(_SEARCH_DOMAIN)  # every call is inlined
+    _unique_names(graph)
+    proto = ir.to_proto(model)
+    for key, value in encoder.metadata_props.items():
+        proto.metadata_props.add(key=key, value="generate" if key == "s2s_deploy.role" else value)
+    proto.metadata_props.add(key="s2s_deploy.search", value="beam" if beam else "greedy")
+    return proto
 
 
-def _load_plain(path: Path) -> onnx.ModelProto:
-    """A graph with model-local functions inlined and only default-domain nodes."""
-    model = onnx.load(str(path))
-    if model.functions:
-        model = onnx.inliner.inline_local_functions(model)
-    for node in _all_nodes(model.graph):
+def _unique_names(graph: ir.Graph) -> None:
+    """Each value name once in the whole model, as ONNX Runtime checks: ``NameFixPass`` only
+    compares a subgraph with its enclosing scopes, not with values the parent defines later."""
+    fixed = {*graph.inputs, *graph.outputs, *graph.initializers.values()}
+    seen = {value.name for value in fixed}
+
+    def claim(value: ir.Value) -> None:
+        if value in fixed:
+            return
+        base, count = value.name or "v", 0
+        while value.name in seen or not value.name:
+            count += 1
+            value.name = f"{base}_{count}"
+        seen.add(value.name)
+
+    for node in ir.traversal.RecursiveGraphIterator(graph, enter_graph=lambda body: [claim(v) for v in body.inputs]):
+        for value in node.outputs:
+            claim(value)
+
+
+def _load_pruned(path: Path, outputs: Sequence[str]) -> ir.Model:
+    """The graph computing ``outputs`` only (an unused attention output costs nothing), with
+    model-local functions inlined and only default-domain nodes."""
+    model = ir.load(path)
+    passes.InlinePass()(model)
+    for node in ir.traversal.RecursiveGraphIterator(model.graph):
         if node.domain not in _DEFAULT_DOMAINS:
             raise S2SError(f"{path.name} uses {node.domain}::{node.op_type}; generate.onnx takes default-domain "
                            "ops only")
+    by_name = {value.name: value for value in model.graph.outputs}
+    model.graph.outputs[:] = [by_name[name] for name in outputs]
+    passes.RemoveUnusedNodesPass()(model)
     return model
 
 
-def _opset(model: onnx.ModelProto) -> int:
-    return next(o.version for o in model.opset_import if o.domain in _DEFAULT_DOMAINS)
+def _opset(model: ir.Model) -> int:
+    return next(version for domain, version in model.opset_imports.items() if domain in _DEFAULT_DOMAINS)
 
 
-def _all_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
-    for node in graph.node:
-        yield node
-        for sub in _subgraphs(node):
-            yield from _all_nodes(sub)
+def _type(dtype: str) -> ir.TensorType:
+    return ir.TensorType(ir.DataType.from_numpy(np.dtype(dtype)))
 
 
-def _subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
-    found = []
-    for attr in node.attribute:
-        if attr.type == onnx.AttributeProto.GRAPH:
-            found.append(attr.g)
-        elif attr.type == onnx.AttributeProto.GRAPHS:
-            found.extend(attr.graphs)
-    return found
+def _value(name: str, dtype: str, shape: Sequence[int | str | None]) -> ir.Value:
+    return ir.Value(name=name, type=_type(dtype), shape=ir.Shape(shape))
+
+
+class _Ops(ir.tape.Tape):
+    """``ops.Add(a, b)`` records an ``Add`` node on the tape's graph; ``_domain`` and
+    ``_outputs`` (a count) are the only keywords that are not attributes."""
+
+    def __getattr__(self, op_type: str) -> Callable[..., Any]:
+        def record(*inputs: ir.Value, _domain: str = "", _outputs: int = 1, **attributes: Any) -> Any:
+            if _outputs == 1:
+                return self.op(op_type, inputs, attributes, domain=_domain)
+            return self.op_multi_out(op_type, inputs, attributes, domain=_domain, num_outputs=_outputs)
+
+        return record
 
 
 @dataclass(frozen=True)
 class _Carried:
-    """A Loop-carried value: its key, dtype, rank and initial value in the outer graph."""
+    """A Loop-carried value: its dtype, rank and initial value in the outer graph. Its shape
+    changes between iterations, so every dim is left unknown."""
 
-    key: str
     dtype: str
     rank: int
-    initial: str
-
-
-@dataclass(frozen=True)
-class _BeamShapes:
-    """Step-invariant shape tensors of a beam search, made once in the outer graph: the Loop
-    body and the post-processing read them from there."""
-
-    k: str  # (1,) K
-    rows: str  # (1,) B*K
-    by_row: str  # (2,) [-1, B*K]
-    batch_k: str  # (2,) [B, K]
-    per_sentence: str  # (2,) [B, -1]
-    base: str  # (B, 1) first row of each sentence
-
-
-def _dims(name: str, rank: int) -> list[str]:
-    """Loop-carried values change shape between iterations: symbolic dims, never shared."""
-    return [f"{name}_d{axis}" for axis in range(rank)]
-
-
-def _value_info(name: str, dtype: str, shape: Sequence[int | str]) -> onnx.ValueInfoProto:
-    return helper.make_tensor_value_info(name, _elem(dtype), list(shape))
-
-
-def _elem(dtype: str) -> int:
-    return helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
-
-
-class _Scope:
-    """Nodes of one graph (outer or Loop body). Fresh names come from a counter shared by
-    all scopes, so nothing collides once the body nests inside the outer graph."""
-
-    def __init__(self, counter: list[int]) -> None:
-        self.nodes: list[onnx.NodeProto] = []
-        self.counter = counter
-
-    def fresh(self, hint: str) -> str:
-        self.counter[0] += 1
-        return f"gen/{hint}_{self.counter[0]}"
-
-    def __call__(self, op_type: str, *inputs: str, outs: int = 1, **attrs: Any) -> Any:
-        if op_type == "Reshape":
-            attrs.setdefault("allowzero", 1)  # a 0 in a computed shape is an empty axis, never "copy"
-        names = [self.fresh(op_type.lower()) for _ in range(outs)]
-        self.nodes.append(helper.make_node(op_type, list(inputs), names, name=self.fresh(op_type), **attrs))
-        return names[0] if outs == 1 else names
+    initial: ir.Value
 
 
 class _Fuser:
-    def __init__(self, manifest: Manifest, decoder: onnx.ModelProto, options: bool = False) -> None:
-        self.m = manifest
-        self.options = options
-        self._suppressed: str | None = None
-        self.decoder = decoder
-        self.counter = [0]
-        self.outer = _Scope(self.counter)
-        self.initializers: list[onnx.TensorProto] = []
-        self._consts: dict[tuple[str, bytes, tuple[int, ...]], str] = {}
-        self.vocab = len(manifest.tgt_vocab)
-        self.eos = manifest.eos_id
-        self.pad = manifest.tgt_vocab.pad_id
+    """Assembles generate.onnx around the search functions of ``export/search_graph.py``.
 
-    # constants, hoisted to the outer graph where the Loop body sees them too
-    def const(self, value: Any, dtype: str = "int64") -> str:
+    The Loops and the inlined encoder and decoder are built here with ``onnx_ir`` rather than
+    with onnxscript's ``@script``: a script function is compiled from a fixed Python signature
+    and holds no initialisers, while the decoder step is a graph known only at fuse time, with
+    the export's own memory, state and weights. The weights stay initialisers of the top-level
+    graph that both Loop bodies read, so they are stored once and ONNX Runtime prepacks them.
+    """
+
+    def __init__(self, manifest: Manifest, graph: ir.Graph, encoder: ir.Graph, decoder: ir.Graph,
+                 options: bool) -> None:
+        self.m, self.encoder, self.decoder, self.options = manifest, encoder, decoder, options
+        self.op = _Ops(graph)
+        self.inputs = {value.name: value for value in graph.inputs}
+        self._consts: dict[tuple[str, bytes, tuple[int, ...]], ir.Value] = {}
+        self._weights: dict[str, ir.Value] = {}
+        vocab = np.arange(len(manifest.tgt_vocab))
+        self.vocab_ids = self.const(vocab)
+        self.eos, self.pad = self.const(manifest.eos_id), self.const(manifest.tgt_vocab.pad_id)
+        self.eos_onehot = self.const(vocab == manifest.eos_id, "bool")
+        self.suppressed = (self.call(self.op, "suppressed_ids", self.inputs["suppress_tokens"], self.vocab_ids)
+                           if options else None)
+
+    def const(self, value: Any, dtype: str = "int64") -> ir.Value:
+        """A constant of the top-level graph, made once; the Loop bodies see it too."""
         array = np.asarray(value, dtype=dtype)
         key = (array.dtype.str, array.tobytes(), array.shape)
         if key not in self._consts:
-            name = self.outer.fresh("const")
-            self.initializers.append(numpy_helper.from_array(array, name))
-            self._consts[key] = name
+            self._consts[key] = self.op.initializer(ir.tensor(array), name=f"gen/const_{len(self._consts)}")
         return self._consts[key]
 
-    def arange(self, g: _Scope, count: str) -> str:
-        """``0 .. count-1`` for a ``(1,)`` count, as the shapes here are kept."""
-        return g("Range", self.const(0), g("Squeeze", count, self.const([0])), self.const(1))
+    @staticmethod
+    def call(op: _Ops, name: str, *inputs: ir.Value, outs: int = 1) -> Any:
+        """A call of a ``search_graph`` function, inlined before the model is saved."""
+        return getattr(op, name)(*inputs, _domain=_SEARCH_DOMAIN, _outputs=outs)
 
-    def build(self, encoder: onnx.ModelProto, beam: bool) -> list[str]:
+    def arange(self, op: _Ops, count: ir.Value) -> ir.Value:
+        """``0 .. count-1`` for a ``(1,)`` count, as the shapes here are kept."""
+        return op.Range(self.const(0), op.Squeeze(count, self.const([0])), self.const(1))
+
+    def build(self, beam: bool) -> list[ir.Value]:
         """With ``beam``, a greedy and a beam Loop both sit in the top-level graph, and
         ``beam_size`` gives the unused one zero trips: the greedy body carries a fraction of
         the beam bookkeeping, and ONNX Runtime prepacks the weights only for a Loop body that
         uses them directly (inside an ``If``, base decoded 30% slower). Only the cheap
-        post-processing sits in an ``If``."""
-        g, c = self.outer, self.const
-        wanted = [m.name for m in self.m.memory] + [s.encoder_output for s in self.m.state if s.encoder_output]
-        encoded = self.inline(encoder, "enc/", {"src": "src", "src_len": "src_len"}, wanted, g)
-        batch = g("Shape", "src", end=1)  # (1,)
+        post-processing sits in an ``If`` (``export/search_graph.py``'s ``beam_outputs``)."""
+        op, c = self.op, self.const
+        encoded = self.inline(self.encoder, "enc/", {name: self.inputs[name] for name in ("src", "src_len")}, op)
+        batch = op.Shape(self.inputs["src"], end=1)  # (1,)
+        max_len, alpha = self.inputs["max_len"], self.inputs["alpha"]
         if not beam:
-            return self.greedy(g, batch, "max_len", *self.start_values(g, encoded, batch, None))
-        is_greedy = g("Equal", "beam_size", c(1))
-        no_trips = c(0)
-        greedy_scope, beam_scope = _Scope(self.counter), _Scope(self.counter)
-        greedy_out = self.greedy(g, batch, g("Where", is_greedy, "max_len", no_trips),
-                                 *self.start_values(g, encoded, batch, None), post=greedy_scope)
-        k = g("Reshape", "beam_size", c([1]))
-        beam_out = self.beam(g, batch, k, g("Where", is_greedy, no_trips, "max_len"),
-                             *self.start_values(g, encoded, batch, k), post=beam_scope)
-        _, output_io = generate_io(beam)
-        return _branch_if(g, is_greedy, [(io.name, io.dtype, len(io.shape)) for io in output_io],
-                          greedy_scope, greedy_out, beam_scope, beam_out)
+            picks, pick_lps, done = self.greedy(batch, max_len, *self.start_values(encoded, batch, None))
+            return self.call(op, "greedy_outputs", picks, pick_lps, done, batch, alpha, self.eos, self.pad, outs=4)
+        is_greedy = op.Equal(self.inputs["beam_size"], c(1))
+        greedy = self.greedy(batch, op.Where(is_greedy, max_len, c(0)), *self.start_values(encoded, batch, None))
+        k = op.Reshape(self.inputs["beam_size"], c([1]))
+        beam_records = self.beam(batch, k, op.Where(is_greedy, c(0), max_len), *self.start_values(encoded, batch, k))
+        return self.call(op, "beam_outputs", is_greedy, *greedy, *beam_records, k, batch, alpha, self.eos, self.pad,
+                         outs=4)
 
-    def start_values(self, g: _Scope, encoded: dict[str, str], batch: str,
-                     k: str | None) -> tuple[dict[str, str], list[str]]:
+    def inline(self, graph: ir.Graph, prefix: str, bound: Mapping[str, ir.Value],
+               op: _Ops) -> dict[str, ir.Value]:
+        """A copy of ``graph``'s nodes appended to ``op``'s graph, its inputs replaced by ``bound``
+        and its initialisers by top-level ones named ``prefix + name`` (a graph inlined twice
+        shares its weights). Returns its outputs by name."""
+        copy = graph.clone()
+        replaced: dict[ir.Value, ir.Value] = {}
+        for value in copy.inputs:
+            if value.name in bound:
+                replaced[value] = bound[value.name]
+            elif value.uses():  # an input only unused outputs read (the decoder's top_k) needs no value
+                raise S2SError(f"graph {graph.name!r} input {value.name} has no value in generate.onnx")
+        for name, value in copy.initializers.items():
+            if prefix + name not in self._weights:
+                self._weights[prefix + name] = self.op.initializer(value.const_value, name=prefix + name)
+            replaced[value] = self._weights[prefix + name]
+        for old, new in replaced.items():
+            ir.convenience.replace_all_uses_with(old, new)
+        nodes = list(copy)
+        copy.remove(nodes)
+        for node in nodes:  # the step's shapes vary between iterations: let the runtime infer them
+            for value in node.outputs:
+                value.type, value.shape = None, None
+        op.graph_like.extend(nodes)
+        outputs = {value.name: replaced.get(value, value) for value in copy.outputs}
+        copy.outputs.clear()
+        return outputs
+
+    def start_values(self, encoded: dict[str, ir.Value], batch: ir.Value,
+                     k: ir.Value | None) -> tuple[dict[str, ir.Value], list[ir.Value]]:
         """Decoder memory and initial state, each repeated ``k`` times per sentence for beam search."""
-        rows = batch if k is None else g("Mul", batch, k)
-        memory = {}
-        accepted = {i.name for i in self.decoder.graph.input}
-        for m in (m for m in self.m.memory if m.name in accepted):
-            memory[m.name] = encoded[m.name] if k is None else self.repeat(g, encoded[m.name], m.batch_axis, k)
+        op = self.op
+        rows = batch if k is None else op.Mul(batch, k)
+        accepted = {value.name for value in self.decoder.inputs}
+        memory = {m.name: encoded[m.name] if k is None else self.repeat(encoded[m.name], m.batch_axis, k)
+                  for m in self.m.memory if m.name in accepted}
         state = []
         for s in self.m.state:
             if s.encoder_output:
                 value = encoded[s.encoder_output]
-                state.append(value if k is None else self.repeat(g, value, s.batch_axis, k))
+                state.append(value if k is None else self.repeat(value, s.batch_axis, k))
             else:
                 dims = [rows if d == "batch" else self.const([int(d)]) for d in s.shape]
-                shape = g("Concat", *dims, axis=0) if dims else self.const(np.zeros(0, np.int64))
-                zero = numpy_helper.from_array(np.zeros(1, dtype=s.dtype))
-                state.append(g("ConstantOfShape", shape, value=zero))
+                shape = op.Concat(*dims, axis=0) if dims else self.const(np.zeros(0, np.int64))
+                state.append(op.ConstantOfShape(shape, value=ir.tensor(np.zeros(1, dtype=s.dtype))))
         return memory, state
 
-    def inline(self, model: onnx.ModelProto, prefix: str, bound: dict[str, str], wanted: Sequence[str],
-               scope: _Scope) -> dict[str, str]:
-        """Copy the nodes ``wanted`` needs into ``scope``, every name prefixed except the bound
-        inputs; initializers go to the outer graph. Returns wanted name -> new name."""
-        graph = model.graph
-        inits = {i.name for i in graph.initializer}
-
-        def rename(name: str) -> str:
-            return bound.get(name, prefix + name) if name else name
-
-        nodes = _needed(graph.node, set(wanted))
-        used = {n for node in nodes for n in _consumed(node)}
-        free = [i.name for i in graph.input if i.name in used and i.name not in inits and i.name not in bound]
-        if free:  # an input only unused outputs read (the decoder's top_k) needs no value
-            raise S2SError(f"graph {graph.name!r} input(s) {', '.join(free)} have no value in generate.onnx")
-        hoisted = {i.name for i in self.initializers}  # a graph inlined twice shares its weights
-        for init in graph.initializer:
-            if init.name in used and init.name not in bound and rename(init.name) not in hoisted:
-                copy = onnx.TensorProto()
-                copy.CopyFrom(init)
-                copy.name = rename(init.name)
-                self.initializers.append(copy)
-        scope.nodes.extend(_renamed(node, rename, prefix) for node in nodes)
-        return {name: rename(name) for name in wanted}
-
-    def repeat(self, g: _Scope, value: str, axis: int, k: str) -> str:
+    def repeat(self, value: ir.Value, axis: int, k: ir.Value) -> ir.Value:
         """``numpy.repeat(value, k, axis)``: rows i*k .. i*k+k-1 are copies of row i."""
-        before = g("Shape", value, end=axis)
-        dim = g("Shape", value, start=axis, end=axis + 1)
-        after = g("Shape", value, start=axis + 1)
-        expanded = g("Expand", g("Unsqueeze", value, self.const([axis + 1])),
-                     g("Concat", before, dim, k, after, axis=0))
-        return g("Reshape", expanded, g("Concat", before, g("Mul", dim, k), after, axis=0))
+        op = self.op
+        before, dim = op.Shape(value, end=axis), op.Shape(value, start=axis, end=axis + 1)
+        after = op.Shape(value, start=axis + 1)
+        expanded = op.Expand(op.Unsqueeze(value, self.const([axis + 1])), op.Concat(before, dim, k, after, axis=0))
+        return op.Reshape(expanded, op.Concat(before, op.Mul(dim, k), after, axis=0), allowzero=1)
 
-    def step(self, body: _Scope, tokens: str, step: str, reorder: str, memory: dict[str, str],
-             state: Sequence[str]) -> tuple[str, list[str]]:
-        """Inline one decoder step; returns log-probs and the next state."""
-        bound = {"tokens": tokens, "step": step, "reorder": reorder, **memory}
-        bound.update({s.decoder_input: name for s, name in zip(self.m.state, state, strict=True)})
-        wanted = ["log_probs", *(s.decoder_output for s in self.m.state)]
-        inputs = {i.name for i in self.decoder.graph.input}
-        out = self.inline(self.decoder, "dec/", {k: v for k, v in bound.items() if k in inputs}, wanted, body)
-        return out["log_probs"], [out[name] for name in wanted[1:]]
+    def loop(self, trips: ir.Value, carried: Mapping[str, _Carried],
+             body: Callable[[_Ops, ir.Value, dict[str, ir.Value]], tuple[ir.Value, list[ir.Value]]],
+             ) -> list[ir.Value]:
+        """A top-level Loop: ``body(op, step, values)`` gets the carried values by key and returns
+        the condition and their next values, in order. Records grow as carried flat tensors,
+        not scan outputs: onnx.reference cannot stack the scans of a Loop that makes zero trips."""
+        inputs = {key: _value(key, v.dtype, [None] * v.rank) for key, v in carried.items()}
+        graph = ir.Graph([_value("step", "int64", []), _value("cond", "bool", []), *inputs.values()], [], nodes=[],
+                         name="loop_body")
+        cond, outputs = body(_Ops(graph), graph.inputs[0], inputs)
+        cond.type, cond.shape = _type("bool"), ir.Shape([])
+        for value, v in zip(outputs, carried.values(), strict=True):
+            value.type, value.shape = _type(v.dtype), ir.Shape([None] * v.rank)
+        graph.outputs.extend([cond, *outputs])
+        return self.op.Loop(trips, self.const(True, "bool"), *(v.initial for v in carried.values()), body=graph,
+                            _outputs=len(carried))
 
-    def no_early_eos(self, body: _Scope, iteration: str, log_probs: str) -> str:
-        """EOS is impossible before ``min_len`` tokens, as in search.py."""
-        onehot = self.const(np.arange(self.vocab) == self.eos, "bool")
-        block = body("And", onehot, body("Less", iteration, "min_len"))
-        return body("Where", block, self.const(-np.inf, "float32"), log_probs)
-
-    def constrain(self, body: _Scope, iteration: str, log_probs: str) -> str:
-        """min_len, then (fused with options) the suppressed tokens, and a forced token at a
-        prefix step or, with ``forced_eos``, at the last step: as runtime/options.py does, a
-        forced token keeps the model's log-prob and every other token becomes impossible."""
-        masked = self.no_early_eos(body, iteration, log_probs)
-        if not self.options:
-            return masked
-        c, inf = self.const, self.const(-np.inf, "float32")
-        if self._suppressed is None:  # (V,) bool, made once in the outer graph
-            g = self.outer
-            hits = g("Equal", g("Unsqueeze", "suppress_tokens", c([1])), c(np.arange(self.vocab)[None, :]))
-            self._suppressed = g("Greater", g("ReduceSum", g("Cast", hits, to=TensorProto.INT64), c([0]),
-                                              keepdims=0), c(0))
-        masked = body("Where", self._suppressed, inf, masked)
-        prefix_len = body("Squeeze", body("Shape", "prefix"), c([0]))
-        padded = body("Concat", "prefix", c([self.eos]), axis=0)  # never empty; index p is EOS
-        in_prefix = body("Less", iteration, prefix_len)
-        at_end = body("And", "forced_eos", body("Equal", iteration, body("Sub", "max_len", c(1))))
-        token = body("Gather", padded, body("Min", iteration, prefix_len))
-        forced_step = body("Or", in_prefix, at_end)
-        onehot = body("Equal", c(np.arange(self.vocab)), token)
-        forced = body("Where", onehot, log_probs, inf)
-        return body("Where", forced_step, forced, masked)
-
-    def loop(self, g: _Scope, body: _Scope, carried: Sequence[_Carried], inputs: dict[str, str],
-             outputs: Sequence[str], iteration: str, cond_in: str, cond_out: str, trips: str) -> list[str]:
-        """A Loop over ``body`` in scope ``g``: ``inputs`` and ``outputs`` name each carried value
-        inside the body. Returns the final values. Records grow as carried flat tensors, not scan
-        outputs: onnx.reference cannot stack the scans of a Loop that makes zero trips."""
-        graph = helper.make_graph(
-            body.nodes, "loop_body",
-            [_value_info(iteration, "int64", ()), _value_info(cond_in, "bool", ()),
-             *(_value_info(inputs[v.key], v.dtype, _dims(inputs[v.key], v.rank)) for v in carried)],
-            [_value_info(cond_out, "bool", ()),
-             *(_value_info(name, v.dtype, _dims(name, v.rank)) for name, v in zip(outputs, carried, strict=True))],
-        )
-        results = [g.fresh("final") for _ in outputs]
-        g.nodes.append(helper.make_node(
-            "Loop", [trips, self.const(True, "bool"), *(v.initial for v in carried)], results,
-            name=g.fresh("Loop"), body=graph))
-        return results
-
-    def record(self, g: _Scope, dtype: str) -> _Carried:
+    def record(self, dtype: str) -> _Carried:
         """An empty flat record that grows by one row of values per step."""
-        return _Carried(g.fresh("record"), dtype, 1, self.const(np.zeros(0, dtype), dtype))
+        return _Carried(dtype, 1, self.const(np.zeros(0, dtype), dtype))
 
-    def state_carried(self, state: Sequence[str]) -> list[_Carried]:
-        ranks = {i.name: len(i.type.tensor_type.shape.dim) for i in self.decoder.graph.input}
-        return [_Carried(f"state{i}", s.dtype, ranks[s.decoder_input], value)
-                for i, (s, value) in enumerate(zip(self.m.state, state, strict=True))]
+    def state_carried(self, state: Sequence[ir.Value]) -> dict[str, _Carried]:
+        ranks = {value.name: len(value.shape or ()) for value in self.decoder.inputs}
+        return {f"state{i}": _Carried(s.dtype, ranks[s.decoder_input], value)
+                for i, (s, value) in enumerate(zip(self.m.state, state, strict=True))}
 
-    def greedy(self, g: _Scope, batch: str, trips: str, memory: dict[str, str], state: list[str],
-               post: _Scope | None = None) -> list[str]:
-        """Per iteration only what stopping needs (the pick, done flags); lengths and the
-        float64 score sums come from the recorded picks afterwards, in ``post`` (default ``g``)."""
-        c = self.const
-        reorder = self.arange(g, batch)
-        picks, pick_lps = self.record(g, "int64"), self.record(g, "float32")
-        carried = [
-            _Carried("tokens", "int64", 1, g("Expand", c(self.m.decoder_start_id), batch)),
-            _Carried("done", "bool", 1, g("Expand", c(False, "bool"), batch)),
-            picks, pick_lps,
-            *self.state_carried(state),
-        ]
-        body = _Scope(self.counter)
-        names = {v.key: body.fresh(f"in_{v.key}") for v in carried}
-        iteration, cond_in = body.fresh("iter"), body.fresh("cond")
-        log_probs, next_state = self.step(body, names["tokens"], iteration, reorder, memory,
-                                          [names[f"state{i}"] for i in range(len(state))])
-        log_probs = self.constrain(body, iteration, log_probs)
-        best, best_id = body("TopK", log_probs, c([1]), axis=1, outs=2)  # ties to the lower id, like argmax
-        flat = c([-1])
-        tokens = body("Reshape", best_id, flat)
-        done = body("Or", names["done"], body("Equal", tokens, c(self.eos)))
-        all_done = body("ReduceMin", body("Cast", done, to=TensorProto.INT32), keepdims=0)
-        cond = body("Equal", all_done, c(0, "int32"))
-        grown = [body("Concat", names[picks.key], tokens, axis=0),
-                 body("Concat", names[pick_lps.key], body("Reshape", best, flat), axis=0)]
-        final = self.loop(g, body, carried, names, [tokens, done, *grown, *next_state], iteration, cond_in, cond,
-                          trips)
-        post = post or g
-        per_step = post("Concat", c([-1]), batch, axis=0)
-        return self.greedy_outputs(post, batch, final[1], *(post("Reshape", value, per_step) for value in final[2:4]))
+    def step(self, op: _Ops, tokens: ir.Value, step: ir.Value, reorder: ir.Value,
+             memory: Mapping[str, ir.Value], values: Mapping[str, ir.Value]) -> tuple[ir.Value, list[ir.Value]]:
+        """Inline one decoder step and constrain its log-probs; returns them and the next state."""
+        bound = {"tokens": tokens, "step": step, "reorder": reorder, **memory}
+        bound.update({s.decoder_input: values[f"state{i}"] for i, s in enumerate(self.m.state)})
+        out = self.inline(self.decoder, "dec/", bound, op)
+        raw = out["log_probs"]
+        log_probs = self.call(op, "forbid_early_eos", raw, step, self.inputs["min_len"], self.eos_onehot)
+        if self.options:
+            log_probs = self.call(op, "apply_options", raw, log_probs, step, self.inputs["max_len"], self.suppressed,
+                                  self.inputs["prefix"], self.inputs["forced_eos"], self.vocab_ids, self.eos)
+        return log_probs, [out[s.decoder_output] for s in self.m.state]
 
-    def greedy_outputs(self, g: _Scope, batch: str, done: str, picked: str, picked_lps: str) -> list[str]:
-        """The outputs from the per-step picks ``(T, B)``: lengths end at the first EOS, and the
-        float64 score sums are taken once here, not carried through the Loop."""
-        c = self.const
-        history, history_lp = g("Transpose", picked, perm=[1, 0]), g("Transpose", picked_lps, perm=[1, 0])
-        steps = g("Shape", history, start=1)
-        is_eos = g("Cast", g("Equal", history, c(self.eos)), to=TensorProto.INT32)
-        first_eos = g("ArgMax", is_eos, axis=1, keepdims=0)
-        length = g("Where", done, g("Add", first_eos, c(1)), g("Expand", steps, batch))
-        tokens, lps = self.mask_after(g, history, history_lp, length, steps)
-        total = g("ReduceSum", g("Cast", lps, to=_elem("float64")), c([1]), keepdims=0)
-        score = g("Div", total, self.length_penalty(g, length))
-        one = c([1])
-        return [g("Unsqueeze", tokens, one), g("Unsqueeze", g("Cast", score, to=TensorProto.FLOAT), one),
-                g("Unsqueeze", length, one), g("Unsqueeze", lps, one)]
+    def greedy(self, batch: ir.Value, trips: ir.Value, memory: dict[str, ir.Value],
+               state: list[ir.Value]) -> list[ir.Value]:
+        """Per iteration only what stopping needs (the pick, done flags); returns the records
+        ``export/search_graph.py``'s ``greedy_outputs`` reads: picks, their log-probs, done flags."""
+        op, c = self.op, self.const
+        reorder = self.arange(op, batch)
+        carried = {"tokens": _Carried("int64", 1, op.Expand(c(self.m.decoder_start_id), batch)),
+                   "done": _Carried("bool", 1, op.Expand(c(False, "bool"), batch)),
+                   "picks": self.record("int64"), "pick_lps": self.record("float32"), **self.state_carried(state)}
 
-    def length_penalty(self, g: _Scope, length: str) -> str:
-        """``L ** alpha`` in float64, as ``search.normalised`` computes it."""
-        double = _elem("float64")
-        return g("Pow", g("Cast", length, to=double), g("Cast", "alpha", to=double))
+        def body(b: _Ops, step: ir.Value, n: dict[str, ir.Value]) -> tuple[ir.Value, list[ir.Value]]:
+            log_probs, next_state = self.step(b, n["tokens"], step, reorder, memory, n)
+            searching, *picked = self.call(b, "greedy_step", log_probs, n["done"], n["picks"], n["pick_lps"],
+                                           self.eos, outs=5)
+            return searching, [*picked, *next_state]
 
-    def mask_after(self, g: _Scope, tokens: str, lps: str, length: str, steps: str) -> tuple[str, str]:
-        """Pad ids and zero log-probs past each hypothesis' length (last axis)."""
-        inside = g("Less", self.arange(g, steps), g("Unsqueeze", length, self.const([-1])))
-        return (g("Where", inside, tokens, self.const(self.pad)),
-                g("Where", inside, lps, self.const(0.0, "float32")))
+        final = self.loop(trips, carried, body)
+        return [final[2], final[3], final[1]]
 
-    def beam(self, g: _Scope, batch: str, k: str, trips: str, memory: dict[str, str], state: list[str],
-             post: _Scope) -> list[str]:
-        """Like ``search._Trail``, the Loop only records each step (parents, tokens, EOS
-        finishes); the n-best are chosen and spelled out once, in ``post``, after it."""
-        c = self.const
-        double = _elem("float64")
+    def beam(self, batch: ir.Value, k: ir.Value, trips: ir.Value, memory: dict[str, ir.Value],
+             state: list[ir.Value]) -> list[ir.Value]:
+        """The Loop only records each step (``export/search_graph.py``'s ``beam_step``); returns what
+        ``export/search_graph.py``'s ``n_best`` spells the K best out of after it."""
+        op, c = self.op, self.const
         minus_inf = c(-np.inf, "float64")
-        flat = c([-1])
-        rows = g("Mul", batch, k)
-        k2 = g("Mul", k, c([2]))
-        width = g("Min", k2, c([self.vocab]))  # each row's candidates
-        shapes = _BeamShapes(
-            k=k, rows=rows, by_row=g("Concat", flat, rows, axis=0), batch_k=g("Concat", batch, k, axis=0),
-            per_sentence=g("Concat", batch, flat, axis=0),
-            base=g("Mul", g("Unsqueeze", self.arange(g, batch), c([1])), k))
-        batch_k, per_sentence, base = shapes.batch_k, shapes.per_sentence, shapes.base
-        grid_shape = g("Concat", batch_k, width, axis=0)
-        rank = self.arange(g, k2)
-        first = g("Equal", self.arange(g, k), c(0))
-        records = {name: self.record(g, dtype) for name, dtype in (
-            ("parents", "int64"), ("tokens", "int64"), ("lps", "float32"),
-            ("eos_scores", "float64"), ("eos_rows", "int64"), ("eos_lps", "float32"))}
-        carried = [
-            _Carried("tokens", "int64", 1, g("Expand", c(self.m.decoder_start_id), rows)),
-            _Carried("reorder", "int64", 1, self.arange(g, rows)),
-            _Carried("scores", "float64", 2, g("Expand", g("Where", first, c(0.0, "float64"), minus_inf), batch_k)),
-            _Carried("fin_count", "int64", 1, g("Expand", c(0), batch)),
-            _Carried("kept", "float64", 2, g("Expand", minus_inf, batch_k)),  # best K finished scores
-            _Carried("active", "bool", 1, g("Expand", c(True, "bool"), batch)),
-            *records.values(),
-            *self.state_carried(state),
-        ]
-        b = _Scope(self.counter)
-        n = {v.key: b.fresh(f"in_{v.key}") for v in carried}
-        iteration, cond_in = b.fresh("iter"), b.fresh("cond")
-        log_probs, next_state = self.step(b, n["tokens"], iteration, n["reorder"], memory,
-                                          [n[f"state{i}"] for i in range(len(state))])
-        log_probs = self.constrain(b, iteration, log_probs)
-        # The best 2K of K*V candidates lie among each row's own best 2K: rank those only,
-        # beam-major then by rank, so TopK's lower-index ties go to the lower beam, then id.
-        row_lp, row_ids = b("TopK", log_probs, width, axis=1, outs=2)
-        grid = b("Reshape", b("Cast", row_lp, to=double), grid_shape)
-        candidates = b("Reshape", b("Add", b("Unsqueeze", n["scores"], c([2])), grid), per_sentence)
-        top_scores, top = b("TopK", candidates, k2, axis=1, outs=2)
-        origin = b("Div", top, width)
-        token = b("GatherElements", b("Reshape", row_ids, per_sentence), top, axis=1)
-        token_lp = b("GatherElements", b("Reshape", row_lp, per_sentence), top, axis=1)
-        is_eos = b("And", b("Equal", token, c(self.eos)), b("Greater", top_scores, minus_inf))
-
-        def head(value: str) -> str:
-            return b("Slice", value, c([0]), k, c([1]))
-
-        # EOS candidates ranked within the top K finish (for sentences still searching)
-        finishing = b("And", head(is_eos), b("Unsqueeze", n["active"], c([1])))
-        count = b("Add", n["fin_count"], b("ReduceSum", b("Cast", finishing, to=TensorProto.INT64), c([1]),
-                                           keepdims=0))
-        # the first K non-EOS candidates, in rank order, live on
-        keep = b("TopK", b("Add", b("Mul", b("Cast", is_eos, to=TensorProto.INT64), k2), rank), k, axis=1,
-                 largest=0, outs=2)[1]
-        scores = b("GatherElements", top_scores, keep, axis=1)
-        reorder = b("Reshape", b("Add", base, b("GatherElements", origin, keep, axis=1)), flat)
-        tokens = b("Reshape", b("GatherElements", token, keep, axis=1), flat)
-        # done once K have finished and the K-th best scores at least the best live beam at its
-        # length (Hugging Face's early_stopping=False, as search.py)
-        penalty = self.length_penalty(b, b("Add", iteration, c(1)))
-        finish = b("Where", finishing, b("Div", head(top_scores), penalty), minus_inf)
-        kept = b("TopK", b("Concat", n["kept"], finish, axis=1), k, axis=1, outs=2)[0]
-        kth = b("Squeeze", b("Slice", kept, b("Sub", k, c([1])), k, c([1])), c([1]))
-        best_live = b("Div", b("ReduceMax", scores, c([1]), keepdims=0), penalty)
-        stop = b("And", b("GreaterOrEqual", count, b("Squeeze", k, c([0]))), b("GreaterOrEqual", kth, best_live))
-        active = b("And", n["active"], b("Not", stop))
-        cond = b("Greater", b("ReduceSum", b("Cast", active, to=TensorProto.INT64), keepdims=0), c(0))
-        step_records = {
-            "parents": reorder, "tokens": tokens,
-            "lps": b("Reshape", b("GatherElements", token_lp, keep, axis=1), flat),
-            "eos_scores": b("Reshape", b("Where", finishing, head(top_scores), minus_inf), flat),  # unnormalised
-            "eos_rows": b("Reshape", b("Add", base, head(origin)), flat),
-            "eos_lps": b("Reshape", head(token_lp), flat),
+        rows, k2 = op.Mul(batch, k), op.Mul(k, c([2]))
+        width = op.Min(k2, c([len(self.m.tgt_vocab)]))  # each row's candidates
+        batch_k = op.Concat(batch, k, axis=0)
+        first = op.Equal(self.arange(op, k), c(0))
+        shapes = [k, k2, width, self.arange(op, k2), op.Mul(op.Unsqueeze(self.arange(op, batch), c([1])), k),
+                  op.Concat(batch_k, width, axis=0), op.Concat(batch, c([-1]), axis=0)]
+        carried = {
+            "tokens": _Carried("int64", 1, op.Expand(c(self.m.decoder_start_id), rows)),
+            "reorder": _Carried("int64", 1, self.arange(op, rows)),
+            "scores": _Carried("float64", 2, op.Expand(op.Where(first, c(0.0, "float64"), minus_inf), batch_k)),
+            "fin_count": _Carried("int64", 1, op.Expand(c(0), batch)),
+            "kept": _Carried("float64", 2, op.Expand(minus_inf, batch_k)),  # best K finished scores
+            "active": _Carried("bool", 1, op.Expand(c(True, "bool"), batch)),
+            **{name: self.record(dtype) for name, dtype in (
+                ("parents", "int64"), ("kept_tokens", "int64"), ("kept_lps", "float32"),
+                ("eos_scores", "float64"), ("eos_rows", "int64"), ("eos_lps", "float32"))},
+            **self.state_carried(state),
         }
-        grown = [b("Concat", n[records[name].key], value, axis=0) for name, value in step_records.items()]
-        final = self.loop(g, b, carried, n, [tokens, reorder, scores, count, kept, active, *grown, *next_state],
-                          iteration, cond_in, cond, trips)
-        by_beam = post("Concat", flat, batch_k, axis=0)
-        parents, kept_tokens, kept_lps = (post("Reshape", value, shapes.by_row) for value in final[6:9])
-        eos_scores, eos_rows, eos_lps = (post("Reshape", value, by_beam) for value in final[9:12])
-        return self.n_best(post, shapes, final[2], final[5], parents, kept_tokens, kept_lps, eos_scores,
-                           eos_rows, eos_lps)
 
-    def n_best(self, g: _Scope, shapes: _BeamShapes, scores: str, active: str, parents: str, kept_tokens: str,
-               kept_lps: str, eos_scores: str, eos_rows: str, eos_lps: str) -> list[str]:
-        """The K best hypotheses per sentence from the recorded steps, spelled out by walking
-        the parents back. Candidates are the EOS finishes of every step, in step and rank order,
-        then the live beams of sentences still searching at ``max_len``: TopK's lower-index ties
-        keep the order ``search.py``'s stable sort leaves them in."""
-        c = self.const
-        minus_inf = c(-np.inf, "float64")
-        k, batch_k = shapes.k, shapes.batch_k
-        steps = g("Shape", parents, end=1)  # (1,)
-        step_range = self.arange(g, steps)
+        def body(b: _Ops, step: ir.Value, n: dict[str, ir.Value]) -> tuple[ir.Value, list[ir.Value]]:
+            log_probs, next_state = self.step(b, n["tokens"], step, n["reorder"], memory, n)
+            searching, *recorded = self.call(b, "beam_step", log_probs, step, *(n[key] for key in list(n)[2:12]),
+                                             *shapes, self.inputs["alpha"], self.eos, outs=13)
+            return searching, [*recorded, *next_state]
 
-        def by_sentence(value: str) -> str:
-            """(T, B, K) per step -> (B, T*K), step-major."""
-            return g("Reshape", g("Transpose", value, perm=[1, 0, 2]), shapes.per_sentence)
-
-        finish_len = g("Expand", g("Unsqueeze", g("Add", step_range, c(1)), c([1, 2])), g("Shape", eos_scores))
-        finish_scores = g("Div", eos_scores, self.length_penalty(g, finish_len))
-        live = g("And", g("Unsqueeze", active, c([1])), g("Greater", scores, minus_inf))
-        live_scores = g("Where", live, g("Div", scores, self.length_penalty(g, steps)), minus_inf)
-        live_rows = g("Add", shapes.base, self.arange(g, k))
-
-        def candidates(finishes: str, lives: str) -> str:
-            return g("Concat", by_sentence(finishes), lives, axis=1)
-
-        best, chosen = g("TopK", candidates(finish_scores, live_scores), k, axis=1, outs=2)
-        picked = {name: g("GatherElements", candidates(*pair), chosen, axis=1) for name, pair in {
-            "row": (eos_rows, live_rows),
-            "length": (finish_len, g("Expand", steps, batch_k)),
-            "eos_lp": (eos_lps, g("Expand", c(0.0, "float32"), batch_k)),
-        }.items()}
-        finished = g("Less", chosen, g("Mul", steps, k))
-        length = g("Where", g("Greater", best, minus_inf), picked["length"], c(0))
-        # the step each hypothesis was last extended at: before its EOS, or the last one
-        last = g("Reshape", g("Sub", g("Sub", picked["length"], c(1)), g("Cast", finished, to=TensorProto.INT64)),
-                 c([-1]))
-        start = g("Reshape", picked["row"], c([-1]))
-        walk = _Scope(self.counter)
-        walked_tokens, walked_lps = self.record(g, "int64"), self.record(g, "float32")
-        carried = [_Carried("cursor", "int64", 1, g("Expand", c(0), shapes.rows)), walked_tokens, walked_lps]
-        names = {v.key: walk.fresh(v.key) for v in carried}
-        i, cond = walk.fresh("iter"), walk.fresh("cond")
-        at = walk("Sub", g("Sub", g("Squeeze", steps, c([0])), c(1)), i)
-        cursor = walk("Where", walk("Equal", last, at), start, names["cursor"])
-        grown = [walk("Concat", names[record.key], walk("Gather", walk("Gather", source, at), cursor), axis=0)
-                 for record, source in ((walked_tokens, kept_tokens), (walked_lps, kept_lps))]
-        walked = self.loop(g, walk, carried, names, [walk("Gather", walk("Gather", parents, at), cursor), *grown],
-                           i, cond, walk("Identity", cond), trips=g("Squeeze", steps, c([0])))
-        out_shape = g("Concat", batch_k, steps, axis=0)
-
-        def forwards(value: str) -> str:
-            """Recorded from the last step back, flat -> (B, K, T) in step order."""
-            by_step = g("Reshape", value, shapes.by_row)
-            reversed_steps = g("Slice", by_step, c([-1]), c([np.iinfo(np.int64).min]), c([0]), c([-1]))
-            return g("Reshape", g("Transpose", reversed_steps, perm=[1, 0]), out_shape)
-
-        tokens, lps = forwards(walked[1]), forwards(walked[2])
-        eos_at = g("And", g("Equal", step_range, g("Unsqueeze", g("Sub", picked["length"], c(1)), c([-1]))),
-                   g("Unsqueeze", finished, c([-1])))
-        tokens = g("Where", eos_at, c(self.eos), tokens)
-        lps = g("Where", eos_at, g("Unsqueeze", picked["eos_lp"], c([-1])), lps)
-        tokens, lps = self.mask_after(g, tokens, lps, length, steps)
-        return [tokens, g("Cast", best, to=TensorProto.FLOAT), length, lps]
-
-
-def _branch_if(g: _Scope, condition: str, declared: Sequence[tuple[str, str, int]], then_scope: _Scope,
-               then_outputs: Sequence[str], else_scope: _Scope, else_outputs: Sequence[str]) -> list[str]:
-    """An ``If`` in ``g`` whose branches return ``then_outputs`` / ``else_outputs``, declared
-    by (hint, dtype, rank) with every dim symbolic."""
-
-    def branch(scope: _Scope, outputs: Sequence[str], name: str) -> onnx.GraphProto:
-        values = [_value_info(out, dtype, _dims(out, rank))
-                  for out, (_, dtype, rank) in zip(outputs, declared, strict=True)]
-        return helper.make_graph(scope.nodes, name, [], values)
-
-    return g("If", condition, outs=len(declared), then_branch=branch(then_scope, then_outputs, "then"),
-             else_branch=branch(else_scope, else_outputs, "else"))
-
-
-def _needed(nodes: Sequence[onnx.NodeProto], wanted: set[str]) -> list[onnx.NodeProto]:
-    """The nodes the wanted outputs depend on (an unused attention output costs nothing)."""
-    needed, kept = set(wanted), []
-    for node in reversed(nodes):
-        if any(out in needed for out in node.output):
-            kept.append(node)
-            needed.update(_consumed(node))
-    return kept[::-1]
-
-
-def _consumed(node: onnx.NodeProto) -> set[str]:
-    """Inputs of a node, including names its subgraphs read from the enclosing scope."""
-    names = {name for name in node.input if name}
-    for sub in _subgraphs(node):
-        for inner in sub.node:
-            names |= _consumed(inner)
-    return names
-
-
-def _renamed(node: onnx.NodeProto, rename: Callable[[str], str], prefix: str) -> onnx.NodeProto:
-    copy = onnx.NodeProto()
-    copy.CopyFrom(node)
-    copy.name = prefix + node.name
-    copy.input[:] = [rename(name) for name in node.input]
-    copy.output[:] = [rename(name) for name in node.output]
-    for attr in copy.attribute:
-        for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else
-                    attr.graphs if attr.type == onnx.AttributeProto.GRAPHS else []):
-            _rename_graph(sub, rename, prefix)
-    return copy
-
-
-def _rename_graph(graph: onnx.GraphProto, rename: Callable[[str], str], prefix: str) -> None:
-    """Names are unique across scopes in ONNX, so one mapping serves every nesting level."""
-    for value in (*graph.input, *graph.output, *graph.value_info):
-        value.name = rename(value.name)
-    for init in graph.initializer:
-        init.name = rename(init.name)
-    renamed = [_renamed(node, rename, prefix) for node in graph.node]
-    del graph.node[:]
-    graph.node.extend(renamed)
+        final = self.loop(trips, carried, body)
+        return [final[2], final[5], *final[6:12]]

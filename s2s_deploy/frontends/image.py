@@ -1,0 +1,108 @@
+"""The image front end of ViT-style processors: resize with Pillow, rescale, normalise, channels first.
+
+It computes what transformers' ``ViTImageProcessor`` (its Pillow backend) computes, and what
+TrOCR's processor does, since TrOCR uses it. Processors that also crop, pad or make thumbnails
+(Donut's default path) are refused by name rather than approximated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from s2s_deploy.errors import S2SError
+from s2s_deploy.frontends.config import FrontEndConfig, expect_type, positive
+from s2s_deploy.frontends.optional import optional_module
+
+BILINEAR = 2
+"""Pillow's code for bilinear resampling, the ViT processors' default (0 nearest, 3 bicubic, 1 Lanczos)."""
+
+_PROCESSORS = ("ViTImageProcessor", "ViTImageProcessorPil", "ViTFeatureExtractor")
+_UNSUPPORTED_STEPS = ("do_center_crop", "do_thumbnail", "do_align_long_axis", "do_pad")
+
+
+def load_image(path: str | Path) -> Any:
+    """A file's image as an RGB Pillow image (palette, grey and alpha images converted)."""
+    image_module = optional_module("PIL.Image", "reading images")
+    path = Path(path)
+    if not path.is_file():
+        raise S2SError(f"image file not found: {path}")
+    try:
+        with image_module.open(path) as image:
+            return image.convert("RGB")
+    except (OSError, image_module.DecompressionBombError) as exc:  # UnidentifiedImageError is an OSError
+        raise S2SError(f"cannot read image {path}: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class VitImage(FrontEndConfig):
+    """A (3, height, width) float32 array: resized to a fixed size, scaled to [0, 1], normalised per channel."""
+
+    kind: ClassVar[str] = "vit_image"
+    height: int = 224
+    width: int = 224
+    resample: int = BILINEAR
+    do_resize: bool = True
+    do_rescale: bool = True
+    rescale_factor: float = 1 / 255
+    do_normalize: bool = True
+    image_mean: tuple[float, ...] = (0.5, 0.5, 0.5)
+    image_std: tuple[float, ...] = (0.5, 0.5, 0.5)
+
+    def __post_init__(self) -> None:
+        positive(self.kind, height=self.height, width=self.width)
+        if len(self.image_mean) != 3 or len(self.image_std) != 3 or not all(s > 0 for s in self.image_std):
+            raise S2SError(f"front end {self.kind}: image_mean and image_std need 3 values, std positive")
+
+    @classmethod
+    def from_preprocessor_config(cls, config: Mapping[str, Any]) -> VitImage:
+        expect_type(config, "image_processor_type", _PROCESSORS)
+        steps = [step for step in _UNSUPPORTED_STEPS if config.get(step)]
+        if steps:
+            raise S2SError(f"preprocessor_config.json: {', '.join(steps)} not supported by the ViT image front end")
+        size = config.get("size", 224)
+        if isinstance(size, int):
+            height = width = size
+        elif isinstance(size, Mapping) and {"height", "width"} <= set(size):
+            height, width = int(size["height"]), int(size["width"])
+        else:
+            raise S2SError(f"preprocessor_config.json: size {size!r} is not a fixed height and width")
+
+        def per_channel(value: Any) -> tuple[float, ...]:
+            return tuple(float(v) for v in value) if isinstance(value, (list, tuple)) else (float(value),) * 3
+
+        return cls(
+            height=height,
+            width=width,
+            resample=int(config.get("resample", BILINEAR)),
+            do_resize=bool(config.get("do_resize", True)),
+            do_rescale=bool(config.get("do_rescale", True)),
+            rescale_factor=float(config.get("rescale_factor", 1 / 255)),
+            do_normalize=bool(config.get("do_normalize", True)),
+            image_mean=per_channel(config.get("image_mean", 0.5)),
+            image_std=per_channel(config.get("image_std", 0.5)),
+        )
+
+    def __call__(self, image: Any) -> np.ndarray:
+        """A Pillow image, or a (height, width, 3) uint8 array, as the encoder's (3, height, width) input."""
+        image_module = optional_module("PIL.Image", "preprocessing images")
+        if isinstance(image, np.ndarray):
+            if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
+                raise S2SError(f"image array must be (height, width, 3) uint8, got {image.shape} {image.dtype}")
+            image = image_module.fromarray(image)
+        if image.mode != "RGB":
+            image = image.convert("RGB")
+        if self.do_resize:
+            image = image.resize((self.width, self.height), resample=self.resample)
+        # Rescaled in float64 and then cast, as transformers does, so the two agree to the last bit.
+        pixels = np.asarray(image, dtype=np.float64)
+        if self.do_rescale:
+            pixels = pixels * self.rescale_factor
+        pixels = pixels.astype(np.float32)
+        if self.do_normalize:
+            pixels = (pixels - np.asarray(self.image_mean, np.float32)) / np.asarray(self.image_std, np.float32)
+        return np.ascontiguousarray(pixels.transpose(2, 0, 1))

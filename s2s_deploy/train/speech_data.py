@@ -1,0 +1,319 @@
+"""Speech for the bundled speech-translation demo: the en-fr task's English, read aloud by espeak-ng.
+
+Each utterance is synthesised with one of several espeak-ng accents and voice variants, at one
+of several speeds and a random pitch, resampled to 16 kHz, and turned into features by the same
+front end (``s2s_deploy.frontends.WhisperLogMel``) that the exported model's manifest will name,
+so training sees exactly what deployment computes. The test split is read only by accents,
+variants and speeds that no training utterance uses; the metadata says which.
+
+On disk: ``metadata.json`` and ``SPLIT-NNNNN.npz`` shards. A shard stores each utterance's
+features without the window's trailing padding frames, which all equal one value per utterance
+(the clamp at max − 8 of silence), so ``SpeechShard.features`` restores them exactly.
+espeak-ng is needed only here, never at run time.
+
+    python -m s2s_deploy.train.speech_data OUT [--train 20000] [--valid 1000] [--test 1000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from s2s_deploy.errors import S2SError
+from s2s_deploy.frontends import WhisperLogMel, resample
+from s2s_deploy.frontends.optional import optional_module
+from s2s_deploy.train.tasks import DEFAULT_TASK, Pair, SplitSizes, load_task
+
+FORMAT = "s2s-deploy speech data 1"
+ESPEAK = "espeak-ng"
+ESPEAK_RATE = 22050
+
+
+@dataclass(frozen=True)
+class Voices:
+    """The espeak-ng accents (``-v``), variants (``+name``) and speeds (``-s``, words per minute) a split draws from."""
+
+    accents: tuple[str, ...]
+    variants: tuple[str, ...]
+    speeds: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class SpeechPlan:
+    """Who reads each split. ``test`` shares no accent, variant or speed with ``train``; ``valid``
+    (new sentences, familiar voices) uses the training voices, so the two together separate
+    learning the task from generalising to new speakers."""
+
+    train: Voices = Voices(
+        accents=("en-us", "en-gb", "en-gb-x-rp", "en-gb-scotland", "en-gb-x-gbclan", "en-029"),
+        variants=("m1", "m2", "m3", "m5", "f1", "f2", "f3", "f5", "klatt", "klatt3"),
+        speeds=(130, 150, 175, 200),
+    )
+    test: Voices = Voices(accents=("en-us-nyc", "en-gb-x-gbcwmd"), variants=("m4", "f4", "klatt2"), speeds=(140, 185))
+    pitch_range: tuple[int, int] = (30, 70)
+    """espeak-ng's ``-p`` (0-99), drawn uniformly for every split: pitch is varied, not held out."""
+
+    def voices(self, split: str) -> Voices:
+        return self.test if split == "test" else self.train
+
+    def held_out(self) -> dict[str, list[Any]]:
+        """What only the test split uses: the metadata's record of the held-out voices and speeds."""
+        return {
+            name: sorted(set(getattr(self.test, name)) - set(getattr(self.train, name)))
+            for name in ("accents", "variants", "speeds")
+        }
+
+
+@dataclass(frozen=True)
+class Utterance:
+    source: str
+    target: str
+    accent: str
+    variant: str
+    speed: int
+    pitch: int
+
+    @property
+    def voice(self) -> str:
+        return f"{self.accent}+{self.variant}"
+
+
+UTTERANCE_FIELDS = tuple(f.name for f in fields(Utterance))
+
+
+@dataclass(frozen=True)
+class SpeechDataConfig:
+    """What a dataset is made from: a rerun with the same config resumes, any other is refused."""
+
+    task: str = DEFAULT_TASK
+    sizes: dict[str, int] = field(default_factory=lambda: {"train": 20000, "valid": 1000, "test": 1000})
+    seed: int = 0
+    shard_size: int = 1000
+    frontend: WhisperLogMel = field(default_factory=lambda: WhisperLogMel(chunk_length=8))
+    """8 s holds the longest sentence at the slowest speed (7.1 s, a weekday date read at 130 words/min)."""
+    plan: SpeechPlan = SpeechPlan()
+
+
+def espeak_version() -> str:
+    """espeak-ng's version line, or a one-line S2SError saying how to get it."""
+    if shutil.which(ESPEAK) is None:
+        raise S2SError("making speech data needs espeak-ng, which is not installed: apt-get install espeak-ng")
+    return subprocess.run([ESPEAK, "--version"], capture_output=True, text=True, check=True).stdout.strip()
+
+
+def check_voices(plan: SpeechPlan) -> None:
+    """espeak-ng falls back to a default voice for a name it does not know, silently; refuse such names here."""
+    languages = subprocess.run([ESPEAK, "--voices=en"], capture_output=True, text=True, check=True).stdout
+    known_accents = {line.split()[1] for line in languages.splitlines()[1:] if line.split()}
+    variant_list = subprocess.run([ESPEAK, "--voices=variant"], capture_output=True, text=True, check=True).stdout
+    known_variants = {word[3:] for line in variant_list.splitlines() for word in line.split() if word.startswith("!v/")}
+    for voices in (plan.train, plan.test):
+        missing = sorted(set(voices.accents) - known_accents) + sorted(set(voices.variants) - known_variants)
+        if missing:
+            raise S2SError(f"espeak-ng has no voice {', '.join(missing)} here (see espeak-ng --voices)")
+
+
+def synthesise(utterance: Utterance, sampling_rate: int) -> np.ndarray:
+    """One utterance read by espeak-ng, as float32 mono at ``sampling_rate``. The text goes in on stdin,
+    so a source that starts with ``-`` is read, not taken as an option."""
+    soundfile = optional_module("soundfile", "making speech data")
+    command = [ESPEAK, "-v", utterance.voice, "-s", str(utterance.speed), "-p", str(utterance.pitch), "--stdout"]
+    result = subprocess.run(command, input=utterance.source.encode(), capture_output=True)
+    if result.returncode != 0 or not result.stdout:
+        raise S2SError(f"espeak-ng failed on {utterance.source!r}: {result.stderr.decode(errors='replace').strip()}")
+    audio, rate = soundfile.read(io.BytesIO(result.stdout), dtype="float32")
+    return resample(audio, rate, sampling_rate).astype(np.float32)
+
+
+def plan_split(pairs: Sequence[Pair], split: str, plan: SpeechPlan, seed: int) -> list[Utterance]:
+    """One utterance per pair, its voice, speed and pitch drawn from the split's own seeded stream."""
+    rng = random.Random(f"speech/{split}/{seed}")
+    voices = plan.voices(split)
+    low, high = plan.pitch_range
+    return [
+        Utterance(
+            pair.source,
+            pair.target,
+            rng.choice(voices.accents),
+            rng.choice(voices.variants),
+            rng.choice(voices.speeds),
+            rng.randint(low, high),
+        )
+        for pair in pairs
+    ]
+
+
+def trimmed(features: np.ndarray) -> tuple[np.ndarray, float]:
+    """(kept frames, floor): the features without their trailing frames that hold only the floor value."""
+    floor = float(features.min())
+    above = np.flatnonzero((features > floor).any(axis=0))
+    kept = int(above[-1]) + 1 if len(above) else 0
+    return features[:, :kept], floor
+
+
+def write_shard(path: Path, utterances: Sequence[Utterance], frontend: WhisperLogMel) -> dict[str, Any]:
+    """Synthesise and featurise ``utterances`` into one npz (written beside, then moved into place)."""
+    started = time.perf_counter()
+    parts, floors, samples = [], [], []
+    for utterance in utterances:
+        audio = synthesise(utterance, frontend.sampling_rate)
+        kept, floor = trimmed(frontend(audio))
+        parts.append(kept.T)
+        floors.append(floor)
+        samples.append(len(audio))
+    lengths = np.array([len(part) for part in parts], dtype=np.int64)
+    columns = {name: np.array([getattr(u, name) for u in utterances]) for name in UTTERANCE_FIELDS}
+    staging = path.with_name(f".{path.name}.tmp-{os.getpid()}.npz")
+    np.savez(
+        staging,
+        features=np.concatenate(parts).astype(np.float32),
+        offsets=np.concatenate([[0], np.cumsum(lengths)]),
+        floor=np.array(floors, dtype=np.float32),
+        samples=np.array(samples, dtype=np.int64),
+        **columns,
+    )
+    os.replace(staging, path)
+    truncated = int(sum(n > frontend.n_samples for n in samples))
+    return {
+        "file": path.name,
+        "count": len(utterances),
+        "truncated": truncated,
+        "audio_seconds": round(sum(samples) / frontend.sampling_rate, 1),
+        "seconds": round(time.perf_counter() - started, 1),
+    }
+
+
+class SpeechShard:
+    """One shard read back: ``features(i)`` is exactly the front end's output for utterance ``i``."""
+
+    def __init__(self, path: str | Path, frontend: WhisperLogMel) -> None:
+        with np.load(path, allow_pickle=False) as data:
+            self.arrays = {name: data[name] for name in data.files}
+        self.frontend = frontend
+
+    def __len__(self) -> int:
+        return len(self.arrays["floor"])
+
+    def features(self, index: int) -> np.ndarray:
+        """(n_mels, n_frames) float32, the trimmed padding frames restored."""
+        start, end = self.arrays["offsets"][index], self.arrays["offsets"][index + 1]
+        full = np.full((self.frontend.n_mels, self.frontend.n_frames), self.arrays["floor"][index], dtype=np.float32)
+        full[:, : end - start] = self.arrays["features"][start:end].T
+        return full
+
+    def utterance(self, index: int) -> Utterance:
+        return Utterance(**{name: self.arrays[name][index].item() for name in UTTERANCE_FIELDS})
+
+
+def load_metadata(out: Path) -> dict[str, Any]:
+    with open(out / "metadata.json", encoding="utf-8") as file:
+        return json.load(file)
+
+
+def read_split(out: str | Path, split: str) -> list[SpeechShard]:
+    """Every finished shard of ``split`` in a dataset folder, in order."""
+    out = Path(out)
+    metadata = load_metadata(out)
+    frontend = WhisperLogMel.from_json(metadata["frontend"])
+    return [SpeechShard(out / shard["file"], frontend) for shard in metadata["splits"][split]["shards"]]
+
+
+def _write_metadata(out: Path, metadata: dict[str, Any]) -> None:
+    staging = out / f".metadata.json.tmp-{os.getpid()}"
+    staging.write_text(json.dumps(metadata, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    os.replace(staging, out / "metadata.json")
+
+
+def make_speech_data(
+    out: str | Path, config: SpeechDataConfig = SpeechDataConfig(), report: Callable[[str], None] = print
+) -> dict[str, Any]:
+    """Write the dataset into ``out``, one shard at a time; a rerun with the same config resumes
+    after the last finished shard. Returns the metadata."""
+    out = Path(out)
+    version = espeak_version()
+    check_voices(config.plan)
+    sizes = config.sizes
+    task = load_task(
+        config.task, config.seed, SplitSizes(train=sizes["train"], valid=sizes["valid"], test=sizes["test"])
+    )
+    settings = {
+        "format": FORMAT,
+        "task": config.task,
+        "seed": config.seed,
+        "shard_size": config.shard_size,
+        "sizes": sizes,
+        "frontend": config.frontend.to_json(),
+        "plan": asdict(config.plan),
+        "held_out_for_test": config.plan.held_out(),
+        "espeak_ng": version,
+        "storage": "features float32 (frames, n_mels) per utterance, concatenated; offsets; trailing "
+        "frames equal to floor dropped (SpeechShard.features restores them)",
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    metadata = load_metadata(out) if (out / "metadata.json").is_file() else {}
+    if metadata and {k: metadata.get(k) for k in settings} != json.loads(json.dumps(settings)):
+        raise S2SError(f"{out} holds speech data made with other settings; give another folder")
+    metadata = {**settings, "splits": metadata.get("splits", {})}
+    for split in ("valid", "test", "train"):
+        utterances = plan_split(getattr(task, split), split, config.plan, config.seed)
+        record = metadata["splits"].setdefault(split, {"count": len(utterances), "shards": []})
+        for number, start in enumerate(range(0, len(utterances), config.shard_size)):
+            if number < len(record["shards"]) and (out / record["shards"][number]["file"]).is_file():
+                continue
+            shard = write_shard(
+                out / f"{split}-{number:05d}.npz", utterances[start : start + config.shard_size], config.frontend
+            )
+            record["shards"][number:] = [shard]
+            _write_metadata(out, metadata)
+            report(
+                f"{split} shard {number}: {shard['count']} utterances in {shard['seconds']} s "
+                f"({shard['audio_seconds']} s of audio, {shard['truncated']} cut at the window)"
+            )
+    _write_metadata(out, metadata)
+    return metadata
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m s2s_deploy.train.speech_data", description=__doc__.split("\n")[0])
+    parser.add_argument("out", type=Path, help="dataset folder (created; a rerun resumes)")
+    defaults = SpeechDataConfig()
+    for split, size in defaults.sizes.items():
+        parser.add_argument(f"--{split}", type=int, default=size, help=f"{split} utterances (default {size})")
+    parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--shard-size", type=int, default=defaults.shard_size)
+    parser.add_argument(
+        "--window",
+        type=int,
+        default=defaults.frontend.chunk_length,
+        help="the front end's window in seconds (default %(default)s)",
+    )
+    args = parser.parse_args(argv)
+    config = SpeechDataConfig(
+        sizes={split: getattr(args, split) for split in defaults.sizes},
+        seed=args.seed,
+        shard_size=args.shard_size,
+        frontend=WhisperLogMel(chunk_length=args.window),
+    )
+    try:
+        make_speech_data(args.out, config, report=lambda line: print(line, flush=True))
+    except S2SError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
