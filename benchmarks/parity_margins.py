@@ -14,7 +14,6 @@ usage: python benchmarks/parity_margins.py [EXPORT_DIR ...] [--samples N]   (def
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 from pathlib import Path
 
@@ -27,7 +26,7 @@ from onnx import numpy_helper
 from s2s_deploy.export.checks import forced_tokens, forward_step_comparison
 from s2s_deploy.export.parity import torch_backend_for
 from s2s_deploy.export.tolerance import NO_DIFF, StepDiff, StepTolerance
-from s2s_deploy.format.manifest import load_manifest, sha256_of
+from s2s_deploy.format.manifest import load_manifest
 from s2s_deploy.runtime.ort import backend as ort_backend
 from s2s_deploy.runtime.search import SearchConfig, greedy
 from s2s_deploy.runtime.translator import encode_batch
@@ -77,9 +76,7 @@ def edited_copy(folder: Path, scratch: Path) -> Path:
     biggest.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(biggest) + np.float32(0.01), biggest.name))
     (target / decoder_file).unlink()
     onnx.save(model, str(target / decoder_file))
-    raw = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))
-    raw["graphs"]["decoder"]["sha256"] = sha256_of(target / decoder_file)
-    (target / "manifest.json").write_text(json.dumps(raw), encoding="utf-8")
+    manifest.moved_to(target).with_graph("decoder", target / decoder_file).write()
     return target
 
 

@@ -36,18 +36,22 @@ class S2SDeploy:
         from s2s_deploy.runtime.translator import Translator
 
         self.translator = Translator(export, device="cpu", threads=threads, engine=engine)
-        quantized = self.translator.manifest.raw.get("quantization", {}).get("kind", "fp32")
+        quantization = self.translator.manifest.quantization
+        quantized = quantization.kind if quantization else "fp32"
         self.name = f"s2s-deploy {quantized}"
         self.threads, self.gen_len, self.engine = threads, gen_len, engine
 
     def versions(self) -> dict[str, Any]:
+        import dataclasses
+
         import onnxruntime
 
         import s2s_deploy
 
+        quantization = self.translator.manifest.quantization
         return {"s2s-deploy": s2s_deploy.__version__, "onnxruntime": onnxruntime.__version__,
                 "engine": self.engine, "intra_threads": self.threads,
-                "quantization": self.translator.manifest.raw.get("quantization")}
+                "quantization": quantization and dataclasses.asdict(quantization)}
 
     def generate(self, batch: list[list[int]], beam: int) -> list[list[int]]:
         hyps = self.translator.translate_ids(batch, beam=beam, n_best=1, max_len=self.gen_len,

@@ -34,7 +34,7 @@ from s2s_deploy.export.parts import (
     cross_memory_specs,
     layer_name,
     padding_bias,
-    self_cache_specs,
+    self_attention_cache,
     tanh_gelu,
 )
 
@@ -253,7 +253,7 @@ class T5Plugin(ArchitecturePlugin):
         return cross_memory_specs(config.num_decoder_layers)
 
     def state_specs(self, config: T5Config) -> tuple[StateSpec, ...]:
-        return self_cache_specs(config.num_decoder_layers, config.num_heads, config.d_kv)
+        return self_attention_cache(config.num_decoder_layers, config.num_heads, config.d_kv)
 
     def scales_outputs(self, hf: Mapping[str, Any]) -> bool:
         """Whether the decoder output is rescaled by ``d_model**-0.5`` before the projection."""

@@ -32,7 +32,7 @@ import torch
 from torch import Tensor, nn
 
 from s2s_deploy.export.contract import ArchitecturePlugin, MemorySpec, Seq2SeqModel, StateSpec, StepOutput
-from s2s_deploy.export.parts import cross_memory_specs, layer_name, padding_bias, self_cache_specs
+from s2s_deploy.export.parts import cross_memory_specs, layer_name, padding_bias, self_attention_cache
 
 
 @dataclass(frozen=True)
@@ -261,7 +261,7 @@ class TransformerPlugin(ArchitecturePlugin):
         return cross_memory_specs(config.decoder_layers)
 
     def state_specs(self, config: TransformerConfig) -> tuple[StateSpec, ...]:
-        return self_cache_specs(config.decoder_layers, config.num_heads, config.d_model // config.num_heads)
+        return self_attention_cache(config.decoder_layers, config.num_heads, config.d_model // config.num_heads)
 
     def max_target_length(self, config: TransformerConfig) -> int:
         return config.max_len

@@ -53,7 +53,7 @@ def test_pytorch_and_onnx_maps_agree(exports, arch: str) -> None:
     comparison = compare_attention(torch_backend_for(manifest), OrtBackend(manifest, device="cpu"), manifest,
                                    "hello world", max_len=6)
     assert comparison.reference.target_ids == comparison.candidate.target_ids
-    assert comparison.max_abs_diff < manifest.raw["validation"]["atol"]
+    assert comparison.max_abs_diff < manifest.to_dict()["validation"]["atol"]
 
 
 def test_attention_map_rows_labels_and_mean(exports) -> None:

@@ -51,7 +51,7 @@ def test_corrupt_manifest(exports, tmp_path: Path) -> None:
     (broken / "manifest.json").write_text("{not json")
     code, _, err = run("translate", str(broken), "hello")
     assert_one_line_error(code, err, "not valid JSON")
-    raw = dict(manifest.raw)
+    raw = manifest.to_dict()
     del raw["graphs"]
     (broken / "manifest.json").write_text(json.dumps(raw))
     code, _, err = run("parity", str(broken))
@@ -72,10 +72,16 @@ def test_empty_input(exports, tmp_path: Path) -> None:
     _, manifest = exports.get("gru")
     code, _, err = run("translate", str(manifest.directory))
     assert_one_line_error(code, err, "nothing to translate")
+    blank = tmp_path / "blank.txt"
+    blank.write_text("\n  \n")
     empty = tmp_path / "empty.txt"
-    empty.write_text("\n  \n")
-    code, _, err = run("translate", str(manifest.directory), "--input", str(empty))
-    assert_one_line_error(code, err, "no non-empty lines")
+    empty.write_text("")
+    for source, lines in ((blank, 2), (empty, 0)):  # as with --output: one output line per input line, exit 0
+        code, out, err = run("translate", str(manifest.directory), "--input", str(source))
+        assert code == 0 and out == "\n" * lines, err
+        code, _, err = run("translate", str(manifest.directory), "--input", str(source), "--output",
+                           str(tmp_path / "out.txt"))
+        assert code == 0 and (tmp_path / "out.txt").read_text() == "\n" * lines, err
     code, _, err = run("translate", str(manifest.directory), "  ")
     assert_one_line_error(code, err, "input 1 is empty")
 

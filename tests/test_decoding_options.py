@@ -144,7 +144,7 @@ def test_score_of_a_greedy_output_equals_its_score(transformer) -> None:
     _, src, src_len = batch(manifest)
     greedy = [hyps[0] for hyps in search(ort_backend, src, src_len, SearchConfig(max_len=60))]
     assert all(h.finished for h in greedy)
-    atol = manifest.raw["validation"]["atol"]  # the step graph's own PyTorch-vs-ONNX tolerance
+    atol = manifest.to_dict()["validation"]["atol"]  # the step graph's own PyTorch-vs-ONNX tolerance
     for backend in (ort_backend, torch_backend):
         scored = score(backend, src, src_len, [h.tokens for h in greedy])
         for h, s in zip(greedy, scored, strict=True):
@@ -337,7 +337,7 @@ def test_cli_fuse_options_flag(transformer, tmp_path: Path) -> None:
     shutil.copytree(manifest.directory, copy)
     result = CliRunner().invoke(main, ["fuse", str(copy), "--greedy-only", "--options"])
     assert result.exit_code == 0, result.output
-    entry = load_manifest(copy).raw["graphs"]["generate"]
+    entry = load_manifest(copy).to_dict()["graphs"]["generate"]
     assert "options" in entry and {"suppress_tokens", "prefix", "forced_eos"} <= {i["name"] for i in entry["inputs"]}
     text = manifest.samples[0]
     graph = CliRunner().invoke(main, ["translate", str(copy), text, "--engine", "graph", "--prefix", "le ",

@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 from s2s_deploy.errors import S2SError
+from s2s_deploy.format.manifest import load_manifest
 from s2s_deploy.jobs.files import FileOptions, translate_file
+from s2s_deploy.runtime.decoding import resolve
 from s2s_deploy.runtime.translator import Translator
 
 ray = pytest.importorskip("ray", reason="Ray is an optional extra: pip install 's2s-deploy[ray]'")
@@ -33,15 +35,20 @@ def lines_of(manifest, count: int) -> list[str]:
     return ["" if i % 9 == 4 else samples[i % len(samples)] for i in range(count)]
 
 
+def file_options(export: Path, **changes) -> FileOptions:
+    search = resolve(load_manifest(export), {"max_len": MAX_LEN})
+    return FileOptions(search=search, batch_size=4, chunk_lines=CHUNK, **changes)
+
+
 def single_machine(export: Path, source: Path, out: Path, **changes) -> bytes:
-    options = FileOptions(max_len=MAX_LEN, batch_size=4, chunk_lines=CHUNK, **changes)
-    translate_file(Translator(export, device="cpu", threads=1), str(source), str(out), options, progress=False)
+    translate_file(Translator(export, device="cpu", threads=1), str(source), str(out), file_options(export, **changes),
+                   progress=False)
     return out.read_bytes()
 
 
-def on_ray(export: Path, source: Path, out: Path, **changes) -> None:
-    translate_dataset(export, source, out, actors=2, batch_size=4, max_len=MAX_LEN, chunk_lines=CHUNK, device="cpu",
-                      progress=False, **changes)
+def on_ray(export: Path, source: Path, out: Path, resume: bool = False, **changes) -> None:
+    translate_dataset(export, source, out, file_options(export, **changes), actors=2, device="cpu", progress=False,
+                      resume=resume)
 
 
 def test_ray_output_equals_single_machine(exports, local_ray, tmp_path: Path) -> None:

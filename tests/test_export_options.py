@@ -22,7 +22,7 @@ def test_optimized_and_ort_format_export(tmp_path: Path) -> None:
                  checkpoint_path=source.checkpoint_path, source=source.description, samples=source.samples,
                  optimize=True, ort_format=True)
     manifest = load_manifest(out)
-    assert manifest.raw["ort_optimized"] is True
+    assert manifest.to_dict()["ort_optimized"] is True
     assert manifest.decoder.ort_file == "decoder.ort" and (out / "decoder.ort").is_file()
     assert onnx.load(str(out / "decoder.onnx")).metadata_props  # facts survive the optimiser
     reference = torch_backend_for(manifest)

@@ -43,8 +43,10 @@ def write(path: Path, lines: list[str]) -> Path:
     return path
 
 
-def options(**changes) -> FileOptions:
-    return FileOptions(**{"max_len": MAX_LEN, "batch_size": 4, "chunk_lines": 8, **changes})
+def options(translator: Translator, beam: int | None = None, **changes) -> FileOptions:
+    """File options with the decoding options resolved against the export, as the CLI does."""
+    search = translator.search_config(beam, max_len=MAX_LEN)
+    return FileOptions(**{"search": search, "batch_size": 4, "chunk_lines": 8, **changes})
 
 
 def expected(translator: Translator, lines: list[str], **kwargs) -> list[str]:
@@ -55,7 +57,7 @@ def test_order_blank_lines_and_equal_to_translator(translator: Translator, tmp_p
     texts = short_lines(translator, 20)
     lines = [*texts[:3], "", *texts[3:10], "   ", *texts[10:], ""]
     source = write(tmp_path / "in.txt", lines)
-    summary = translate_file(translator, str(source), str(tmp_path / "out.txt"), options(chunk_lines=100),
+    summary = translate_file(translator, str(source), str(tmp_path / "out.txt"), options(translator, chunk_lines=100),
                              progress=False)
     out = (tmp_path / "out.txt").read_text(encoding="utf-8").split("\n")
     assert out[-1] == "" and len(out) - 1 == len(lines)
@@ -69,12 +71,14 @@ def test_chunks_batches_beam_and_scores_keep_alignment(translator: Translator, t
     texts = short_lines(translator, 11)
     lines = ["", *texts, "x" * 40]
     source = write(tmp_path / "in.txt", lines)
-    translate_file(translator, str(source), str(tmp_path / "out.txt"), options(beam=2, scores=True, chunk_lines=5),
+    translate_file(translator, str(source), str(tmp_path / "out.txt"),
+                   options(translator, beam=2, scores=True, chunk_lines=5),
                    progress=False)
     out = (tmp_path / "out.txt").read_text(encoding="utf-8").splitlines()
     assert len(out) == len(lines) and out[0] == ""
     assert all(float(line.split("\t")[0]) <= 0 for line in out[1:])
-    translate_file(translator, str(source), str(tmp_path / "one.txt"), options(beam=2, scores=True, chunk_lines=100),
+    translate_file(translator, str(source), str(tmp_path / "one.txt"),
+                   options(translator, beam=2, scores=True, chunk_lines=100),
                    progress=False)
     single = (tmp_path / "one.txt").read_text(encoding="utf-8").splitlines()
     assert [line.split("\t")[-1] for line in out] == [line.split("\t")[-1] for line in single]
@@ -86,7 +90,8 @@ def test_on_long(translator: Translator, tmp_path: Path) -> None:
     source = write(tmp_path / "in.txt", [texts[0], long, texts[1], long + long, texts[2]])
     runs = {}
     for mode in ("truncate", "skip"):
-        summary = translate_file(translator, str(source), str(tmp_path / f"{mode}.txt"), options(on_long=mode),
+        summary = translate_file(translator, str(source), str(tmp_path / f"{mode}.txt"),
+                                 options(translator, on_long=mode),
                                  progress=False)
         runs[mode] = (tmp_path / f"{mode}.txt").read_text(encoding="utf-8").splitlines()
         assert len(runs[mode]) == 5
@@ -96,7 +101,8 @@ def test_on_long(translator: Translator, tmp_path: Path) -> None:
     assert [runs["skip"][i] for i in (0, 2, 4)] == [runs["truncate"][i] for i in (0, 2, 4)]
     assert runs["truncate"][1] == runs["truncate"][3] == expected(translator, [long[: LIMIT - 1]])[0]
     with pytest.raises(S2SError, match=r"input line 2 has 27 tokens, over the model's limit of 16"):
-        translate_file(translator, str(source), str(tmp_path / "error.txt"), options(on_long="error"), progress=False)
+        translate_file(translator, str(source), str(tmp_path / "error.txt"),
+                       options(translator, on_long="error"), progress=False)
     assert not (tmp_path / "error.txt").exists() and not (tmp_path / "error.txt.part").exists()
 
 
@@ -105,9 +111,10 @@ def test_invalid_utf8_names_the_line(translator: Translator, tmp_path: Path) -> 
     source = tmp_path / "in.txt"
     source.write_bytes("\n".join(good).encode() + b"\nab\xffc\n" + b"tail\r\n")
     with pytest.raises(S2SError, match=r"input line 13 is not valid UTF-8 \(byte 3 of the line\)"):
-        translate_file(translator, str(source), str(tmp_path / "out.txt"), options(), progress=False)
+        translate_file(translator, str(source), str(tmp_path / "out.txt"), options(translator), progress=False)
     assert not (tmp_path / "out.txt").exists()
-    translate_file(translator, str(source), str(tmp_path / "out.txt"), options(errors="replace"), resume=True,
+    translate_file(translator, str(source), str(tmp_path / "out.txt"),
+                   options(translator, errors="replace"), resume=True,
                    progress=False)
     out = (tmp_path / "out.txt").read_text(encoding="utf-8").splitlines()
     assert len(out) == 14
@@ -132,22 +139,22 @@ def test_interrupted_run_resumes_to_the_same_file(translator: Translator, tmp_pa
     lines = short_lines(translator, 30)
     lines[5] = ""
     source = write(tmp_path / "in.txt", lines)
-    translate_file(translator, str(source), str(tmp_path / "whole.txt"), options(), progress=False)
+    translate_file(translator, str(source), str(tmp_path / "whole.txt"), options(translator), progress=False)
     out = tmp_path / "out.txt"
     with monkeypatch.context() as patch:
         interrupt_after(patch, 2)
         with pytest.raises(TranslationInterrupted, match=r"16 lines are safe in .*out\.txt\.part; .*--resume"):
-            translate_file(translator, str(source), str(out), options(), progress=False)
+            translate_file(translator, str(source), str(out), options(translator), progress=False)
     assert not out.exists()
     state = json.loads((tmp_path / "out.txt.part.json").read_text())
     assert state["counts"]["lines"] == 16
     with pytest.raises(S2SError, match="holds 16 lines from an earlier run: pass --resume"):
-        translate_file(translator, str(source), str(out), options(), progress=False)
+        translate_file(translator, str(source), str(out), options(translator), progress=False)
     with monkeypatch.context() as patch:
         interrupt_after(patch, 1)
         with pytest.raises(TranslationInterrupted, match="24 lines are safe"):
-            translate_file(translator, str(source), str(out), options(), resume=True, progress=False)
-    summary = translate_file(translator, str(source), str(out), options(), resume=True, progress=False)
+            translate_file(translator, str(source), str(out), options(translator), resume=True, progress=False)
+    summary = translate_file(translator, str(source), str(out), options(translator), resume=True, progress=False)
     assert out.read_bytes() == (tmp_path / "whole.txt").read_bytes()
     assert (summary.resumed, summary.counts.lines, summary.counts.blank) == (24, 30, 1)
     assert not (tmp_path / "out.txt.part").exists() and not (tmp_path / "out.txt.part.json").exists()
@@ -161,24 +168,24 @@ def test_resume_refuses_other_input_or_options(translator: Translator, tmp_path:
     with monkeypatch.context() as patch:
         interrupt_after(patch, 1)
         with pytest.raises(TranslationInterrupted):
-            translate_file(translator, str(source), str(out), options(on_long="error"), progress=False)
+            translate_file(translator, str(source), str(out), options(translator, on_long="error"), progress=False)
     other = write(tmp_path / "other.txt", lines)
     with pytest.raises(S2SError, match=r"cannot resume .*made from .*in\.txt, not .*other\.txt"):
-        translate_file(translator, str(other), str(out), options(), resume=True, progress=False)
-    with pytest.raises(S2SError, match="made with beam=1, not beam=2"):
-        translate_file(translator, str(source), str(out), options(beam=2), resume=True, progress=False)
+        translate_file(translator, str(other), str(out), options(translator), resume=True, progress=False)
+    with pytest.raises(S2SError, match="made with beam_size=1, not beam_size=2"):
+        translate_file(translator, str(source), str(out), options(translator, beam=2), resume=True, progress=False)
     write(source, ["changed", *lines[1:]])
     with pytest.raises(S2SError, match="the first 8 lines of the input changed"):
-        translate_file(translator, str(source), str(out), options(), resume=True, progress=False)
+        translate_file(translator, str(source), str(out), options(translator), resume=True, progress=False)
     write(source, [*lines, "appended"])
-    translate_file(translator, str(source), str(out), options(on_long="skip"), resume=True, progress=False)
+    translate_file(translator, str(source), str(out), options(translator, on_long="skip"), resume=True, progress=False)
     assert len(out.read_text().splitlines()) == 21
 
 
 def test_empty_input_gives_empty_output(translator: Translator, tmp_path: Path) -> None:
     source = tmp_path / "in.txt"
     source.write_bytes(b"")
-    summary = translate_file(translator, str(source), str(tmp_path / "out.txt"), options(), progress=False)
+    summary = translate_file(translator, str(source), str(tmp_path / "out.txt"), options(translator), progress=False)
     assert (tmp_path / "out.txt").read_bytes() == b"" and summary.counts.lines == 0
 
 

@@ -32,9 +32,9 @@ def test_unchanged_re_export_is_up_to_date(exports) -> None:
 
 def test_manifest_names_the_checkpoint_without_its_path(exports) -> None:
     source, manifest = exports.get("gru")
-    recorded = manifest.raw["source"]
+    recorded = manifest.to_dict()["source"]
     assert str(source.checkpoint_path.parent) not in recorded
-    assert source.checkpoint_path.name in recorded and manifest.raw["checkpoint"]["sha256"] in recorded
+    assert source.checkpoint_path.name in recorded and manifest.to_dict()["checkpoint"]["sha256"] in recorded
 
 
 def _commands() -> list[click.Command]:
@@ -152,7 +152,7 @@ def test_evaluate_warns_about_another_task_and_shows_progress(exports, capsys) -
     from s2s_deploy.train.evaluate import evaluate
 
     _, manifest = exports.get("gru")
-    assert manifest.raw["training"]["task"] == "en-fr"
+    assert manifest.to_dict()["training"]["task"] == "en-fr"
     code, out, err = run("evaluate", str(manifest.directory), "--task", "en-zh", "--limit", "2",
                          "--backends", "onnxruntime", "--beam", "2")
     assert code == 0, err
@@ -234,9 +234,9 @@ def test_quantize_carries_generate_over_refused_from_the_quantised_graphs(export
     report = quantize_export(manifest, "int8", tmp_path / "gru-int8")
     assert report.generate is not None and "re-fused from the quantised graphs" in report.generate
     quantised = load_manifest(tmp_path / "gru-int8")
-    entry = quantised.raw["graphs"]["generate"]
+    entry = quantised.to_dict()["graphs"]["generate"]
     assert entry["sha256"] == sha256_of(quantised.directory / GENERATE_FILE)
-    assert entry["sha256"] != manifest.raw["graphs"]["generate"]["sha256"]
+    assert entry["sha256"] != manifest.to_dict()["graphs"]["generate"]["sha256"]
     sources = list(manifest.samples[:4])
     loop = [t.text for t in Translator(quantised.directory, device="cpu")(sources, beam=2)]
     graph = [t.text for t in Translator(quantised.directory, device="cpu", engine="graph")(sources, beam=2)]

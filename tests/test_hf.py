@@ -163,7 +163,7 @@ def test_export_picks_the_plugin_and_records_the_models_settings(hf_exports: HFE
     assert manifest.decoder_start_id == model.generation_config.decoder_start_token_id == ids["decoder_start"]
     assert manifest.eos_id == model.config.eos_token_id
     assert manifest.tgt_vocab.pad_id == model.config.pad_token_id
-    search = manifest.raw["search"]
+    search = manifest.to_dict()["search"]
     for key, value in search_defaults(config, generation).items():
         assert search[key] == value
     if model.generation_config.forced_eos_token_id is not None:
@@ -202,7 +202,7 @@ def test_teacher_forced_log_probs_match_transformers(hf_exports: HFExports, fami
     # peaked, tie-free choices) gives log-probs in the hundreds and thousands, so the gate is the
     # plugin's atol or 2e-6 of the largest |log p| (about 16 float32 ulps), whichever is larger
     scale = _largest_log_prob(reference, src, src_len, targets)
-    assert 0.0 < diff <= max(manifest.raw["validation"]["atol"], 2e-6 * scale), (diff, scale)
+    assert 0.0 < diff <= max(manifest.to_dict()["validation"]["atol"], 2e-6 * scale), (diff, scale)
 
 
 def test_t5_is_transformers_arithmetic(hf_exports: HFExports, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -272,7 +272,7 @@ def test_arch_and_checkpoint_folder_export_like_hf(hf_exports: HFExports, tmp_pa
     again = tmp_path / "again"
     result = runner.invoke(main, ["export", "--arch", "t5", "--checkpoint", str(hf_dir), "--out", str(again)])
     assert result.exit_code == 0, result.output
-    assert load_manifest(again).raw["config"] == load_manifest(out).raw["config"]
+    assert load_manifest(again).to_dict()["config"] == load_manifest(out).to_dict()["config"]
     wrong = runner.invoke(main, ["export", "--arch", "bart", "--checkpoint", str(hf_dir), "--out", str(tmp_path / "x")])
     assert wrong.exit_code == 1 and "'t5' model" in wrong.output
 
@@ -282,7 +282,7 @@ def test_translator_takes_its_defaults_from_the_manifest(hf_exports: HFExports) 
 
     _, _, out = hf_exports.get("bart")
     translator = Translator(out, device="cpu")
-    search = translator.manifest.raw["search"]
+    search = translator.manifest.to_dict()["search"]
     config = translator.search_config()
     assert config.beam_size == search.get("beam_size", 1)
     assert config.alpha == search["length_penalty_alpha"]
@@ -316,7 +316,7 @@ def test_a_folder_with_tokenizer_json_exports_a_text_model(tmp_path: Path) -> No
     result = CliRunner().invoke(main, ["export", "--hf", str(hf_dir), "--out", str(out)])
     assert result.exit_code == 0, result.output
     manifest = load_manifest(out)
-    source = manifest.raw["vocab"]["source"]
+    source = manifest.to_dict()["vocab"]["source"]
     assert source["level"] == "hf" and source["prefix"] == [0] and source["suffix"] == [2]
     assert (out / source["tokenizer"]["file"]).read_bytes() == (hf_dir / "tokenizer.json").read_bytes()
     from s2s_deploy.transforms.inspect import deployable_files
@@ -364,7 +364,7 @@ def test_an_opus_mt_folder_exports_a_text_model(tmp_path: Path) -> None:
     result = CliRunner().invoke(main, ["export", "--hf", str(hf_dir), "--out", str(out)])
     assert result.exit_code == 0, result.output
     manifest = load_manifest(out)
-    assert manifest.raw["vocab"]["source"]["level"] == "sentencepiece"
+    assert manifest.to_dict()["vocab"]["source"]["level"] == "sentencepiece"
     assert {"source.spm", "target.spm"} <= {p.name for p in out.iterdir()}
     texts = ["hello world", "three alpha march", "gamma gamma beta one two", "delta"]
     ours = [t.text for t in Translator(out, device="cpu")(texts, beam=1, max_len=MAX_NEW, alpha=1.0, forced_eos=False)]

@@ -8,10 +8,11 @@ import numpy as np
 import pytest
 
 from s2s_deploy.export.parity import torch_backend_for
+from s2s_deploy.runtime.decoding import resolve
 from s2s_deploy.runtime.ort.backend import OrtBackend
 from s2s_deploy.runtime.ort.generate import GraphEngine
 from s2s_deploy.runtime.search import SearchConfig, search
-from s2s_deploy.runtime.translator import Translator, default_search_config, encode_batch
+from s2s_deploy.runtime.translator import Translator, encode_batch
 from s2s_deploy.transforms.fuse import add_to_manifest, fuse_generate
 
 TIGHT = {"max_len_a": 0.25, "max_len_b": 2}
@@ -81,4 +82,4 @@ def test_the_export_default_applies_unless_overridden(exports, tmp_path) -> None
     text = manifest.samples[0]
     n = encode_batch([text], manifest.src_vocab)[1][0]
     assert len(translator([text])[0].hypotheses[0][0]) <= int(np.ceil(0.25 * n + 2))
-    assert default_search_config(manifest).max_len_a == manifest.raw["search"].get("max_len_a", 0.0)
+    assert resolve(manifest).max_len_a == manifest.search.get("max_len_a", 0.0)

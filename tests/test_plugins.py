@@ -42,7 +42,7 @@ def test_every_plugin_has_a_row() -> None:
 def test_export_writes_a_valid_manifest(exports, arch: str, max_len: int) -> None:
     _, manifest = exports.get(arch)
     assert manifest.plugin == arch
-    validation = manifest.raw["validation"]
+    validation = manifest.to_dict()["validation"]
     assert max(validation["max_abs_diff"].values()) <= validation["atol"]
     decoder_inputs = set(manifest.decoder.inputs)
     assert {"tokens", "reorder"} <= decoder_inputs  # "step" is dropped by exporters when unused

@@ -26,8 +26,8 @@ def test_int8_export_is_smaller_and_agrees(exports, tmp_path: Path, arch: str, m
     _, manifest = exports.get(arch)
     report = quantize_export(manifest, "int8", tmp_path / f"{arch}-int8")
     quantised = load_manifest(report.directory)
-    assert quantised.raw["quantization"]["kind"] == "int8"
-    assert quantised.raw["validation"]["atol"] is None
+    assert quantised.to_dict()["quantization"]["kind"] == "int8"
+    assert quantised.to_dict()["validation"]["atol"] is None
     total_before, total_after = sum(report.bytes_before.values()), sum(report.bytes_after.values())
     assert total_after < max_ratio * total_before
     assert declared_outputs(quantised) == declared_outputs(manifest)
@@ -59,8 +59,8 @@ def test_fp16_transformer_runs_and_agrees(exports, tmp_path: Path) -> None:
 
     assert shapes(quantised) == shapes(manifest)
     # the cache crosses between the graphs in fp16 (no Casts per step); the scores the search reads stay fp32
-    assert {s["dtype"] for s in quantised.raw["state"]} == {m["dtype"] for m in quantised.raw["memory"]} == {"float16"}
-    dtypes = {io["name"]: io["dtype"] for io in quantised.raw["graphs"]["decoder"]["outputs"]}
+    assert {s.dtype for s in quantised.state} == {m.dtype for m in quantised.memory} == {"float16"}
+    dtypes = {io["name"]: io["dtype"] for io in quantised.to_dict()["graphs"]["decoder"]["outputs"]}
     assert dtypes["log_probs"] == dtypes["top_log_probs"] == "float32"
     parity = check_parity(quantised, torch_backend_for(quantised), OrtBackend(quantised, device="cpu"),
                           list(quantised.samples)[:8], beam_size=2, max_len=30)
@@ -110,7 +110,7 @@ def test_int8_per_row_is_batch_invariant_and_per_tensor_is_not(exports, tmp_path
     texts = [*manifest.samples[:16], *(text.upper() for text in manifest.samples[:16])]  # varied ranges
     for mode in ("per-row", "per-tensor"):
         quantised = load_manifest(quantize_export(manifest, "int8", tmp_path / mode, activations=mode).directory)
-        assert quantised.raw["quantization"]["activations"] == mode
+        assert quantised.to_dict()["quantization"]["activations"] == mode
         together, alone = first_step_rows(quantised, texts)
         cells = np.array([float(np.abs(together[step][i] - alone[i][step][0]).max())
                           for i in range(len(texts)) for step in (0, 1)])

@@ -133,7 +133,7 @@ def test_node_clients_translate_an_fp16_copy_like_translate(exports, tmp_path: P
 
     _, manifest = exports.get("transformer")
     folder = quantize_export(manifest, "fp16", tmp_path / "fp16").directory
-    assert {s["dtype"] for s in load_manifest(folder).raw["state"]} == {"float16"}
+    assert {s.dtype for s in load_manifest(folder).state} == {"float16"}
     texts = list(manifest.samples[:4])
     want = [t.text for t in Translator(folder, device="cpu")(texts, beam=4)]
     for script in (["translate.js", str(folder), "--beam", "4"], ["beam.js", str(folder), "4", "1"]):

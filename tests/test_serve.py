@@ -59,7 +59,7 @@ def test_translate_health_metadata(gru) -> None:
     ({"texts": ["  "]}, "text 1 is empty"),
     ({"texts": ["a"], "beam": 0}, "'beam' must be an integer between 1 and"),
     ({"texts": ["a"], "beam": True}, "'beam' must be an integer"),
-    ({"texts": ["a"], "beam": 2, "n_best": 3}, "'n_best' must be an integer between 1 and 2"),
+    ({"texts": ["a"], "beam": 2, "n_best": 3}, "n_best 3 needs a beam of at least 3 (beam_size is 2)"),
     ({"texts": ["a"], "alpha": "x"}, "'alpha' must be a finite number"),
     ({"texts": ["a"], "max_len": 0}, "'max_len' must be an integer"),
     ({"texts": ["a"], "temperature": 1}, "unknown field 'temperature'"),

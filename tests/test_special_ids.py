@@ -64,8 +64,8 @@ def pair(request, exports, tmp_path_factory):
 def test_special_ids_are_recorded(pair) -> None:
     _, manifest, tgt_order = pair
     size = len(tgt_order)
-    assert manifest.raw["format"] == "s2s-deploy-manifest/3"
-    assert manifest.raw["special_tokens"] == {"pad": size - 1, "bos": None, "eos": 0, "unk": 1,
+    assert manifest.to_dict()["format"] == "s2s-deploy-manifest/3"
+    assert manifest.to_dict()["special_tokens"] == {"pad": size - 1, "bos": None, "eos": 0, "unk": 1,
                                               "decoder_start": tgt_order.index(1)}
     assert (manifest.eos_id, manifest.tgt_vocab.pad_id, manifest.tgt_vocab.bos_id) == (0, size - 1, None)
     assert load_checkpoint(manifest.directory / "checkpoint.safetensors").tgt_vocab == manifest.tgt_vocab

@@ -112,7 +112,7 @@ def export(request, tmp_path_factory) -> Path:
 
 def test_manifest_records_the_tokenizer_files(export: Path) -> None:
     manifest = load_manifest(export)
-    raw = manifest.raw
+    raw = manifest.to_dict()
     for side, vocab in (("source", manifest.src_vocab), ("target", manifest.tgt_vocab)):
         entry = raw["vocab"][side]["tokenizer"]
         assert raw["vocab"][side]["level"] in ("sentencepiece", "hf")
@@ -197,12 +197,22 @@ def test_python_example_matches_translate(export: Path) -> None:
 
 
 def test_a_modified_tokenizer_file_is_refused(export: Path, tmp_path: Path) -> None:
+    """One changed byte of a tokenizer file is one line, from loading and from ``inspect --verify``."""
     copy = tmp_path / "copy"
     shutil.copytree(export, copy)
-    name = load_manifest(copy).raw["vocab"]["target"]["tokenizer"]["file"]
-    (copy / name).write_bytes((copy / name).read_bytes() + b" ")
-    with pytest.raises(ManifestError, match="sha256"):
-        load_manifest(copy)
+    manifest = load_manifest(copy)
+    names = {vocab.tokenizer.name for vocab in (manifest.src_vocab, manifest.tgt_vocab)}
+    assert names <= set(manifest.listed_files())
+    for name in names:
+        data = bytearray((copy / name).read_bytes())
+        data[len(data) // 2] ^= 0x01
+        (copy / name).write_bytes(bytes(data))
+        with pytest.raises(ManifestError, match="sha256"):
+            load_manifest(copy)
+        result = CliRunner().invoke(main, ["inspect", "--verify", str(copy)])
+        assert result.exit_code == 1 and f"{name} modified" in result.stderr.strip().splitlines()[-1]
+        data[len(data) // 2] ^= 0x01
+        (copy / name).write_bytes(bytes(data))
 
 
 @pytest.mark.parametrize("name", ["../outside.model", "/etc/passwd", "link.model"])

@@ -10,7 +10,7 @@ const { Translator } = require('../../s2s_deploy/web/search.js');
 
 function parse(argv) {
   const [folder, ...rest] = argv;
-  let beam = 1;
+  let beam; // the export's own default (its manifest's search.beam_size, else 1)
   const texts = [];
   for (let i = 0; i < rest.length; i += 1) {
     if (rest[i] === '--beam') {

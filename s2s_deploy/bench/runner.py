@@ -265,7 +265,7 @@ def _engine(export_dir: Path, system: str, threads: int):
 
 def _measure_system(export_dir: str, system: str, settings: BenchSettings,
                     passed: Callable[[int, int], None] | None = None) -> list[BenchRow] | str:
-    from s2s_deploy.runtime.search import SearchConfig
+    from s2s_deploy.runtime.decoding import SearchConfig
     from s2s_deploy.runtime.translator import encode_batch
 
     try:
@@ -273,7 +273,7 @@ def _measure_system(export_dir: str, system: str, settings: BenchSettings,
     except S2SError as exc:
         return str(exc)
     texts = source_batches(Path(export_dir), settings.sentences)
-    precision = manifest.raw.get("quantization", {}).get("kind", "fp32")
+    precision = manifest.quantization.kind if manifest.quantization else "fp32"
     rows = []
     for beam in settings.beams:
         max_len = settings.fixed_length or settings.max_len

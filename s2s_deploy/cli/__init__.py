@@ -2,7 +2,21 @@
 
 They import heavy libraries only when a command runs."""
 
-from s2s_deploy.cli import attention, bench, decode, export, fuse, listing, quantize, serve, train, web  # noqa: F401
+from s2s_deploy.cli import (  # noqa: F401
+    attention,
+    bench,
+    evaluate,
+    export,
+    fuse,
+    listing,
+    parity,
+    quantize,
+    score,
+    serve,
+    train,
+    translate,
+    web,
+)
 from s2s_deploy.cli.group import main
 
 __all__ = ["main"]

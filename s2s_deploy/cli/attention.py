@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import click
 
-from s2s_deploy.cli.decode import device_option
 from s2s_deploy.cli.extras import missing_extras, require
-from s2s_deploy.cli.group import echo_device, load_plugin_files, main, plugin_option
+from s2s_deploy.cli.group import device_option, echo_device, load_plugin_files, main, plugin_option
 
 
 @main.command("attention")

@@ -81,6 +81,8 @@ def bench_command(export_dirs: tuple[str, ...], synthetic: str | None, vocab_siz
     unknown = sorted(set(chosen) - set(SYSTEMS))
     if unknown:
         raise S2SError(f"unknown system {unknown[0]!r}; known: {', '.join(SYSTEMS)}")
+    if synthetic_dir and not synthetic:
+        raise S2SError("--synthetic-dir keeps the --synthetic export: give --synthetic ARCH:PRESET")
     dirs = [Path(d) for d in export_dirs]
     for d in dirs:
         load_manifest(d)

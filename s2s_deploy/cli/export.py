@@ -101,20 +101,20 @@ def _difference(folder: Path, wanted: dict[str, object]) -> str | None:
     """What differs between the export in ``folder`` and the one asked for; None when nothing does.
     A folder that is not a valid, intact export differs in every way."""
     from s2s_deploy.errors import S2SError
-    from s2s_deploy.format.manifest import load_manifest, sha256_of
+    from s2s_deploy.format.manifest import load_manifest
 
     try:
         manifest = load_manifest(folder)
-        raw = manifest.raw
-        included = raw["checkpoint"].get("included", True)
-        checkpoint = folder / raw["checkpoint"]["file"]
-        if included and (not checkpoint.is_file() or sha256_of(checkpoint) != raw["checkpoint"]["sha256"]):
+        checkpoint = manifest.checkpoint
+        if checkpoint is None:
+            return "it records no checkpoint"
+        if checkpoint.included and manifest.verify()[checkpoint.file] != "ok":
             return "its checkpoint copy is missing or modified"
-        found = {"checkpoint included": included, "plugin": f"{manifest.plugin} v{manifest.plugin_version}",
-                 "checkpoint sha256": raw["checkpoint"]["sha256"], "exporter": raw["exporter"],
-                 "opset": raw["opset"], "with-attention": manifest.has_attention_output,
-                 "optimize": bool(raw.get("ort_optimized")), "ort-format": manifest.encoder.ort_file is not None}
-    except (S2SError, KeyError, TypeError) as exc:
+        found = {"checkpoint included": checkpoint.included, "plugin": f"{manifest.plugin} v{manifest.plugin_version}",
+                 "checkpoint sha256": checkpoint.sha256, "exporter": manifest.exporter,
+                 "opset": manifest.opset, "with-attention": manifest.has_attention_output,
+                 "optimize": manifest.ort_optimized, "ort-format": manifest.encoder.ort_file is not None}
+    except S2SError as exc:
         return f"not a valid export: {exc}"
     for key, value in wanted.items():
         if found[key] != value:
@@ -124,17 +124,28 @@ def _difference(folder: Path, wanted: dict[str, object]) -> str | None:
 
 @main.command("inspect")
 @click.argument("export_dir", type=click.Path())
-def inspect_command(export_dir: str) -> None:
+@click.option("--verify", is_flag=True, help="Re-hash every file the manifest lists and report each; exit 1 on any "
+              "missing or modified file.")
+def inspect_command(export_dir: str, verify: bool) -> None:
     """Show what an export folder holds.
 
     Inputs, outputs, opset, node and parameter counts, and sizes of each graph.
     """
+    from s2s_deploy.errors import S2SError
     from s2s_deploy.format.manifest import load_manifest
     from s2s_deploy.transforms.inspect import deployable_files, shared_parameter_bytes, startable_providers, summarise
 
+    if verify:
+        found = load_manifest(export_dir, verify_hashes=False).verify()
+        for name, status in found.items():
+            click.echo(f"{status:<12} {name}")
+        bad = [f"{name} {status}" for name, status in found.items() if status in ("missing", "modified")]
+        if bad:
+            raise S2SError(f"{len(bad)} of {len(found)} listed files do not match the manifest: {', '.join(bad)}")
+        return
     manifest = load_manifest(export_dir)
     click.echo(f"{manifest.directory}: {manifest.plugin} v{manifest.plugin_version}, "
-               f"exporter {manifest.raw['exporter']}, source: {manifest.raw['source']}")
+               f"exporter {manifest.exporter}, source: {manifest.source}")
     for g in summarise(manifest):
         click.echo(f"\n{g.role} ({g.file}): opset {g.opset}, {g.nodes} nodes, {g.parameters:,} parameters")
         click.echo(f"  file {g.file_bytes / 1e6:.2f} MB = {g.size_ratio:.3f} x parameter bytes "

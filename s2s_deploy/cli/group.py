@@ -4,6 +4,7 @@ usage errors exit 2."""
 from __future__ import annotations
 
 import sys
+from typing import Any, TypeVar
 
 import click
 
@@ -81,3 +82,63 @@ def echo_device(notice: str, provider: str) -> None:
     root = click.get_current_context().find_root()
     if provider == CUDA_PROVIDER or root.params.get("verbose"):
         click.echo(notice, err=True)
+
+
+device_option = click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto",
+                             show_default=True, help="ONNX Runtime device; auto uses CUDA only if it works.")
+threads_option = click.option("--threads", type=click.IntRange(1), default=None,
+                              help="ONNX Runtime intra-op threads [default: available cores].")
+F = TypeVar("F")
+
+
+def decoding_options(command: F) -> F:
+    """Every decoding option of format/decoding.py's table that has a flag, as a click option whose
+    value is None when not given (a switch has its ``--no-`` form, to turn off an export's default):
+    the command passes them on by name to ``decoding.resolve``."""
+    from s2s_deploy.format.decoding import OPTIONS, Ids, Switch, Whole
+
+    for option in reversed(OPTIONS):
+        flag, kind = option.cli_flag, option.kind
+        if flag is None:
+            continue
+        shown = option.shown_default or ("none" if option.default == () else
+                                         "off" if option.default is False else f"{option.default}")
+        text = f"{option.help} [default: the export's search.{option.name}, else {shown}]"
+        if isinstance(kind, Switch):
+            decorator = click.option(f"{flag}/--no-{flag[2:]}", option.name, default=None, help=text)
+        elif isinstance(kind, Ids):
+            decorator = click.option(flag, option.name, multiple=kind.strings != "text", default=None, help=text)
+        else:  # the range is the row's to check, in resolve: one line naming the option, exit 1
+            decorator = click.option(flag, option.name, type=int if isinstance(kind, Whole) else float, default=None,
+                                     help=text)
+        command = decorator(command)
+    return command
+
+
+def given_decoding(values: dict[str, Any]) -> dict[str, Any]:
+    """The decoding options a user gave, by name: an absent option (None, or no repeat of a
+    repeatable one) is left out, and every given value is kept, 0 and False included."""
+    return {name: value for name, value in values.items() if value is not None and value != ()}
+
+
+def read_lines(path: str, keep_blank: bool = False) -> list[str]:
+    """Lines split on ``\\n`` alone (a trailing ``\\r`` dropped), as ``--output`` splits them, so
+    U+2028 or a form feed never makes two lines of one; blank lines kept when asked, else refused
+    when there are only blank lines."""
+    from pathlib import Path
+
+    try:
+        data = Path(path).read_bytes() if path != "-" else click.get_binary_stream("stdin").read()
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise S2SError(f"{path} is not valid UTF-8 (byte {exc.start})") from exc
+    except OSError as exc:
+        raise S2SError(f"cannot read {path}: {exc.strerror}") from exc
+    lines = [line.removesuffix("\r") for line in text.split("\n")]
+    if lines and lines[-1] == "":
+        lines.pop()
+    if keep_blank:
+        return lines
+    if not any(line.strip() for line in lines):
+        raise S2SError(f"{path} has no non-empty lines")
+    return [line for line in lines if line.strip()]

@@ -19,15 +19,15 @@ MAX_EXACT_MATCH_DROP = 2.0
 @click.option("--int8", "kind", flag_value="int8", help="Dynamic int8 quantisation of MatMul/Gemm weights (CPU).")
 @click.option("--fp16", "kind", flag_value="fp16", help="float16 weights and compute, I/O and softmax/norms kept fp32 "
               "(for CUDA).")
-@click.option("--int8-activations", "activations", type=click.Choice(["per-row", "per-tensor"]), default="per-row",
-              show_default=True, help="int8 activation scales: per-row keeps a sentence's output independent of its "
-              "batchmates; per-tensor is ONNX Runtime's default, batch-dependent.")
+@click.option("--int8-activations", "activations", type=click.Choice(["per-row", "per-tensor"]), default=None,
+              help="With --int8: activation scales; per-row keeps a sentence's output independent of its "
+              "batchmates; per-tensor is ONNX Runtime's default, batch-dependent [default: per-row].")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Output folder [default: EXPORT_DIR-int8 or EXPORT_DIR-fp16].")
 @click.option("--force", is_flag=True, help="Replace an existing output folder.")
 @click.option("--limit", type=click.IntRange(1), default=None, help="Evaluate on the first N test pairs only.")
 @click.option("--no-evaluate", is_flag=True, help="Skip the before/after BLEU and exact-match comparison.")
-def quantize_command(export_dir: str, kind: str | None, activations: str, out_dir: str | None, force: bool,
+def quantize_command(export_dir: str, kind: str | None, activations: str | None, out_dir: str | None, force: bool,
                      limit: int | None, no_evaluate: bool) -> None:
     """Write an int8 or fp16 copy of an export.
 
@@ -39,6 +39,11 @@ def quantize_command(export_dir: str, kind: str | None, activations: str, out_di
 
     if kind is None:
         raise S2SError("choose --int8 or --fp16")
+    if activations is not None and kind != "int8":
+        raise S2SError("--int8-activations applies to --int8 only")
+    if limit is not None and no_evaluate:
+        raise S2SError("--limit sets how many pairs the comparison evaluates: not with --no-evaluate")
+    activations = activations or "per-row"
     manifest = load_manifest(export_dir)
     destination = Path(out_dir) if out_dir else manifest.directory.with_name(f"{manifest.directory.name}-{kind}")
     source = manifest.directory.resolve()
@@ -54,7 +59,7 @@ def quantize_command(export_dir: str, kind: str | None, activations: str, out_di
                f"({total_after / total_before:.0%})")
     if report.generate:
         click.echo(f"  {report.generate}")
-    if no_evaluate or not manifest.raw.get("training", {}).get("task"):
+    if no_evaluate or not manifest.training.get("task"):
         if not no_evaluate:
             click.echo("no training task recorded: skipping the accuracy comparison (use `s2s-deploy evaluate`)")
         return

@@ -63,10 +63,14 @@ def serve_command(export_dir: str, host: str, port: int, workers: int, threads: 
         raise S2SError(f"serve needs the [serve] extra: pip install \"s2s-deploy[serve]\" ({exc.name} missing)") \
             from exc
     from s2s_deploy.format.manifest import load_manifest
+    from s2s_deploy.runtime.decoding import resolve
     from s2s_deploy.serve.app import CONFIG_ENV, ServeConfig
     from s2s_deploy.serve.batcher import BatchLimits
 
-    load_manifest(export_dir)  # a bad folder fails here, once, not in every worker
+    beam = resolve(load_manifest(export_dir)).beam_size  # a bad folder fails here, once, not in every worker
+    if beam > max_beam:
+        raise S2SError(f"{export_dir} decodes with beam {beam} by default (its search.beam_size), over --max-beam "
+                       f"{max_beam}: raise --max-beam")
     cores = available_cores()
     per_worker = split_threads(workers, threads, cores)
     config = ServeConfig(str(os.path.abspath(export_dir)), BatchLimits(window_ms, max_batch, max_tokens, max_queue),

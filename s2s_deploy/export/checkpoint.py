@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,6 +17,7 @@ from safetensors.torch import load_file, save_file
 from s2s_deploy.errors import CheckpointError, S2SError
 from s2s_deploy.export.contract import ArchitecturePlugin, Seq2SeqModel
 from s2s_deploy.export.registry import get_plugin
+from s2s_deploy.format.files import atomic_path
 from s2s_deploy.format.vocab import FileReader, Vocabulary
 
 FORMAT = "s2s-deploy-checkpoint/2"
@@ -63,22 +62,9 @@ def save_checkpoint(
         "tgt_vocab": json.dumps(tgt_vocab.to_dict(), ensure_ascii=False),
         "info": json.dumps(info or {}, ensure_ascii=False),
     }
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        save_file(tensors, tmp, metadata=metadata)
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's 0600 would make a shared checkpoint unreadable
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    with atomic_path(path) as temporary:
+        save_file(tensors, str(temporary), metadata=metadata)
     return path
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def _unique_tensors(model: Seq2SeqModel) -> dict[str, torch.Tensor]:

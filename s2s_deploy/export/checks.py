@@ -185,8 +185,9 @@ def run_export_checks(
     """Both checks on a fresh export; fatal on failure. The forward/step check decodes the
     samples greedily in PyTorch (random sources when there are none) and teacher-forces the result."""
     from s2s_deploy.export.torch_backend import TorchBackend
+    from s2s_deploy.runtime.decoding import SearchConfig
     from s2s_deploy.runtime.ort.backend import create_session
-    from s2s_deploy.runtime.search import SearchConfig, greedy
+    from s2s_deploy.runtime.search import greedy
     from s2s_deploy.runtime.translator import encode_batch
 
     memory, state = plugin.memory_specs(config), plugin.state_specs(config)

@@ -13,50 +13,26 @@ import re
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 from torch import Tensor, nn
 
 from s2s_deploy.errors import ContractError, UnknownNameError
-from s2s_deploy.format.manifest import BATCH, zeros_shape
 from s2s_deploy.format.names import TOP_K, TOP_OUTPUTS
+from s2s_deploy.format.specs import (  # noqa: F401  re-exported: plugins import the specs from the contract
+    BATCH,
+    MemorySpec,
+    StateSpec,
+    cross_attention_memory,
+    layer_name,
+    self_attention_cache,
+)
 
 EXPORTERS = ("dynamo", "torchscript")
 RESERVED_NAMES = frozenset(
     {"src", "src_len", "tokens", "step", "reorder", "log_probs", "attention", TOP_K, *TOP_OUTPUTS}
 )
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
-
-
-@dataclass(frozen=True)
-class MemorySpec:
-    """A per-sentence tensor the encoder computes once and every decoder step reads unchanged."""
-
-    name: str
-    batch_axis: int = 0
-    dtype: str = "float32"
-    description: str = ""
-
-
-@dataclass(frozen=True)
-class StateSpec:
-    """A tensor the decoder step carries: read as ``past_<name>``, returned as ``present_<name>``.
-
-    ``init="encoder"``: the encoder graph outputs the first value as ``init_<name>``.
-    ``init="zeros"``: the caller creates zeros of ``shape``, where the string ``"batch"``
-    stands for the batch size and a ``grow_axis`` entry of 0 gives an empty cache.
-    """
-
-    name: str
-    batch_axis: int
-    init: Literal["encoder", "zeros"]
-    shape: tuple[int | str, ...] = ()
-    grow_axis: int | None = None
-    dtype: str = "float32"
-    description: str = ""
-
-    def zeros_shape(self, batch: int, past_len: int | None = None) -> tuple[int, ...]:
-        return zeros_shape(self.shape, batch, self.grow_axis, past_len)
 
 
 @dataclass(frozen=True)

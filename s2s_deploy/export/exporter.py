@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import json
 import logging
 import shutil
 import warnings
@@ -29,8 +28,8 @@ from s2s_deploy.export.graphs import EncoderGraph, GraphIO, StepGraph, io_names
 from s2s_deploy.export.plugin_errors import check_batch_axes, check_encoded, plugin_errors
 from s2s_deploy.export.registry import REGISTRY
 from s2s_deploy.export.tolerance import DEFAULT_RTOL, NO_DIFF, StepTolerance, plugin_tolerance
-from s2s_deploy.format.files import staged_directory
-from s2s_deploy.format.manifest import FORMAT, sha256_of, write_manifest
+from s2s_deploy.format.files import sha256_of, staged_directory
+from s2s_deploy.format.manifest import CheckpointEntry, IOEntry, Manifest
 from s2s_deploy.format.names import TOP_K, TOP_OUTPUTS, init_name, past_name, present_name
 from s2s_deploy.format.subword import write_files
 from s2s_deploy.format.vocab import Vocabulary
@@ -138,24 +137,25 @@ def export_model(
         forward_step = run_export_checks(plugin, model, config, src_vocab, tgt_vocab, graph_paths, samples,
                                          plugin_tolerance(plugin))
         write_files((src_vocab.tokenizer, tgt_vocab.tokenizer), work)
-        raw = _manifest(plugin, config, specs, src_vocab, tgt_vocab, work, exporter, opset, source,
-                        samples, diffs)
-        raw["validation"]["forward_step_max_abs_diff"] = forward_step.max_abs_diff
-        raw["checkpoint"] = {"file": CHECKPOINT_FILE, "sha256": sha256_of(checkpoint_path),
-                             "included": include_checkpoint}
         if include_checkpoint:
             shutil.copyfile(checkpoint_path, work / CHECKPOINT_FILE)
-        raw["training"] = training or {}
-        raw["search"].update(_length_limit(raw["training"]))
-        raw["search"].update(search or {})
-        raw["ort_optimized"] = optimize
+        manifest = Manifest.build(
+            work, plugin=(plugin.name, plugin.version, plugin.description, REGISTRY.origin(plugin)),
+            config=dataclasses.asdict(config),
+            source=source, exporter=exporter, opset=opset, graphs=_graph_io(specs, work), memory=specs.memory,
+            state=specs.state, src_vocab=src_vocab, tgt_vocab=tgt_vocab,
+            limits=(plugin.max_source_length(config), plugin.max_target_length(config)),
+            search={**_length_limit(training or {}), **(search or {})},
+            validation={"atol": plugin.parity_atol, "rtol": plugin.parity_rtol, "max_abs_diff": diffs,
+                        "forward_step_max_abs_diff": forward_step.max_abs_diff},
+            samples=samples, training=training or {}, ort_optimized=optimize,
+            checkpoint=CheckpointEntry(CHECKPOINT_FILE, sha256_of(checkpoint_path), include_checkpoint),
+        )
         for role, path in zip(("encoder", "decoder"), graph_paths, strict=True):
-            _write_metadata(path, role, raw)
+            _write_metadata(path, manifest.graph_facts(role))
         shared = share_weights(graph_paths)
         for role, path in zip(("encoder", "decoder"), graph_paths, strict=True):
-            raw["graphs"][role]["sha256"] = sha256_of(path)
-            if path in shared:
-                raw["graphs"][role]["external_data"] = shared[path]
+            manifest = manifest.with_graph(role, path, shared.get(path))
         if ort_format:
             ort_paths = tuple(path.with_suffix(".ort") for path in graph_paths)
             for path, ort_path in zip(graph_paths, ort_paths, strict=True):
@@ -163,9 +163,8 @@ def export_model(
             _compare_with_onnxruntime(encoder, step, specs, ort_paths, len(src_vocab), len(tgt_vocab),
                                       plugin.parity_atol, plugin.parity_rtol)
             for role, ort_path in zip(("encoder", "decoder"), ort_paths, strict=True):
-                raw["graphs"][role]["ort_file"] = ort_path.name
-                raw["graphs"][role]["ort_sha256"] = sha256_of(ort_path)
-        write_manifest(work, raw)
+                manifest = manifest.with_ort_graph(role, ort_path)
+        manifest.write()
     sizes = {name: (out_dir / name).stat().st_size for name in (ENCODER_FILE, DECODER_FILE)}
     return ExportReport(out_dir, exporter, diffs, sizes)
 
@@ -415,7 +414,7 @@ def _record(
         diffs[key] = max(diffs.get(key, 0.0), diff)
 
 
-def _io_entries(names: tuple[str, ...], roles: dict[str, str], graph: onnx.GraphProto, kind: str) -> list[dict]:
+def _io_entries(names: tuple[str, ...], roles: dict[str, str], graph: onnx.GraphProto, kind: str) -> list[IOEntry]:
     values = {v.name: v for v in getattr(graph, kind)}
     entries = []
     for name in names:
@@ -424,7 +423,7 @@ def _io_entries(names: tuple[str, ...], roles: dict[str, str], graph: onnx.Graph
         tensor_type = values[name].type.tensor_type
         shape = [d.dim_param or d.dim_value for d in tensor_type.shape.dim]
         dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor_type.elem_type).name
-        entries.append({"name": name, "role": roles[name], "dtype": dtype, "shape": shape})
+        entries.append(IOEntry(name, roles[name], dtype, tuple(shape)))
     return entries
 
 
@@ -440,10 +439,8 @@ def _roles(specs: _Specs) -> dict[str, str]:
     return roles
 
 
-def _manifest(
-    plugin: ArchitecturePlugin, config: Any, specs: _Specs, src_vocab: Vocabulary, tgt_vocab: Vocabulary,
-    work: Path, exporter: str, opset: int, source: str, samples: Sequence[str], diffs: dict[str, float],
-) -> dict[str, Any]:
+def _graph_io(specs: _Specs, work: Path) -> dict[str, tuple[str, list[IOEntry], list[IOEntry]]]:
+    """Each graph's file and the inputs and outputs it declares, with their roles, for the manifest."""
     roles = _roles(specs)
     graphs = {}
     for role, file, inputs, outputs in (
@@ -451,38 +448,8 @@ def _manifest(
         ("decoder", DECODER_FILE, (*specs.io.decoder_inputs, TOP_K), (*specs.io.decoder_outputs, *TOP_OUTPUTS)),
     ):
         graph = onnx.load(str(work / file), load_external_data=False).graph
-        graphs[role] = {
-            "file": file,
-            "sha256": "",
-            "inputs": _io_entries(inputs, roles, graph, "input"),
-            "outputs": _io_entries(outputs, roles, graph, "output"),
-        }
-    return {
-        "format": FORMAT,
-        "plugin": {"name": plugin.name, "version": plugin.version, "description": plugin.description,
-                   "origin": REGISTRY.origin(plugin)},
-        "config": dataclasses.asdict(config),
-        "source": source,
-        "exporter": exporter,
-        "opset": opset,
-        "graphs": graphs,
-        "memory": [{"name": m.name, "batch_axis": m.batch_axis, "dtype": m.dtype, "description": m.description}
-                   for m in specs.memory],
-        "state": [
-            {"name": s.name, "batch_axis": s.batch_axis, "init": s.init, "shape": list(s.shape),
-             "grow_axis": s.grow_axis, "dtype": s.dtype, "description": s.description}
-            for s in specs.state
-        ],
-        "special_tokens": tgt_vocab.special_ids(),
-        "vocab": {"source": src_vocab.to_dict(), "target": tgt_vocab.to_dict()},
-        "limits": {
-            "max_source_length": plugin.max_source_length(config),
-            "max_target_length": plugin.max_target_length(config),
-        },
-        "search": {"length_penalty_alpha": 0.75},
-        "validation": {"atol": plugin.parity_atol, "rtol": plugin.parity_rtol, "max_abs_diff": diffs},
-        "samples": list(samples),
-    }
+        graphs[role] = (file, _io_entries(inputs, roles, graph, "input"), _io_entries(outputs, roles, graph, "output"))
+    return graphs
 
 
 def _length_limit(training: dict[str, Any]) -> dict[str, float]:
@@ -494,20 +461,10 @@ def _length_limit(training: dict[str, Any]) -> dict[str, float]:
     return limit
 
 
-def _write_metadata(path: Path, role: str, raw: dict[str, Any]) -> None:
-    """Key facts inside the graph too, so a lone .onnx file still says what it is; the
-    exporter's per-node debug records go, as they only repeat the source tree."""
+def _write_metadata(path: Path, facts: dict[str, str]) -> None:
+    """Key facts inside the graph too (``Manifest.graph_facts``), so a lone .onnx file still says
+    what it is; the exporter's per-node debug records go, as they only repeat the source tree."""
     model = onnx.load(str(path))
-    facts = {
-        "s2s_deploy.format": raw["format"],
-        "s2s_deploy.role": role,
-        "s2s_deploy.plugin": raw["plugin"]["name"],
-        "s2s_deploy.plugin_version": raw["plugin"]["version"],
-        "s2s_deploy.config": json.dumps(raw["config"]),
-        "s2s_deploy.special_tokens": json.dumps(raw["special_tokens"]),
-        "s2s_deploy.memory": json.dumps(raw["memory"]),
-        "s2s_deploy.state": json.dumps(raw["state"]),
-    }
     del model.metadata_props[:]
     for key, value in facts.items():
         model.metadata_props.add(key=key, value=value)

@@ -20,7 +20,8 @@ from s2s_deploy.export.tolerance import NO_DIFF, StepDiff, StepTolerance, plugin
 from s2s_deploy.export.torch_backend import TorchBackend
 from s2s_deploy.format.manifest import Manifest, sha256_of
 from s2s_deploy.runtime.backend import Backend
-from s2s_deploy.runtime.search import SearchConfig, search
+from s2s_deploy.runtime.decoding import SearchConfig
+from s2s_deploy.runtime.search import search
 from s2s_deploy.runtime.translator import encode_batch
 from s2s_deploy.transforms.quantize import MIN_TOKEN_AGREEMENT
 
@@ -82,12 +83,16 @@ def torch_backend_for(
 ) -> TorchBackend:
     """Rebuild the PyTorch original of an export from the checkpoint it was exported from."""
     plugin = exported_plugin(manifest.plugin, manifest.plugin_origin)
-    recorded = manifest.raw["checkpoint"]
-    path = Path(checkpoint) if checkpoint else manifest.directory / recorded["file"]
-    if checkpoint is None and not recorded.get("included", True):
+    recorded = manifest.checkpoint
+    if checkpoint is None and recorded is None:
+        raise CheckpointError(f"{manifest.directory} records no checkpoint: pass --checkpoint FILE")
+    path = Path(checkpoint) if checkpoint else manifest.directory / recorded.file
+    if checkpoint is None and not recorded.included:
         raise CheckpointError(f"{manifest.directory} was exported without its checkpoint: pass --checkpoint FILE "
-                              f"(the one with sha256 {recorded['sha256'][:16]}...)")
-    if checkpoint is None and path.is_file() and sha256_of(path) != recorded["sha256"]:
+                              f"(the one with sha256 {recorded.sha256[:16]}...)")
+    if checkpoint is None and not path.is_file():
+        raise CheckpointError(f"{path} is missing: restore it, or pass --checkpoint FILE")
+    if checkpoint is None and sha256_of(path) != recorded.sha256:
         raise CheckpointError(f"{path} is not the checkpoint this folder was exported from (sha256 differs)")
     loaded = load_checkpoint(path)
     model = build_model(loaded, plugin)
@@ -102,7 +107,7 @@ def check_parity(
     batch_size: int = 16,
 ) -> ParityReport:
     plugin = exported_plugin(manifest.plugin, manifest.plugin_origin)
-    quantised = "quantization" in manifest.raw
+    quantised = manifest.quantization is not None
     tolerance = None if quantised and atol is None and rtol is None else plugin_tolerance(plugin, atol, rtol)
     forward_tolerance = plugin_tolerance(plugin, atol, rtol)
     modes = [("greedy", SearchConfig(1, 1, max_len)), (f"beam{beam_size}", SearchConfig(beam_size, 1, max_len))]
@@ -133,9 +138,9 @@ def check_parity(
         SearchAgreement(name, len(sources), tally[0], tally[1], tuple(tally[2]))
         for name, tally in agreements.items()
     )
-    per_tensor = manifest.raw.get("quantization", {}).get("activations") == "per-tensor"  # batch-dependent by choice
+    per_tensor = quantised and manifest.quantization.per_tensor  # batch-dependent by choice
     # the token agreement a quantised copy must keep comes from its kind, not from the manifest under test
-    min_agreement = MIN_TOKEN_AGREEMENT[manifest.raw["quantization"]["kind"]] if quantised else 1.0
+    min_agreement = MIN_TOKEN_AGREEMENT[manifest.quantization.kind] if quantised else 1.0
     return ParityReport(tolerance, step_diff, searches, len(sources), min_agreement,
                         forward_diff if isinstance(model, Seq2SeqModel) else None, forward_tolerance,
                         batch_agreement(manifest, candidate, sources, max_len), not per_tensor)

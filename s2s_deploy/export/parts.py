@@ -3,11 +3,12 @@
 A plugin that loads a Hugging Face family names its modules as ``transformers`` does, so a state
 dict maps across by name; these parts take the names they need as arguments. What is here:
 
-* **Specs and names.** ``layer_name(kind, i)`` names one layer's tensor (``self_k0``, ``cross_v1``).
-  ``cross_memory_specs(layers)``: the encoder's per-sentence memory, ``src_bias`` and each decoder
-  layer's cross-attention keys (stored transposed, ``(B, H, head_dim, S)``) and values.
-  ``self_cache_specs(layers, heads, head_dim)``: each layer's self-attention key and value caches,
-  ``(B, H, T, head_dim)`` growing on axis 2, zeros at the start. The step contract of
+* **Specs and names**, from the contract (format/specs.py): ``layer_name(kind, i)`` names one
+  layer's tensor (``self_k0``, ``cross_v1``); ``self_attention_cache(layers, heads, head_dim)``:
+  each layer's self-attention key and value caches, ``(B, H, T, head_dim)`` growing on axis 2,
+  zeros at the start. ``cross_memory_specs(layers)`` here: the encoder's per-sentence memory,
+  ``src_bias`` and each decoder layer's cross-attention keys (stored transposed,
+  ``(B, H, head_dim, S)``) and values (the contract's ``cross_attention_memory``). The step contract of
   ``Seq2SeqModel.decode_step`` reads and writes exactly these names.
 * **Masks.** ``padding_bias(src, src_len)`` ``(B, 1, 1, S)`` and ``causal_bias(length)`` ``(T, T)``,
   additive, with the float minimum where a key is hidden (Hugging Face's mask value).
@@ -44,42 +45,25 @@ from torch import Tensor, nn
 
 from s2s_deploy.errors import CheckpointError
 from s2s_deploy.export.contract import (
-    BATCH,
     ArchitecturePlugin,
     HFWeights,
     MemorySpec,
     Seq2SeqModel,
     StateSpec,
     StepOutput,
+    cross_attention_memory,
+    layer_name,
+    self_attention_cache,
 )
 
 SQRT_2 = math.sqrt(2.0)
 
 
-def layer_name(kind: str, layer: int) -> str:
-    """Graph tensor name of one layer's cache or memory: ``self_k0``, ``cross_v1``, ..."""
-    return f"{kind}{layer}"
-
-
 def cross_memory_specs(layers: int) -> tuple[MemorySpec, ...]:
-    """``src_bias`` and every decoder layer's cross-attention K/V, as the encoder outputs them."""
-    specs = [MemorySpec("src_bias", 0, description="(B, 1, 1, S) additive source padding mask")]
-    for i in range(layers):
-        specs += [MemorySpec(layer_name("cross_k", i), 0,
-                             description=f"(B, heads, head_dim, S) layer {i} cross-attention keys, transposed"),
-                  MemorySpec(layer_name("cross_v", i), 0,
-                             description=f"(B, heads, S, head_dim) layer {i} cross-attention values")]
-    return tuple(specs)
-
-
-def self_cache_specs(layers: int, heads: int, head_dim: int) -> tuple[StateSpec, ...]:
-    """Every decoder layer's self-attention key and value cache, empty at the first step."""
-    return tuple(
-        StateSpec(layer_name(kind, i), batch_axis=0, init="zeros", shape=(BATCH, heads, 0, head_dim), grow_axis=2,
-                  description=f"(B, heads, T, head_dim) layer {i} self-attention {what}")
-        for i in range(layers)
-        for kind, what in (("self_k", "keys"), ("self_v", "values"))
-    )
+    """``src_bias`` and every decoder layer's cross-attention K/V (``cross_attention_memory``), as
+    the encoder outputs them."""
+    return (MemorySpec("src_bias", 0, description="(B, 1, 1, S) additive source padding mask"),
+            *cross_attention_memory(layers))
 
 
 def padding_bias(src: Tensor, src_len: Tensor) -> Tensor:
@@ -441,7 +425,7 @@ class Stack(nn.Module):
 class EncoderDecoder(Seq2SeqModel):
     """The model of ``EncoderDecoderConfig``: module names as ``transformers``' BART-style models
     minus ``model.``; the encoder computes every decoder layer's cross K/V and the step decoder
-    carries one K/V cache per layer (``cross_memory_specs``, ``self_cache_specs``)."""
+    carries one K/V cache per layer (``cross_memory_specs``, ``self_attention_cache``)."""
 
     def __init__(self, cfg: EncoderDecoderConfig, src_vocab_size: int, tgt_vocab_size: int) -> None:
         super().__init__()
@@ -529,7 +513,7 @@ class EncoderDecoderPlugin(ArchitecturePlugin):
 
     def state_specs(self, config: EncoderDecoderConfig) -> tuple[StateSpec, ...]:
         heads = config.decoder_attention_heads
-        return self_cache_specs(config.decoder_layers, heads, config.d_model // heads)
+        return self_attention_cache(config.decoder_layers, heads, config.d_model // heads)
 
     def max_target_length(self, config: EncoderDecoderConfig) -> int | None:
         """A stored or fixed-size table bounds the positions; the tensor2tensor rows are computed

@@ -121,6 +121,7 @@ def _random_source(plugin: ArchitecturePlugin, preset: str | None, workdir: Path
     return ModelSource(
         plugin, config, model, src_vocab, tgt_vocab, path,
         f"seeded random weights (seed {RANDOM_SEED}, preset {preset or plugin.default_preset}): "
-        "no checkpoint given and none bundled; this model does not translate",
+        + ("--preset asks for them, not the bundled checkpoint" if preset is not None and bundled_checkpoint(plugin)
+           else "no checkpoint given and none bundled") + "; this model does not translate",
         samples, trained=False, info={"random_seed": RANDOM_SEED},
     )

@@ -3,21 +3,26 @@
 One JSON Schema (``SCHEMA``) validated with ``jsonschema``, then the checks a schema cannot say:
 every path it names stays inside the folder, and the vocabularies, special ids and I/O names agree
 with the graphs. Known keys are strict; unknown keys are allowed at the top level and in
-``search`` so that newer writers stay readable. To add a key, add it to ``PROPERTIES`` (or to
-``SEARCH_PROPERTIES``); a new format version goes in ``FORMATS``.
+``search`` so that newer writers stay readable. To add a key, add it to ``PROPERTIES`` (a decoding
+default: a row of format/decoding.py); a new format version goes in ``FORMATS`` (the format id is
+defined here only).
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 from pathlib import Path
 from typing import Any
 
 from s2s_deploy.errors import ManifestError
+from s2s_deploy.format.decoding import search_schema
+from s2s_deploy.format.files import inside
+from s2s_deploy.format.specs import DTYPES
 
-FORMATS = ("s2s-deploy-manifest/2", "s2s-deploy-manifest/3")
+FORMAT = "s2s-deploy-manifest/3"
+FORMATS = ("s2s-deploy-manifest/2", FORMAT)
+"""Formats this code reads, the one it writes last."""
 MAX_MANIFEST_BYTES = 64 << 20  # a vocabulary of a million tokens fits; a crafted 1 GB file does not
 MAX_DEPTH = 32
 MAX_VOCAB = 10_000_000
@@ -47,18 +52,8 @@ _VOCAB = {
                    "tokens": {"type": "array", "minItems": 5, "maxItems": MAX_VOCAB, "items": {"type": "string"}}},
 }
 _LIMIT = {"anyOf": [{"type": "integer", "minimum": 1, "maximum": 1 << 20}, {"type": "null"}]}
-_COUNT = {"type": "integer", "minimum": 0, "maximum": 1 << 16}
-_RATIO = {"type": "number", "minimum": 0, "maximum": 1e6}
-_IDS = {"type": "array", "maxItems": 4096, "items": _ID}
-SEARCH_PROPERTIES: dict[str, Any] = {  # the decoding defaults a runtime reads by name (SearchConfig's)
-    "length_penalty_alpha": {"type": "number", "minimum": 0, "maximum": 10},
-    "beam_size": {**_COUNT, "minimum": 1}, "n_best": {**_COUNT, "minimum": 1}, "max_len": {**_COUNT, "minimum": 1},
-    "min_len": _COUNT, "max_len_a": _RATIO, "max_len_b": _COUNT, "no_repeat_ngram_size": _COUNT,
-    "sampling_topk": _COUNT, "sampling_topp": {"type": "number", "minimum": 0, "maximum": 1},
-    "sampling_temperature": _RATIO, "repetition_penalty": _RATIO, "seed": {"type": "integer"},
-    "prefix": _IDS, "suppress_tokens": _IDS, "bad_words_ids": {"type": "array", "maxItems": 4096, "items": _IDS},
-    "disable_unk": {"type": "boolean"}, "forced_eos": {"type": "boolean"}, "early_stopping": {"type": "boolean"},
-}
+_DTYPE = {"enum": list(DTYPES)}
+_NUMBER_OR_NULL = {"anyOf": [{"type": "number"}, {"type": "null"}]}
 PROPERTIES: dict[str, Any] = {
     "format": {"enum": list(FORMATS)},
     "plugin": {"type": "object", "required": ["name", "version"],
@@ -69,23 +64,35 @@ PROPERTIES: dict[str, Any] = {
     "opset": {"type": "integer", "minimum": 1, "maximum": 1000},
     "graphs": {"type": "object", "required": ["encoder", "decoder"],
                "properties": {"encoder": _GRAPH, "decoder": _GRAPH},
-               "additionalProperties": {"type": "object", "properties": {"file": _FILE, "sha256": _SHA}}},
+               "additionalProperties": {"type": "object", "required": ["file", "sha256"], "properties": {
+                   "file": _FILE, "sha256": _SHA, "search": {"enum": ["beam", "greedy"]},
+                   "options": {"type": "array", "items": {"type": "string"}}}}},
     "memory": {"type": "array", "maxItems": 4096, "items": {
         "type": "object", "required": ["name", "batch_axis", "dtype"],
-        "properties": {"name": _NAME, "batch_axis": _AXIS, "dtype": {"type": "string"}}}},
+        "properties": {"name": _NAME, "batch_axis": _AXIS, "dtype": _DTYPE}}},
     "state": {"type": "array", "maxItems": 4096, "items": {
         "type": "object", "required": ["name", "batch_axis", "init", "shape", "grow_axis", "dtype"],
         "properties": {"name": _NAME, "batch_axis": _AXIS, "init": {"enum": ["encoder", "zeros"]},
                        "shape": {"type": "array", "maxItems": 16, "items": _DIM},
-                       "grow_axis": {"anyOf": [_AXIS, {"type": "null"}]}, "dtype": {"type": "string"}}}},
+                       "grow_axis": {"anyOf": [_AXIS, {"type": "null"}]}, "dtype": _DTYPE}}},
     "special_tokens": {"type": "object", "required": ["eos", "decoder_start"],
                        "additionalProperties": {"anyOf": [_ID, {"type": "null"}]}},  # bos and unk may be absent
     "vocab": {"type": "object", "required": ["source", "target"],
               "properties": {"source": _VOCAB, "target": _VOCAB}},
     "limits": {"type": "object", "properties": {"max_source_length": _LIMIT, "max_target_length": _LIMIT}},
-    "search": {"type": "object", "required": ["length_penalty_alpha"], "properties": SEARCH_PROPERTIES},
-    "checkpoint": {"type": "object", "required": ["file", "sha256"], "properties": {"file": _FILE, "sha256": _SHA}},
-    "quantization": {"type": "object", "required": ["kind"], "properties": {"kind": {"enum": ["int8", "fp16"]}}},
+    "search": {"type": "object", "required": ["length_penalty_alpha"], "properties": search_schema()},
+    "checkpoint": {"type": "object", "required": ["file", "sha256"],
+                   "properties": {"file": _FILE, "sha256": _SHA, "included": {"type": "boolean"}}},
+    "quantization": {"type": "object", "required": ["kind"],
+                     "properties": {"kind": {"enum": ["int8", "fp16"]}, "source": {"type": "string"},
+                                    "activations": {"enum": ["per-row", "per-tensor"]}}},
+    "validation": {"type": "object", "properties": {
+        "atol": _NUMBER_OR_NULL, "rtol": _NUMBER_OR_NULL, "min_token_agreement": _NUMBER_OR_NULL,
+        "max_abs_diff": {"type": "object", "additionalProperties": {"type": "number"}}}},
+    "training": {"type": "object"},
+    "config": {"type": "object"},
+    "source": {"type": "string"},
+    "ort_optimized": {"type": "boolean"},
     "samples": {"type": "array", "maxItems": 100_000, "items": {"type": "string", "maxLength": 100_000}},
 }
 SCHEMA: dict[str, Any] = {
@@ -150,9 +157,6 @@ def validate_manifest(raw: Any, path: Path) -> None:
     for entry in all_files(raw):
         if not entry or entry.startswith("/") or "\\" in entry or "\x00" in entry:
             raise ManifestError(f"{path}: file {entry!r} must be a relative path inside the export folder")
-    alpha = raw["search"].get("length_penalty_alpha")
-    if alpha is not None and not math.isfinite(alpha):
-        raise ManifestError(f"{path}: key search.length_penalty_alpha: must be finite")
 
 
 def all_files(raw: dict[str, Any]) -> list[str]:
@@ -177,18 +181,9 @@ def _named_files(node: Any, named: bool) -> list[str]:
     return []
 
 
-def contained(directory: Path, name: str) -> Path:
-    """``directory / name`` if it resolves inside ``directory`` (symlinks followed), else refused."""
-    root = directory.resolve()
-    target = (directory / name).resolve()
-    if target != root and root not in target.parents:
-        raise ManifestError(f"{directory}: {name!r} resolves to {target}, outside the export folder; refused")
-    return directory / name
-
-
 def check_graph(path: Path, directory: Path, inputs: tuple[str, ...], outputs: tuple[str, ...]) -> Any:
     """Parse a graph without its external data; every external-data location must stay in the folder,
-    and the manifest's input/output names must be the graph's. Returns the ModelProto's graph."""
+    and the manifest's input/output names must be the graph's. Returns the ModelProto."""
     import onnx
 
     try:
@@ -203,7 +198,7 @@ def check_graph(path: Path, directory: Path, inputs: tuple[str, ...], outputs: t
             if not location or os.path.isabs(location):
                 raise ManifestError(f"{path}: tensor {tensor.name!r} names external data {location!r} outside "
                                     "the export folder; refused")
-            contained(path.parent, location)
+            inside(path.parent, location, ManifestError, "external data")
     names_in = {i.name for i in graph.input}
     names_out = {o.name for o in graph.output}
     missing = [n for n in inputs if n not in names_in] + [n for n in outputs if n not in names_out]
@@ -214,7 +209,7 @@ def check_graph(path: Path, directory: Path, inputs: tuple[str, ...], outputs: t
     unlisted = sorted(names_in - set(inputs) - defaults)
     if unlisted:
         raise ManifestError(f"{path} needs input {unlisted[0]!r}, which the manifest does not list")
-    return graph
+    return model
 
 
 def check_specs(path: Path, raw: dict[str, Any], memory: Any, state: Any, encoder: Any, decoder: Any) -> None:

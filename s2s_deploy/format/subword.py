@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from s2s_deploy.errors import S2SError
+from s2s_deploy.format.files import inside
 
 SENTENCEPIECE, HF = "sentencepiece", "hf"
 _PLAIN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -47,17 +48,6 @@ class TokenizerFile:
             raise TokenizerFileError(f"cannot read tokenizer file {path}: {exc.strerror}") from exc
 
 
-def inside(directory: Path, name: str, error: type[S2SError] = TokenizerFileError,
-           what: str = "tokenizer file", folder: str = "export folder") -> Path:
-    """``directory / name``, refused (as ``error``) unless it resolves inside ``directory``, links
-    included: the one containment check for untrusted folders, exports and model folders alike."""
-    path = directory / name
-    root = directory.resolve()
-    if not path.resolve().is_relative_to(root) or path.resolve() == root:
-        raise error(f"{what} {name!r} resolves outside the {folder} {directory}")
-    return path
-
-
 def write_files(files: Iterable[TokenizerFile | None], directory: Path) -> None:
     """Copy tokenizer files into an export folder; one name, one content."""
     written: dict[str, str] = {}
@@ -66,7 +56,7 @@ def write_files(files: Iterable[TokenizerFile | None], directory: Path) -> None:
             continue
         if written.setdefault(file.name, file.sha256) != file.sha256:
             raise TokenizerFileError(f"the source and target tokenizers differ but are both named {file.name!r}")
-        inside(directory, file.name).write_bytes(file.data)
+        inside(directory, file.name, TokenizerFileError, "tokenizer file").write_bytes(file.data)
 
 
 class SentencePieceModel:

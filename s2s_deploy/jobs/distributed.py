@@ -1,4 +1,4 @@
-"""Translate a file on Ray: the chunks of ``runtime.files``, spread over an actor pool.
+"""Translate a file on Ray: the chunks of ``jobs.files``, spread over an actor pool.
 
 A Ray Data pipeline: one row per chunk of the input (its index and byte range), ``map_batches``
 over a pool of actors that each load the export once and translate whole chunks, and the driver
@@ -30,7 +30,6 @@ import numpy as np
 from s2s_deploy.errors import S2SError
 from s2s_deploy.format.manifest import load_manifest
 from s2s_deploy.jobs.files import (
-    CHUNK_LINES,
     ChunkResult,
     Counts,
     FileJob,
@@ -109,18 +108,18 @@ def _probe(address: str) -> None:
         raise S2SError(f"cannot reach the Ray cluster at {address}: {exc.strerror or exc}") from exc
 
 
-def translate_dataset(export_dir: str | Path, input_path: str | Path, output_path: str | Path, *, actors: int = 2,
-                      batch_size: int = 32, beam: int = 1, address: str | None = None, max_len: int | None = None,
-                      alpha: float | None = None, max_len_a: float | None = None, max_len_b: int | None = None,
-                      on_long: str = "truncate", errors: str = "strict",
-                      scores: bool = False, chunk_lines: int = CHUNK_LINES, ids: bool = False, resume: bool = False,
-                      progress: bool | None = None, device: str = "auto", threads: int | None = 1,
-                      engine: str = "loop", runtime_env: dict[str, Any] | None = None) -> FileSummary:
+def translate_dataset(export_dir: str | Path, input_path: str | Path, output_path: str | Path,
+                      options: FileOptions | None = None, *, actors: int = 2, address: str | None = None,
+                      resume: bool = False, progress: bool | None = None, device: str = "auto",
+                      threads: int | None = 1, engine: str = "loop",
+                      runtime_env: dict[str, Any] | None = None) -> FileSummary:
     """Translate ``input_path`` into ``output_path`` with ``actors`` Ray actors; same bytes as one machine.
 
-    Uses the Ray already initialised in this process, else connects to ``address`` (``"auto"``,
-    ``"ray://head:10001"``), else starts a local one, shut down again at the end. ``threads``
-    is ONNX Runtime's per actor: one per actor and one actor per core avoids oversubscription.
+    ``options`` as for ``translate_file``: their decoding options are resolved here, once, and
+    every actor decodes with that one config. Uses the Ray already initialised in this process,
+    else connects to ``address`` (``"auto"``, ``"ray://head:10001"``), else starts a local one,
+    shut down again at the end. ``threads`` is ONNX Runtime's per actor: one per actor and one
+    actor per core avoids oversubscription.
     """
     try:
         import ray
@@ -128,13 +127,11 @@ def translate_dataset(export_dir: str | Path, input_path: str | Path, output_pat
         raise S2SError(RAY_MISSING) from exc
     if str(input_path) == "-":
         raise S2SError("--ray reads the input file on the workers: give a file, not stdin")
-    options = FileOptions(beam=beam, batch_size=batch_size, max_len=max_len, alpha=alpha, max_len_a=max_len_a,
-                          max_len_b=max_len_b, on_long=on_long, errors=errors, scores=scores, chunk_lines=chunk_lines,
-                          ids=ids)
     if actors < 1:
         raise S2SError("actors must be at least 1")
     export_dir, input_path = str(Path(export_dir).resolve()), str(Path(input_path).resolve())
     manifest = load_manifest(export_dir)
+    options = (options or FileOptions()).resolved(manifest)
     started = time.perf_counter()
     owned = not ray.is_initialized()
     if owned and address:
@@ -157,7 +154,7 @@ def translate_dataset(export_dir: str | Path, input_path: str | Path, output_pat
         try:
             with contextlib.redirect_stderr(own_stderr), \
                     file_job(input_path, str(output_path), options, manifest, resume=resume) as job:
-                chunks = list(chunk_ranges(input_path, job.input_bytes, job.lines + 1, chunk_lines))
+                chunks = list(chunk_ranges(input_path, job.input_bytes, job.lines + 1, options.chunk_lines))
                 job.start_progress(progress, job.lines + sum(chunk["lines"] for chunk in chunks))
                 if chunks:
                     _run(ray, job, chunks, export_dir, input_path, options, actors, device, threads, engine)

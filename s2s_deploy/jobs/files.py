@@ -22,7 +22,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from itertools import islice
 from pathlib import Path
 from typing import IO, Any
@@ -32,6 +32,7 @@ import numpy as np
 from s2s_deploy.errors import S2SError
 from s2s_deploy.format.manifest import MANIFEST_NAME, Manifest, sha256_of
 from s2s_deploy.format.vocab import Vocabulary
+from s2s_deploy.runtime.decoding import SearchConfig, resolve
 from s2s_deploy.runtime.translator import Translator, check_ids, parse_ids, unknown_tokens
 
 CHUNK_LINES = 10_000
@@ -44,14 +45,12 @@ _LENIENT = {"on_long": "error", "errors": "strict"}  # a prefix made this way su
 
 @dataclass(frozen=True)
 class FileOptions:
-    """Everything that decides the output bytes; a resumed run must agree with them."""
+    """Everything that decides the output bytes; a resumed run must agree with them. ``search``:
+    the decoding options (``Translator.search_config(...)`` or ``decoding.resolve``), resolved once
+    per job; None for the export's own defaults."""
 
-    beam: int = 1
+    search: SearchConfig | None = None
     batch_size: int = 32
-    max_len: int | None = None
-    alpha: float | None = None
-    max_len_a: float | None = None
-    max_len_b: int | None = None
     on_long: str = "truncate"
     errors: str = "strict"
     scores: bool = False
@@ -63,8 +62,20 @@ class FileOptions:
             raise S2SError(f"on-long must be one of {', '.join(ON_LONG)}, not {self.on_long!r}")
         if self.errors not in ERRORS:
             raise S2SError(f"errors must be one of {', '.join(ERRORS)}, not {self.errors!r}")
-        if min(self.beam, self.batch_size, self.chunk_lines, self.max_len or 1) < 1:
-            raise S2SError("beam, batch size, chunk lines and max length must be at least 1")
+        if min(self.batch_size, self.chunk_lines) < 1:
+            raise S2SError("batch size and chunk lines must be at least 1")
+        if self.search is not None and self.search.n_best != 1:
+            raise S2SError("a file job writes one line per input line: n_best must be 1")
+
+    def resolved(self, manifest: Manifest) -> FileOptions:
+        """These options with ``search`` resolved against the export: once per job, not per chunk."""
+        return self if self.search is not None else replace(self, search=resolve(manifest))
+
+    def record(self) -> dict[str, Any]:
+        """The options as the sidecar records them: flat and JSON-typed, so a resume compares key by key."""
+        assert self.search is not None, "resolve the options first"
+        flat = {**asdict(self.search), **{f.name: getattr(self, f.name) for f in fields(self) if f.name != "search"}}
+        return json.loads(json.dumps(flat))
 
 
 @dataclass(frozen=True)
@@ -128,8 +139,7 @@ def translate_chunk(translator: Translator, data: bytes, first_line: int, option
         raw.pop()
     manifest = translator.manifest
     vocab, limit = manifest.src_vocab, manifest.max_source_length
-    config = translator.search_config(options.beam, 1, options.max_len, options.alpha,
-                                     max_len_a=options.max_len_a, max_len_b=options.max_len_b)
+    config = options.resolved(manifest).search
     out = [""] * len(raw)
     todo: list[tuple[int, list[int]]] = []
     blank = truncated = skipped = 0
@@ -236,7 +246,7 @@ class FileJob:
         self.part = Path(f"{output_path}.part")
         self.sidecar = Path(f"{output_path}.part.json")
         self.identity = {"input": input_path if input_path == "-" else str(Path(input_path).resolve()),
-                         "model": model, "options": asdict(options)}
+                         "model": model, "options": options.record()}
         self.counts = Counts()
         self.resumed = 0
         self.input_bytes = 0
@@ -489,7 +499,7 @@ def translate_file(translator: Translator, input_path: str, output_path: str, op
                    *, resume: bool = False, progress: bool | None = None) -> FileSummary:
     """Translate ``input_path`` line by line into ``output_path`` ('-' for stdin/stdout) on this machine."""
     started = time.perf_counter()
-    options = options or FileOptions()
+    options = (options or FileOptions()).resolved(translator.manifest)
     with file_job(input_path, output_path, options, translator.manifest, resume=resume) as job:
         visible = sys.stderr.isatty() if progress is None else progress
         job.start_progress(visible, count_lines(input_path) if visible and input_path != "-" else None)

@@ -2,7 +2,8 @@
 
 from s2s_deploy.format.manifest import Manifest, load_manifest
 from s2s_deploy.format.vocab import Vocabulary
-from s2s_deploy.runtime.search import Hypothesis, SearchConfig, search
+from s2s_deploy.runtime.decoding import SearchConfig
+from s2s_deploy.runtime.search import Hypothesis, search
 from s2s_deploy.runtime.translator import Translation, Translator, translate
 
 __all__ = [

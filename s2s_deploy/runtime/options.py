@@ -16,39 +16,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from s2s_deploy.runtime.backend import DecodeRun
+from s2s_deploy.runtime.decoding import prefixes_of
 
 if TYPE_CHECKING:
-    from s2s_deploy.runtime.search import SearchConfig
+    from s2s_deploy.runtime.decoding import SearchConfig
 
 StepTop = Callable[[np.ndarray, np.ndarray, int], tuple[np.ndarray, np.ndarray]]
-
-
-def check_options(config: SearchConfig) -> None:
-    """ValueError for an option out of range; called by ``SearchConfig`` itself."""
-    if config.sampling_topk < 0:
-        raise ValueError("sampling_topk must be 0 (the whole vocabulary) or more")
-    if not 0.0 < config.sampling_topp <= 1.0:
-        raise ValueError("sampling_topp must be in (0, 1]")
-    if config.sampling_temperature <= 0.0:
-        raise ValueError("sampling_temperature must be above 0")
-    if config.sampling_topk != 1 and config.beam_size > 1:
-        raise ValueError("sampling (sampling_topk != 1) needs beam_size 1")
-    if config.repetition_penalty <= 0.0:
-        raise ValueError("repetition_penalty must be above 0")
-    if config.no_repeat_ngram_size < 0:
-        raise ValueError("no_repeat_ngram_size must be 0 (off) or more")
-    if any(len(words) == 0 for words in config.bad_words_ids):
-        raise ValueError("bad_words_ids holds an empty sequence")
-    if any(len(p) >= config.max_len for p in prefixes_of(config)):
-        raise ValueError("a prefix must be shorter than max_len")
-
-
-def prefixes_of(config: SearchConfig) -> tuple[tuple[int, ...], ...]:
-    """The per-sentence prefixes, or one shared prefix as a 1-tuple (empty when none)."""
-    prefix = config.prefix
-    if not prefix:
-        return ()
-    return tuple(tuple(p) for p in prefix) if isinstance(prefix[0], tuple) else (tuple(prefix),)  # type: ignore[arg-type]
 
 
 def options_on(config: SearchConfig) -> bool:

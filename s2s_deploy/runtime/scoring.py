@@ -13,8 +13,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from s2s_deploy.runtime.backend import Backend
+from s2s_deploy.runtime.decoding import SearchConfig
 from s2s_deploy.runtime.options import StepOptions
-from s2s_deploy.runtime.search import SearchConfig
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,8 @@ import numpy as np
 
 from s2s_deploy.errors import S2SError
 from s2s_deploy.runtime.backend import Backend
-from s2s_deploy.runtime.options import StepOptions, check_options, options_on
+from s2s_deploy.runtime.decoding import SearchConfig
+from s2s_deploy.runtime.options import StepOptions, options_on
 
 NON_FINITE = "the decoder returned NaN log-probs: the model's weights or graph are broken (re-export it)"
 
@@ -46,55 +47,6 @@ class Hypothesis:
     @property
     def log_prob(self) -> float:
         return float(sum(self.token_log_probs))
-
-
-@dataclass(frozen=True)
-class SearchConfig:
-    """Defaults leave every decoding option off (docs/decoding.md gives each one's semantics).
-    ``prefix`` is one tuple of ids for every sentence, or one tuple per sentence of the batch."""
-
-    beam_size: int = 1
-    n_best: int = 1
-    max_len: int = 256
-    alpha: float = 0.75
-    min_len: int = 0
-    sampling_topk: int = 1
-    sampling_topp: float = 1.0
-    sampling_temperature: float = 1.0
-    seed: int = 0
-    repetition_penalty: float = 1.0
-    no_repeat_ngram_size: int = 0
-    prefix: tuple[int, ...] | tuple[tuple[int, ...], ...] = ()
-    suppress_tokens: tuple[int, ...] = ()
-    disable_unk: bool = False
-    bad_words_ids: tuple[tuple[int, ...], ...] = ()
-    forced_eos: bool = False
-    max_len_a: float = 0.0
-    max_len_b: int = 0
-    """With either set, a sentence of ``n`` source tokens (its EOS included) stops after
-    ``min(max_len, ceil(max_len_a * n + max_len_b))`` tokens, as fairseq's ``--max-len-a/b``: a
-    looping model stops near its input's length instead of at ``max_len``."""
-    early_stopping: bool = False
-
-    def __post_init__(self) -> None:
-        if self.beam_size < 1:
-            raise ValueError("beam size must be at least 1")
-        if not 1 <= self.n_best <= self.beam_size:
-            raise ValueError("n-best must be between 1 and the beam size")
-        if self.max_len < 1:
-            raise ValueError("max_len must be at least 1")
-        if not 0 <= self.min_len <= self.max_len:
-            raise ValueError("min_len must be between 0 and max_len")
-        if not (np.isfinite(self.max_len_a) and self.max_len_a >= 0 and self.max_len_b >= 0):
-            raise ValueError("max_len_a and max_len_b must be finite and non-negative")
-        check_options(self)
-
-    def sentence_limits(self, src_len: np.ndarray) -> np.ndarray | None:
-        """Each sentence's own maximum length, or None when only ``max_len`` applies."""
-        if not (self.max_len_a or self.max_len_b):
-            return None
-        relative = np.ceil(self.max_len_a * np.asarray(src_len, dtype=np.float64) + self.max_len_b)
-        return np.clip(relative, max(self.min_len, 1), self.max_len).astype(np.int64)
 
 
 def _stops_by_step(limits: np.ndarray | None) -> dict[int, np.ndarray]:

@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 from s2s_deploy.errors import S2SError
-from s2s_deploy.format.manifest import Manifest, load_manifest
+from s2s_deploy.format.manifest import load_manifest
 from s2s_deploy.format.vocab import UNK, Vocabulary, split
+from s2s_deploy.runtime.decoding import SearchConfig, resolve
 from s2s_deploy.runtime.scoring import Scored
-from s2s_deploy.runtime.search import Hypothesis, SearchConfig, SearchEngine, StepLoop
+from s2s_deploy.runtime.search import Hypothesis, SearchEngine, StepLoop
 
 
 @dataclass(frozen=True)
@@ -176,86 +176,6 @@ def _translation(source: str, hyps: list[Hypothesis], vocab: Vocabulary) -> Tran
 
 
 ENGINES = ("loop", "graph")
-MAX_DECODE = 1 << 16  # the step loop keeps (rows, max_len) arrays: a typo must not allocate gigabytes
-
-
-def default_search_config(manifest: Manifest, beam: int | None = None, n_best: int | None = None,
-                          max_len: int | None = None, alpha: float | None = None, **options: object) -> SearchConfig:
-    """A SearchConfig from the arguments given (None: not given), then the manifest's ``search``
-    defaults (the model's own settings, and the relative length limit its training data measured),
-    then SearchConfig's own. Token options take ids or strings: a ``prefix`` string is tokenised, a
-    ``suppress_tokens`` string is one vocabulary entry, a ``bad_words_ids`` string is tokenised
-    into one sequence."""
-    target_lang = options.pop("target_lang", None)
-    unknown = sorted(set(options) - set(OPTION_NAMES))
-    if unknown:
-        raise S2SError(f"unknown decoding option {unknown[0]!r}; known: {', '.join(OPTION_NAMES)}")
-    for name, value in (("beam", beam), ("n-best", n_best), ("max-len", max_len)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise S2SError(f"{name} must be a whole number of at least 1, not {value!r}")
-    for name, value in (("alpha", alpha), ("max-len-a", options.get("max_len_a")),
-                        ("max-len-b", options.get("max_len_b"))):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)
-                                  or not math.isfinite(value) or value < 0):
-            raise S2SError(f"{name} must be a finite number >= 0, not {value!r}")
-    limit = manifest.max_target_length
-    if max_len is not None and max_len > MAX_DECODE:
-        raise S2SError(f"max-len {max_len} is over the {MAX_DECODE} tokens this runtime decodes")
-    if max_len is not None and limit is not None and max_len > limit:
-        raise S2SError(f"max-len {max_len} exceeds the model's limit of {limit} target tokens (its position table)")
-    min_len = options.get("min_len")
-    stored = manifest.raw.get("search", {})
-    values: dict[str, object] = {name: stored[name] for name in OPTION_NAMES if name in stored}
-    values.setdefault("alpha", stored.get("length_penalty_alpha", 0.75))
-    values.setdefault("max_len", limit or 256)
-    given = {"beam_size": beam, "n_best": n_best, "max_len": max_len, "alpha": alpha, **options}
-    values.update({name: value for name, value in given.items() if value is not None})
-    if min_len is None and "min_len" in stored:  # the model's own minimum yields to a shorter limit asked for
-        values["min_len"] = min(int(stored["min_len"]), int(values["max_len"]))  # type: ignore[call-overload]
-    vocab = manifest.tgt_vocab
-    if "prefix" in values and not _per_sentence(values["prefix"]):
-        values["prefix"] = _ids(vocab, values["prefix"])
-    if target_lang is not None:  # the language token is forced first, instead of the model's own default
-        asked = () if options.get("prefix") is None or _per_sentence(options["prefix"]) else values["prefix"]
-        values["prefix"] = (language_id(vocab, target_lang), *asked)  # type: ignore[misc]
-    values["suppress_tokens"] = tuple(_token_id(vocab, t) for t in values.get("suppress_tokens", ()))  # type: ignore[attr-defined]
-    values["bad_words_ids"] = tuple(_ids(vocab, w) for w in values.get("bad_words_ids", ()))  # type: ignore[attr-defined]
-    if int(values.get("beam_size", 1)) < int(values.get("n_best", 1)):  # type: ignore[call-overload]
-        raise S2SError(f"n-best {values['n_best']} cannot exceed the beam size {values['beam_size']}")
-    if int(values.get("beam_size", 1)) >= len(vocab):  # type: ignore[call-overload]
-        raise S2SError(f"beam {values['beam_size']} must be smaller than the target vocabulary ({len(vocab)} tokens)")
-    try:
-        config = SearchConfig(**values)  # type: ignore[arg-type]
-    except (TypeError, ValueError) as exc:
-        raise S2SError(f"decoding options: {exc}") from exc
-    if any(not 0 <= i < len(vocab) for i in config.suppress_tokens):
-        raise S2SError(f"a suppressed token id is outside the target vocabulary (0..{len(vocab) - 1})")
-    return config
-
-
-def language_id(vocab: Vocabulary, code: object) -> int:
-    """The id of the token that names language ``code``: the token itself (``fra_Latn``) or
-    fairseq's ``__fr__``, so users give codes, never ids."""
-    if not isinstance(code, str):
-        raise S2SError(f"a language code is a string, not {code!r}")
-    for token in (code, f"__{code}__"):
-        if token in vocab.tokens:
-            return vocab.tokens.index(token)
-    raise S2SError(f"no language token {code!r} (or __{code}__) in the vocabulary")
-
-
-def _ids(vocab: Vocabulary, value: object) -> tuple[int, ...]:
-    if isinstance(value, str):
-        return tuple(vocab.encode(value, add_eos=False))
-    return tuple(int(i) for i in value)  # type: ignore[attr-defined]
-
-
-def _token_id(vocab: Vocabulary, token: object) -> int:
-    if isinstance(token, str):
-        if token not in vocab.tokens:
-            raise S2SError(f"{token!r} is not a token of the target vocabulary")
-        return vocab.tokens.index(token)
-    return int(token)  # type: ignore[call-overload]
 
 
 class Translator:
@@ -290,50 +210,59 @@ class Translator:
 
     def search_config(self, beam: int | None = None, n_best: int | None = None, max_len: int | None = None,
                       alpha: float | None = None, **options: object) -> SearchConfig:
-        """See ``default_search_config``; a ``source_lang`` is checked here and used by ``__call__``."""
-        self.source_vocab(options.pop("source_lang", None))
-        return default_search_config(self.manifest, beam, n_best, max_len, alpha, **options)
+        """The options given (None: not given) over this export's defaults: ``decoding.resolve``.
+        ``options``: any SearchConfig field by name; token options also take strings."""
+        return resolve(self.manifest, {"beam_size": beam, "n_best": n_best, "max_len": max_len, "alpha": alpha,
+                                       **options})
 
-    def source_vocab(self, source_lang: object = None) -> Vocabulary:
-        """The source vocabulary, its framing prefix the token of ``source_lang`` when one is given
-        (a multilingual model reads the source language from the sentence's first token)."""
-        vocab = self.manifest.src_vocab
-        return vocab if source_lang is None else replace(vocab, prefix=(language_id(vocab, source_lang),))
+    def _config(self, config: SearchConfig | None, beam: int | None, n_best: int | None, max_len: int | None,
+                alpha: float | None, options: dict[str, object]) -> SearchConfig:
+        """A ready config (from ``search_config``, resolved once by a caller that decodes many
+        batches with it), or the options resolved now; never both."""
+        if config is None:
+            return self.search_config(beam, n_best, max_len, alpha, **options)
+        if any(value is not None for value in (beam, n_best, max_len, alpha, *options.values())):
+            raise S2SError("give decoding options or a ready config, not both")
+        return config
 
     def __call__(self, texts: Sequence[str], beam: int | None = None, n_best: int | None = None,
                  max_len: int | None = None, alpha: float | None = None, batch_size: int = 32,
-                 max_batch_tokens: int | None = None, **options: object) -> list[Translation]:
-        """``options``: any SearchConfig field by name (docs/decoding.md). ``prefix`` may be one
-        string or id tuple for every sentence, or a list of strings, one per sentence."""
+                 max_batch_tokens: int | None = None, *, config: SearchConfig | None = None,
+                 **options: object) -> list[Translation]:
+        """``texts``: a list of sentences, or one sentence as a bare string (a list of one result).
+        ``options``: any SearchConfig field by name (docs/decoding.md), or ``config``, one made by
+        ``search_config``. ``prefix`` may be one string or id tuple for every sentence, or a list of
+        strings (or id tuples), one per sentence."""
         if isinstance(texts, str):  # one sentence, not one per character
             texts = [texts]
-        prefix = options.get("prefix")
+        config = self._config(config, beam, n_best, max_len, alpha, options)
         prefixes = None
-        source = self.source_vocab(options.pop("source_lang", None))
-        if _per_sentence(prefix):
-            language = options.get("target_lang")
-            first = () if language is None else (language_id(self.manifest.tgt_vocab, language),)
-            prefixes = [(*first, *_ids(self.manifest.tgt_vocab, p)) for p in prefix]  # type: ignore[union-attr]
-            options = {**options, "prefix": None}
-        config = self.search_config(beam, n_best, max_len, alpha, **options)
+        if config.prefix and isinstance(config.prefix[0], tuple):  # one per sentence: each batch takes its own
+            prefixes, config = config.prefix, replace(config, prefix=())
         manifest = self.manifest
         check_inputs(texts)
-        self.unknown.update(unknown_tokens(texts, source))
-        return translate(self.engine, texts, source, manifest.tgt_vocab, config, batch_size,
+        self.unknown.update(unknown_tokens(texts, manifest.src_vocab))
+        return translate(self.engine, texts, manifest.src_vocab, manifest.tgt_vocab, config, batch_size,
                          manifest.max_source_length, max_batch_tokens=max_batch_tokens, prefixes=prefixes)
 
-    def stream(self, text: str, max_len: int | None = None, **options: object) -> Iterator[str]:
-        """Pieces of the translation of one sentence as they are produced (greedy or sampled):
-        each is the text the newest token adds, so joining them gives the whole translation."""
+    def stream(self, text: str, max_len: int | None = None, *, config: SearchConfig | None = None,
+               **options: object) -> Iterator[str]:
+        """Pieces of the translation of one sentence as they are produced (greedy or sampled,
+        whatever the export's default beam): each is the text the newest token adds, so joining
+        them gives the whole translation."""
         from s2s_deploy.runtime.scoring import stream_tokens
 
         if not isinstance(self.engine, StepLoop):
             raise S2SError("streaming runs the step loop: use engine='loop'")
         check_inputs([text])
-        source = self.source_vocab(options.pop("source_lang", None))
-        config = self.search_config(1, 1, max_len, None, **options)
+        if config is None:
+            config = self.search_config(1, 1, max_len, None, **options)
+        elif max_len is not None or options:
+            raise S2SError("give decoding options or a ready config, not both")
+        if config.beam_size != 1:
+            raise S2SError(f"streaming is greedy or sampling: beam_size 1, not {config.beam_size}")
         manifest = self.manifest
-        src, src_len = encode_batch([text], source, manifest.max_source_length)
+        src, src_len = encode_batch([text], manifest.src_vocab, manifest.max_source_length)
         done: list[int] = []
         shown = ""
         for token, _ in stream_tokens(self.backend, src, src_len, config):
@@ -345,9 +274,11 @@ class Translator:
 
     def score(self, sources: Sequence[str], targets: Sequence[str], batch_size: int = 32) -> list[Scored]:
         """Per-token and total log-probs of each target given its source, teacher-forced
-        through the step decoder (the closing EOS is the last value)."""
+        through the step decoder (the closing EOS is the last value). Two bare strings are one pair."""
         from s2s_deploy.runtime.scoring import score
 
+        if isinstance(sources, str) and isinstance(targets, str):
+            sources, targets = [sources], [targets]
         if not isinstance(self.engine, StepLoop):
             raise S2SError("scoring runs the step decoder: use engine='loop'")
         if len(sources) != len(targets):
@@ -363,21 +294,14 @@ class Translator:
         return found
 
     def translate_ids(self, ids: Sequence[Sequence[int]], beam: int | None = None, n_best: int | None = None,
-                      max_len: int | None = None, alpha: float | None = None, batch_size: int = 32,
-                      **options: object) -> list[list[Hypothesis]]:
+                      max_len: int | None = None, alpha: float | None = None, batch_size: int = 32, *,
+                      config: SearchConfig | None = None, **options: object) -> list[list[Hypothesis]]:
         """For applications that tokenise themselves: each row is the encoder's input as it stands
         (``manifest.src_vocab.encode(text)`` frames it with the prefix and EOS suffix), and each
         hypothesis's ``tokens`` are target ids without the start token and EOS. ``options``: any
-        SearchConfig field by name, as for ``__call__``; defaults come from the manifest."""
-        config = self.search_config(beam, n_best, max_len, alpha, **options)
+        SearchConfig field by name, or ``config``, as for ``__call__``; defaults come from the manifest."""
+        config = self._config(config, beam, n_best, max_len, alpha, options)
         manifest = self.manifest
         rows = check_ids(ids, len(manifest.src_vocab), manifest.max_source_length)
         return search_ids(self.engine, rows, manifest.src_vocab.pad_id, config, batch_size)
 
-
-OPTION_NAMES = tuple(f.name for f in fields(SearchConfig))
-
-
-def _per_sentence(prefix: object) -> bool:
-    """A list of strings or of id tuples: one prefix per sentence."""
-    return isinstance(prefix, list | tuple) and len(prefix) > 0 and not isinstance(prefix[0], int)

@@ -21,7 +21,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from s2s_deploy.errors import S2SError
-from s2s_deploy.runtime.search import SearchConfig
+from s2s_deploy.runtime.decoding import SearchConfig
 from s2s_deploy.runtime.translator import Translator
 from s2s_deploy.serve.batcher import Batcher, BatchLimits, QueueFullError, TooLargeError
 
@@ -54,8 +54,8 @@ class BadRequestError(S2SError):
     pass
 
 
-def _integer(body: dict[str, Any], key: str, default: int | None, low: int, high: int | None) -> int | None:
-    value = body.get(key, default)
+def _integer(body: dict[str, Any], key: str, low: int, high: int | None) -> int | None:
+    value = body.get(key)
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
@@ -78,14 +78,18 @@ def parse_request(body: Any, translator: Translator, max_beam: int) -> tuple[lis
         if not text.strip():
             raise BadRequestError(f"text {number} is empty")
     manifest = translator.manifest
-    beam = _integer(body, "beam", 1, 1, min(max_beam, len(manifest.tgt_vocab) - 1))
-    n_best = _integer(body, "n_best", 1, 1, beam)
-    max_len = _integer(body, "max_len", None, 1, manifest.max_target_length)
+    beam = _integer(body, "beam", 1, min(max_beam, len(manifest.tgt_vocab) - 1))
+    n_best = _integer(body, "n_best", 1, None)
+    max_len = _integer(body, "max_len", 1, manifest.max_target_length)
     alpha = body.get("alpha")
     if alpha is not None and (isinstance(alpha, bool) or not isinstance(alpha, (int, float))
                               or not math.isfinite(alpha) or alpha < 0):
         raise BadRequestError("'alpha' must be a finite number >= 0")
-    return texts, translator.search_config(beam, n_best, max_len, alpha)
+    config = translator.search_config(beam, n_best, max_len, alpha)  # what the request leaves out: the export's
+    if config.beam_size > max_beam:
+        raise BadRequestError(f"the export's default beam {config.beam_size} exceeds this server's largest, "
+                              f"{max_beam}: name a smaller 'beam'")
+    return texts, config
 
 
 def _error(status: int, message: str) -> JSONResponse:
@@ -137,12 +141,14 @@ def create_app(config: ServeConfig) -> Starlette:
         translator: Translator = state["translator"]
         manifest = translator.manifest
         return JSONResponse({
-            "plugin": manifest.raw["plugin"],
+            "plugin": {"name": manifest.plugin, "version": manifest.plugin_version,
+                       "description": manifest.plugin_description},
             "vocab_size": {"source": len(manifest.src_vocab), "target": len(manifest.tgt_vocab)},
             "limits": {"max_source_length": manifest.max_source_length,
                        "max_target_length": manifest.max_target_length, "max_beam": config.max_beam},
             "batching": asdict(config.limits),
-            "search": manifest.raw["search"],
+            "search": dict(manifest.search),
+            "decoding": asdict(translator.search_config()),  # what a request that names no option decodes with
             "provider": translator.notice,
         })
 

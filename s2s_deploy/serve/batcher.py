@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from s2s_deploy.errors import S2SError
-from s2s_deploy.runtime.search import SearchConfig
+from s2s_deploy.runtime.decoding import SearchConfig
 from s2s_deploy.runtime.translator import Translation, Translator, translate
 
 

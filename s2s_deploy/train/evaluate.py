@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from s2s_deploy.errors import S2SError
 from s2s_deploy.format.manifest import Manifest
 from s2s_deploy.runtime.backend import Backend
-from s2s_deploy.runtime.search import SearchConfig, StepLoop
+from s2s_deploy.runtime.decoding import SearchConfig
+from s2s_deploy.runtime.search import StepLoop
 from s2s_deploy.runtime.translator import translate
 from s2s_deploy.train.metrics import Scores, score
 from s2s_deploy.train.tasks import load_task
@@ -25,7 +26,7 @@ class EvalRow:
 
 
 def task_of(manifest: Manifest, task: str | None) -> tuple[str, int]:
-    training = manifest.raw.get("training", {})
+    training = manifest.training
     name = task or training.get("task")
     if not name:
         raise S2SError(f"{manifest.directory} records no training task; pass --task NAME or a TSV file")

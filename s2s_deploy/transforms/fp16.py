@@ -9,7 +9,6 @@ import onnx
 
 from s2s_deploy.errors import S2SError
 from s2s_deploy.format.manifest import Manifest
-from s2s_deploy.format.names import past_name
 
 # Kept in fp32: ops whose range or precision fp16 cannot hold. LayerNormalization (its stash_type
 # keeps the statistics fp32) and Softmax (ONNX Runtime's CUDA kernel accumulates in fp32) run in
@@ -28,20 +27,15 @@ def cache_interface(manifest: Manifest) -> frozenset[str]:
     return frozenset(names)
 
 
-def record_interface_dtypes(raw: dict, encoder: Path, decoder: Path) -> None:
-    """The manifest's dtypes (graph inputs and outputs, memory, state), read from the converted graphs."""
+def interface_dtypes(encoder: Path, decoder: Path) -> dict[str, str]:
+    """Every graph input's and output's dtype, by name, read from the converted graphs (for
+    ``Manifest.with_dtypes``: graph inputs and outputs, memory and state follow them)."""
     types = {}
-    for role, path in (("encoder", encoder), ("decoder", decoder)):
+    for path in (encoder, decoder):
         graph = onnx.load(str(path), load_external_data=False).graph
-        for kind, values in (("inputs", graph.input), ("outputs", graph.output)):
-            found = {v.name: str(onnx.helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type)) for v in values}
-            for entry in raw["graphs"][role][kind]:
-                entry["dtype"] = found[entry["name"]]
-            types.update(found)
-    for entry in raw["memory"]:
-        entry["dtype"] = types[entry["name"]]
-    for entry in raw["state"]:
-        entry["dtype"] = types[past_name(entry["name"])]
+        for value in (*graph.input, *graph.output):
+            types[value.name] = str(onnx.helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type))
+    return types
 
 
 def convert(model: onnx.ModelProto, interface: frozenset[str]) -> onnx.ModelProto:

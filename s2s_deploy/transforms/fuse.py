@@ -15,9 +15,6 @@ agree to float64 rounding). Documented in docs/generate.md.
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +26,9 @@ import onnx_ir as ir
 from onnx_ir.passes import common as passes
 
 from s2s_deploy.errors import S2SError
-from s2s_deploy.format.manifest import MANIFEST_NAME, Manifest, manifest_text, sha256_of
+from s2s_deploy.format.files import write_atomically
+from s2s_deploy.format.manifest import IOEntry as GenerateIO
+from s2s_deploy.format.manifest import Manifest
 
 GENERATE_FILE = "generate.onnx"
 SEARCH_FUNCTIONS = Path(__file__).with_name("search_graph.onnx")
@@ -41,19 +40,6 @@ _SEARCH_DOMAIN = "s2s_deploy.search"
 FUSED_OPTIONS = ("min_len", "max_len", "suppress_tokens", "disable_unk", "bad_words_ids (single tokens)",
                  "prefix (one for every sentence)", "forced_eos")
 """What ``fuse --options`` carries; the step loop runs every other option (docs/generate.md)."""
-
-
-@dataclass(frozen=True)
-class GenerateIO:
-    """One input or output of generate.onnx as the manifest lists it."""
-
-    name: str
-    role: str
-    dtype: str
-    shape: tuple[int | str, ...]
-
-    def entry(self) -> dict[str, Any]:
-        return {"name": self.name, "role": self.role, "dtype": self.dtype, "shape": list(self.shape)}
 
 
 def generate_io(beam: bool, options: bool = False) -> tuple[tuple[GenerateIO, ...], tuple[GenerateIO, ...]]:
@@ -91,38 +77,13 @@ def fuse_generate(manifest: Manifest, out_path: str | Path, beam: bool = True, o
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
         raise S2SError(f"the fused graph fails the ONNX checker: {str(exc).splitlines()[0]}") from exc
     out_path = Path(out_path)
-    _atomic_write(out_path, model.SerializeToString())
+    write_atomically(out_path, model.SerializeToString())
     return out_path
 
 
 def add_to_manifest(manifest: Manifest, path: Path, beam: bool, options: bool = False) -> Path:
     """Record ``graphs.generate`` in manifest.json, replacing the file atomically."""
-    if path.resolve().parent != manifest.directory.resolve():
-        raise S2SError(f"{path} is not in the export folder {manifest.directory}")
-    raw = json.loads((manifest.directory / MANIFEST_NAME).read_text(encoding="utf-8"))
-    inputs, outputs = generate_io(beam, options)
-    raw["graphs"]["generate"] = {
-        "file": path.name,
-        "sha256": sha256_of(path),
-        "search": "beam" if beam else "greedy",
-        **({"options": list(FUSED_OPTIONS)} if options else {}),
-        "inputs": [io.entry() for io in inputs],
-        "outputs": [io.entry() for io in outputs],
-    }
-    target = manifest.directory / MANIFEST_NAME
-    _atomic_write(target, manifest_text(raw).encode("utf-8"))
-    return target
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    handle, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "wb") as stream:
-            stream.write(data)
-        os.replace(temp, path)
-    finally:
-        if os.path.exists(temp):
-            os.unlink(temp)
+    return manifest.with_generate(path, beam, FUSED_OPTIONS if options else (), *generate_io(beam, options)).write()
 
 
 def build_generate(manifest: Manifest, beam: bool = True, options: bool = False) -> onnx.ModelProto:
@@ -139,7 +100,8 @@ def build_generate(manifest: Manifest, beam: bool = True, options: bool = False)
     inputs, outputs = generate_io(beam, options)
     graph = ir.Graph([_value(io.name, io.dtype, io.shape) for io in inputs], [], nodes=[], opset_imports={"": opset},
                      name=f"{manifest.plugin}_generate_{'beam' if beam else 'greedy'}")
-    results = _Fuser(manifest, graph, encoder.graph, decoder, options).build(beam)
+    fuser = _Fuser(manifest, graph, encoder.graph, decoder, options)
+    results = fuser.build(beam)
     for io, value in zip(outputs, results, strict=True):
         value.name, value.type, value.shape = io.name, _type(io.dtype), ir.Shape(io.shape)
         graph.outputs.append(value)
@@ -151,12 +113,26 @@ def build_generate(manifest: Manifest, beam: bool = True, options: bool = False)
                   passes.NameFixPass()):
         pass_(model)
     model.opset_imports.pop(_SEARCH_DOMAIN)  # every call is inlined
+    _explicit_loop_conditions(graph, fuser.const(True, "bool"))
     _unique_names(graph)
     proto = ir.to_proto(model)
     for key, value in encoder.metadata_props.items():
         proto.metadata_props.add(key=key, value="generate" if key == "s2s_deploy.role" else value)
     proto.metadata_props.add(key="s2s_deploy.search", value="beam" if beam else "greedy")
     return proto
+
+
+def _explicit_loop_conditions(graph: ir.Graph, true: ir.Value) -> None:
+    """Give every ``Loop`` without a ``cond`` input (onnxscript's ``for i in range(n)``, perhaps
+    an exported graph's) the constant ``true``. The spec reads an omitted ``cond`` as true, and
+    ONNX Runtime does, but ``onnx.reference`` makes zero trips: it would skip ``n_best``'s walk
+    back through the parents."""
+    for node in ir.traversal.RecursiveGraphIterator(graph):
+        if node.op_type == "Loop" and node.domain in _DEFAULT_DOMAINS:
+            if len(node.inputs) < 2:
+                node.resize_inputs(2)
+            if node.inputs[1] is None:
+                node.replace_input_with(1, true)
 
 
 def _unique_names(graph: ir.Graph) -> None:

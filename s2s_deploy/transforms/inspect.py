@@ -35,9 +35,9 @@ def summarise(manifest: Manifest) -> list[GraphSummary]:
     """The encoder and decoder, and generate.onnx when ``s2s-deploy fuse`` added it."""
     graphs = [_summary(role, manifest.graph_path(graph)) for role, graph in
               (("encoder", manifest.encoder), ("decoder", manifest.decoder))]
-    generate = manifest.raw["graphs"].get("generate")
-    if generate and (manifest.directory / generate["file"]).is_file():
-        graphs.append(_summary("generate", manifest.directory / generate["file"]))
+    generate = manifest.generate
+    if generate and (manifest.directory / generate.file).is_file():
+        graphs.append(_summary("generate", manifest.directory / generate.file))
     return graphs
 
 

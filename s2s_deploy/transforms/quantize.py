@@ -6,7 +6,6 @@ tolerance and states the token agreement it must keep with the fp32 original ins
 
 from __future__ import annotations
 
-import copy
 import logging
 import shutil
 import subprocess
@@ -21,9 +20,9 @@ from onnxruntime.quantization.quant_utils import quantize_data
 
 from s2s_deploy.errors import S2SError
 from s2s_deploy.format.files import staged_directory
-from s2s_deploy.format.manifest import Manifest, load_manifest, sha256_of, write_manifest
+from s2s_deploy.format.manifest import Manifest, load_manifest
 from s2s_deploy.format.subword import write_files
-from s2s_deploy.transforms.fp16 import cache_interface, convert, record_interface_dtypes
+from s2s_deploy.transforms.fp16 import cache_interface, convert, interface_dtypes
 from s2s_deploy.transforms.inspect import deployable_files
 from s2s_deploy.transforms.share import share_weights
 
@@ -53,43 +52,31 @@ def quantize_export(manifest: Manifest, kind: str, out_dir: Path, force: bool = 
         raise S2SError(f"unknown quantisation {kind!r}; known: {', '.join(KINDS)}")
     if activations not in ACTIVATION_MODES:
         raise S2SError(f"unknown int8 activation mode {activations!r}; known: {', '.join(ACTIVATION_MODES)}")
-    if manifest.raw.get("quantization"):
-        raise S2SError(f"{manifest.directory} is already quantised ({manifest.raw['quantization']['kind']})")
-    raw = copy.deepcopy(manifest.raw)
+    if manifest.quantization is not None:
+        raise S2SError(f"{manifest.directory} is already quantised ({manifest.quantization.kind})")
     with staged_directory(out_dir, force) as work:
+        copied = manifest.moved_to(work)
+        targets = {}
         for role, graph in (("encoder", manifest.encoder), ("decoder", manifest.decoder)):
             source = manifest.graph_path(graph)
-            target = work / graph.file
+            targets[role] = target = work / graph.file
             if kind == "int8":
                 _int8(source, target, activations)
             else:
                 _fp16(source, target, cache_interface(manifest))
             _restore_outputs(source, target)
-            raw["graphs"][role].pop("ort_file", None)  # .ort copies are of the fp32 graphs
-            raw["graphs"][role].pop("ort_sha256", None)
-            raw["graphs"][role].pop("external_data", None)
-        targets = {role: work / graph.file for role, graph in (("encoder", manifest.encoder),
-                                                                ("decoder", manifest.decoder))}
         shared = share_weights(list(targets.values()))
         for role, target in targets.items():
-            raw["graphs"][role]["sha256"] = sha256_of(target)
-            if target in shared:
-                raw["graphs"][role]["external_data"] = shared[target]
-        checkpoint = manifest.directory / raw["checkpoint"]["file"]
-        if checkpoint.is_file():
-            shutil.copyfile(checkpoint, work / checkpoint.name)
+            copied = copied.with_graph(role, target, shared.get(target))
+        if manifest.checkpoint is not None and (manifest.directory / manifest.checkpoint.file).is_file():
+            shutil.copyfile(manifest.directory / manifest.checkpoint.file, work / manifest.checkpoint.file)
         write_files((manifest.src_vocab.tokenizer, manifest.tgt_vocab.tokenizer), work)
         if kind == "fp16":
-            record_interface_dtypes(raw, targets["encoder"], targets["decoder"])
-        raw["opset"] = max(_default_opset(onnx.load(str(path), load_external_data=False)).version
-                           for path in targets.values())
-        raw["graphs"].pop("generate", None)  # a fused graph embeds the fp32 decoder: fuse the copy anew
-        raw["quantization"] = {"kind": kind, "source": manifest.directory.name}  # no build-machine paths
-        if kind == "int8":
-            raw["quantization"]["activations"] = activations
-        raw["validation"] = {"atol": None, "min_token_agreement": MIN_TOKEN_AGREEMENT[kind],
-                             "fp32_max_abs_diff": raw["validation"]["max_abs_diff"]}
-        write_manifest(work, raw)
+            copied = copied.with_dtypes(interface_dtypes(targets["encoder"], targets["decoder"]))
+        opset = max(_default_opset(onnx.load(str(path), load_external_data=False)).version
+                    for path in targets.values())
+        copied.with_quantization(kind, activations if kind == "int8" else None, MIN_TOKEN_AGREEMENT[kind],
+                                 opset).write()
         _smoke_test(work, kind)
         generate = _fuse_again(manifest, work)
         after = deployable_files(load_manifest(work))
@@ -100,18 +87,17 @@ def _fuse_again(manifest: Manifest, work: Path) -> str | None:
     """A fused graph embeds the fp32 decoder, so the copy gets its own, fused from the quantised graphs."""
     from s2s_deploy.transforms.fuse import add_to_manifest, fuse_generate
 
-    entry = manifest.raw["graphs"].get("generate")
-    if not entry:
+    entry = manifest.generate
+    if entry is None:
         return None
-    beam = entry.get("search", "beam") == "beam"
     copy_manifest = load_manifest(work)
     try:
-        path = fuse_generate(copy_manifest, work / entry["file"], beam=beam)
+        path = fuse_generate(copy_manifest, work / entry.file, beam=entry.beam)
     except S2SError as exc:
-        (work / entry["file"]).unlink(missing_ok=True)
-        return f"{entry['file']} not carried over: fusing the quantised graphs failed ({exc}); nothing fused here"
-    add_to_manifest(copy_manifest, path, beam=beam)
-    return f"{entry['file']} re-fused from the quantised graphs ({'beam' if beam else 'greedy'} search)"
+        (work / entry.file).unlink(missing_ok=True)
+        return f"{entry.file} not carried over: fusing the quantised graphs failed ({exc}); nothing fused here"
+    add_to_manifest(copy_manifest, path, beam=entry.beam)
+    return f"{entry.file} re-fused from the quantised graphs ({'beam' if entry.beam else 'greedy'} search)"
 
 
 def _smoke_test(folder: Path, kind: str) -> None:
@@ -121,7 +107,8 @@ def _smoke_test(folder: Path, kind: str) -> None:
         "import numpy as np\n"
         "from s2s_deploy.format.manifest import load_manifest\n"
         "from s2s_deploy.runtime.ort.backend import OrtBackend\n"
-        "from s2s_deploy.runtime.search import SearchConfig, search\n"
+        "from s2s_deploy.runtime.decoding import SearchConfig\n"
+        "from s2s_deploy.runtime.search import search\n"
         "from s2s_deploy.runtime.translator import encode_batch\n"
         f"m = load_manifest({str(folder)!r})\n"
         "search(OrtBackend(m, device='cpu'), *encode_batch([m.samples[0] if m.samples else 'a'], m.src_vocab),"

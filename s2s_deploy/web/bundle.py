@@ -3,12 +3,11 @@ file server serves a translator. onnxruntime-web itself comes from npm (never fr
 
 from __future__ import annotations
 
-import os
-import tempfile
 from importlib import resources
 from pathlib import Path
 
 from s2s_deploy.errors import S2SError
+from s2s_deploy.format.files import write_atomically
 from s2s_deploy.format.manifest import load_manifest
 
 PAGE_FILES = ("index.html", "app.js", "search.js")
@@ -27,17 +26,6 @@ def find_dist(dist: str | Path | None) -> Path:
     return folder
 
 
-def _copy_atomically(data: bytes, target: Path) -> None:
-    handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.tmp-")
-    try:
-        with os.fdopen(handle, "wb") as out:
-            out.write(data)
-        os.replace(temporary, target)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-
-
 def write_web_bundle(export_dir: str | Path, dist: str | Path | None = None, force: bool = False) -> list[Path]:
     """The page files into ``export_dir`` and onnxruntime-web into ``export_dir/ort``; refuses to
     replace existing files unless ``force``. Returns the paths written."""
@@ -51,7 +39,7 @@ def write_web_bundle(export_dir: str | Path, dist: str | Path | None = None, for
     (directory / ORT_DIR).mkdir(exist_ok=True)
     page = resources.files("s2s_deploy.web")
     for name in PAGE_FILES:
-        _copy_atomically(page.joinpath(name).read_bytes(), directory / name)
+        write_atomically(directory / name, page.joinpath(name).read_bytes())
     for name in ORT_FILES:
-        _copy_atomically((folder / name).read_bytes(), directory / ORT_DIR / name)
+        write_atomically(directory / ORT_DIR / name, (folder / name).read_bytes())
     return targets

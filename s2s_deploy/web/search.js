@@ -40,6 +40,37 @@
     return order.sort((a, b) => (costs[a] < costs[b] ? -1 : costs[a] > costs[b] ? 1 : a - b));
   }
 
+  // Decoding options as docs/manifest.md's "Resolving the options" has them (s2s_deploy/runtime/decoding.py):
+  // the caller's value, else the manifest's search value (alpha also as length_penalty_alpha), else the
+  // built-in default; max_len's is limits.max_target_length, else 256; a manifest min_len yields to a
+  // shorter max_len. This module runs beam, alpha and the length limits: an export whose search block
+  // turns on any other option is refused, never decoded without it.
+  const BUILT_IN = {
+    beam_size: 1, n_best: 1, alpha: 0.75, min_len: 0, sampling_topk: 1, sampling_topp: 1, sampling_temperature: 1,
+    seed: 0, repetition_penalty: 1, no_repeat_ngram_size: 0, prefix: [], suppress_tokens: [], disable_unk: false,
+    bad_words_ids: [], forced_eos: false, max_len_a: 0, max_len_b: 0, early_stopping: false,
+  };
+  const RUN_HERE = new Set(['beam_size', 'n_best', 'alpha', 'max_len', 'max_len_a', 'max_len_b', 'seed', 'early_stopping']);
+
+  function resolve(manifest, given = {}) {
+    const stored = manifest.search || {};
+    const options = { ...BUILT_IN, max_len: (manifest.limits && manifest.limits.max_target_length) || 256 };
+    for (const name of Object.keys(options)) {
+      const key = [name, ...(name === 'alpha' ? ['length_penalty_alpha'] : [])].find((k) => stored[k] !== undefined);
+      if (key !== undefined) options[name] = stored[key];
+    }
+    for (const [name, value] of Object.entries(given)) if (value !== undefined) options[name] = value;
+    if (stored.min_len !== undefined && given.min_len === undefined) options.min_len = Math.min(stored.min_len, options.max_len);
+    for (const [name, value] of Object.entries(options)) {
+      if (!RUN_HERE.has(name) && JSON.stringify(value) !== JSON.stringify(BUILT_IN[name])) {
+        throw new Error(`search.${name} is set, which this search module does not run (beam, alpha and length limits only)`);
+      }
+    }
+    if (!Number.isInteger(options.beam_size) || options.beam_size < 1) throw new Error(`beam_size must be a whole number >= 1, not ${options.beam_size}`);
+    if (options.n_best > options.beam_size) throw new Error(`n_best ${options.n_best} needs a beam of at least ${options.n_best} (beam_size is ${options.beam_size})`);
+    return options;
+  }
+
   class Translator {
     // ort: the onnxruntime module; encoder, decoder: its InferenceSessions over the export's graphs.
     constructor(ort, manifest, encoder, decoder) {
@@ -62,8 +93,7 @@
       this.index = new Map(this.src.tokens.map((token, i) => [token, i]));
       this.inputs = new Set(manifest.graphs.decoder.inputs.map((io) => io.name));
       this.hasAttention = manifest.graphs.decoder.outputs.some((io) => io.name === 'attention');
-      this.maxLen = manifest.limits.max_target_length || 256;
-      this.alpha = manifest.search.length_penalty_alpha;
+      this.defaults = resolve(manifest); // an export with options this module does not run fails here
     }
 
     tensor(type, data, dims) {
@@ -144,9 +174,12 @@
     }
 
     // One sentence: { text, tokens, score, attention: [[src weights] per output token] | null }.
-    async translate(text, { beam = 1, alpha = this.alpha, maxLen = this.maxLen, attention = false } = {}) {
+    // Options left out take the export's defaults (this.defaults).
+    async translate(text, { beam, alpha, maxLen, attention = false } = {}) {
+      const options = resolve(this.manifest, { beam_size: beam, alpha, max_len: maxLen });
+      ({ beam_size: beam, alpha, max_len: maxLen } = options);
       const ids = this.encodeText(text);
-      const { max_len_a: a = 0, max_len_b: b = 0, min_len: minLen = 0 } = this.manifest.search;
+      const { max_len_a: a, max_len_b: b, min_len: minLen } = options;
       if (a || b) maxLen = Math.min(maxLen, Math.max(minLen, 1, Math.ceil(a * ids.length + b))); // the sentence's own limit
       const withMaps = attention && this.hasAttention;
       const found = beam === 1 ? await this.greedy(ids, maxLen, alpha, withMaps)
@@ -240,5 +273,5 @@
     }
   }
 
-  return { Translator, split };
+  return { Translator, split, resolve };
 });

@@ -15,15 +15,16 @@ import numpy as np
 import onnxruntime as ort
 
 from s2s_deploy.errors import S2SError
-from s2s_deploy.format.manifest import Manifest, sha256_of
-from s2s_deploy.runtime.options import options_on, prefixes_of
+from s2s_deploy.format.manifest import GenerateEntry, Manifest, sha256_of
+from s2s_deploy.runtime.decoding import SearchConfig, prefixes_of
+from s2s_deploy.runtime.options import options_on
 from s2s_deploy.runtime.ort.backend import CUDA, create_session
-from s2s_deploy.runtime.search import Hypothesis, SearchConfig, normalised
+from s2s_deploy.runtime.search import Hypothesis, normalised
 
 
-def generate_entry(manifest: Manifest) -> dict[str, Any]:
+def generate_entry(manifest: Manifest) -> GenerateEntry:
     """The manifest's ``graphs.generate`` entry, or a hint to run ``s2s-deploy fuse``."""
-    entry = manifest.raw["graphs"].get("generate")
+    entry = manifest.generate
     if entry is None:
         raise S2SError(f"{manifest.directory} has no generate.onnx: run `s2s-deploy fuse {manifest.directory}`")
     return entry
@@ -95,15 +96,15 @@ class GraphEngine:
     def __init__(self, manifest: Manifest, device: str = "auto", threads: int | None = None,
                  verify_hash: bool = True) -> None:
         entry = generate_entry(manifest)
-        path = manifest.directory / entry["file"]
+        path = manifest.directory / entry.file
         if not path.is_file():
             raise S2SError(f"{path} is missing")
-        if verify_hash and sha256_of(path) != entry["sha256"]:
+        if verify_hash and sha256_of(path) != entry.sha256:
             raise S2SError(f"{path} does not match the sha256 in the manifest (modified or corrupt)")
         self.manifest = manifest
         self.path = Path(path)
-        self.beam = entry.get("search") == "beam"
-        self.options = "options" in entry
+        self.beam = entry.beam
+        self.options = bool(entry.options)
         self.session = create_session(path, device, threads)
         self.provider = self.session.get_providers()[0]
         self.device = "cuda" if self.provider == CUDA else "cpu"

@@ -1,0 +1,106 @@
+"""``s2s-deploy parity``: ONNX Runtime against the PyTorch original."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from s2s_deploy.cli.extras import require
+from s2s_deploy.cli.group import device_option, echo_device, load_plugin_files, main, plugin_option, read_lines
+
+
+@main.command("parity")
+@click.argument("export_dir", type=click.Path())
+@click.option("--input", "input_path", type=click.Path(dir_okay=False, allow_dash=True), default=None,
+              help="Sentences to check, one per line [default: the samples stored at export].")
+@click.option("--beam", type=click.IntRange(2), default=4, show_default=True, help="Beam size of the beam check.")
+@click.option("--max-len", type=click.IntRange(1), default=64, show_default=True, help="Most target tokens.")
+@click.option("--atol", type=click.FloatRange(0), default=None,
+              help="Per-step log-prob tolerance, atol + rtol*|log p| [default: the plugin's].")
+@click.option("--rtol", type=click.FloatRange(0), default=None, help="See --atol [default: the plugin's].")
+@click.option("--checkpoint", type=click.Path(dir_okay=False), default=None,
+              help="The PyTorch original [default: the checkpoint stored in the export].")
+@click.option("--reference", "reference_dir", type=click.Path(file_okay=False), default=None,
+              help="A Hugging Face model folder: compare against transformers' own model instead (needs [hf]).")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option("--ort-format", is_flag=True, help="Check the .ort graphs instead of the .onnx ones.")
+@device_option
+@plugin_option
+def parity_command(export_dir: str, input_path: str | None, beam: int, max_len: int, atol: float | None,
+                   rtol: float | None, checkpoint: str | None, reference_dir: str | None, as_json: bool,
+                   ort_format: bool, device: str, plugin_files: tuple[str, ...]) -> None:
+    """Check that ONNX Runtime decodes exactly like PyTorch.
+
+    Decodes with both, greedy and beam; exits 1 unless they agree.
+    """
+    require("parity", "export")
+    if reference_dir is not None:
+        require("parity", "hf")
+    import sys
+
+    from s2s_deploy.errors import S2SError
+    from s2s_deploy.export.parity import check_parity, torch_backend_for
+    from s2s_deploy.format.manifest import load_manifest
+    from s2s_deploy.runtime.ort.backend import OrtBackend
+
+    load_plugin_files(plugin_files)
+    if atol is not None and not 0 <= atol < float("inf"):
+        raise S2SError(f"--atol must be a finite number >= 0, not {atol}")
+    manifest = load_manifest(export_dir)
+    sources = read_lines(input_path) if input_path else list(manifest.samples)
+    if not sources:
+        raise S2SError(f"{export_dir} stores no sample inputs; pass --input FILE")
+    if reference_dir is not None:
+        from s2s_deploy.export.hf_reference import HFBackend, load_transformers_model
+
+        if checkpoint:
+            raise S2SError("--reference and --checkpoint name two originals: give one")
+        reference = HFBackend(load_transformers_model(reference_dir), manifest.decoder_start_id, manifest.eos_id)
+    else:
+        reference = torch_backend_for(manifest, checkpoint)
+    candidate = OrtBackend(manifest, device=device, graph_format="ort" if ort_format else "onnx")
+    echo_device(candidate.choice.notice(), candidate.choice.provider)
+    report = check_parity(manifest, reference, candidate, sources, beam_size=beam, max_len=max_len, atol=atol,
+                          rtol=rtol)
+    tol = report.forward_tolerance
+    if as_json:
+        click.echo(json.dumps({
+            "passed": report.passed, "inputs": report.inputs, "atol": report.atol,
+            "rtol": None if report.tolerance is None else report.tolerance.rtol,
+            "min_token_agreement": report.min_token_agreement,
+            "step_max_abs_diff": report.step_max_abs_diff, "step_worst_ratio": report.step.worst,
+            "forward_step_max_abs_diff": None if report.forward_step is None else report.forward_step.max_abs_diff,
+            "forward_step_ok": report.forward_ok,
+            "batch_agreement": None if report.batch is None else {
+                "identical": report.batch.identical, "total": report.batch.total, "rows": report.batch.mode},
+            "searches": [{"mode": s.mode, "identical": s.identical, "total": s.total,
+                          "agreement": s.agreement, "max_score_diff": s.max_score_diff,
+                          "mismatches": [dict(zip(("source", "pytorch", "onnx"), m, strict=True))
+                                         for m in s.mismatches]} for s in report.searches],
+        }, indent=2, ensure_ascii=False))
+    else:
+        if report.atol is None:
+            click.echo(f"per-step log-prob max |diff| {report.step_max_abs_diff:.2e} (quantised: informative; "
+                       f"tokens must agree on >= {report.min_token_agreement:.0%} of inputs)")
+        else:
+            ok = "ok" if report.log_probs_ok else "FAIL"
+            click.echo(f"per-step log-prob max |diff| {report.step_max_abs_diff:.2e} where a search can act "
+                       f"(atol {report.atol:g} + rtol {report.tolerance.rtol:g}*|log p|) {ok}")
+        if report.forward_step is not None:
+            ok = "ok" if report.forward_ok else "FAIL"
+            click.echo(f"PyTorch decode_step vs teacher-forced forward: max |diff| "
+                       f"{report.forward_step.max_abs_diff:.2e} (atol {tol.atol:g} + rtol {tol.rtol:g}*|log p|) {ok}")
+        if report.batch is not None:
+            b = report.batch
+            ok = "ok" if b.identical == b.total else "FAIL"
+            click.echo(f"ONNX Runtime {b.mode} vs one at a time: tokens identical {b.identical}/{b.total} {ok}")
+        for s in report.searches:
+            verdict = "ok" if s.agreement >= report.min_token_agreement else "FAIL"
+            click.echo(f"{s.mode:<8} tokens identical {s.identical}/{s.total} ({s.agreement:.1%}), "
+                       f"score max |diff| {s.max_score_diff:.2e} {verdict}")
+            for source, want, got in s.mismatches[:5]:
+                click.echo(f"  {source!r}: pytorch {want!r} onnx {got!r}")
+        click.echo("parity: PASS" if report.passed else "parity: FAIL")
+    if not report.passed:
+        sys.exit(1)

@@ -1,0 +1,172 @@
+"""The decoding options as data: one row per option, the one table that the manifest schema's
+``search`` block, the search's ``SearchConfig`` (runtime/decoding.py) and the CLI's decoding
+options are all made from. Adding an option is adding a row (and teaching the search its meaning).
+
+A row says the option's name, its kind (whole number, number, switch, token ids), its built-in
+default, the CLI flag and help, and any older manifest key that also sets it. Standard library only.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Any, Literal
+
+MAX_DECODE = 1 << 16
+"""The most target tokens this runtime decodes: the step loop keeps (rows, max_len) arrays, so a
+typo must not allocate gigabytes. Also the schema's bound on every count."""
+MAX_IDS = 4096
+MAX_ID = 10_000_000
+
+
+@dataclass(frozen=True)
+class Whole:
+    """An integer in ``[low, high]`` (``high`` None: unbounded)."""
+
+    low: int = 0
+    high: int | None = MAX_DECODE
+    python_type = int
+
+    def problem(self, value: Any) -> str | None:
+        if isinstance(value, bool) or not isinstance(value, int):
+            return f"must be a whole number, not {value!r:.40}"
+        if value < self.low or (self.high is not None and value > self.high):
+            return f"must be {_bounds(self.low, self.high)}, not {value}"
+        return None
+
+    def schema(self) -> dict[str, Any]:
+        bounds = {"minimum": self.low} | ({"maximum": self.high} if self.high is not None else {})
+        return {"type": "integer", **bounds}
+
+
+@dataclass(frozen=True)
+class Real:
+    """A finite number in ``[low, high]``, or ``(low, high]`` when ``open_low``."""
+
+    low: float = 0.0
+    high: float = 1e6
+    open_low: bool = False
+    python_type = float
+
+    def problem(self, value: Any) -> str | None:
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            return f"must be a finite number, not {value!r:.40}"
+        if value < self.low or (self.open_low and value == self.low) or value > self.high:
+            low = f"above {self.low:g}" if self.open_low else f">= {self.low:g}"
+            return f"must be {low} and <= {self.high:g}, not {value:g}"
+        return None
+
+    def schema(self) -> dict[str, Any]:
+        low = {"exclusiveMinimum": self.low} if self.open_low else {"minimum": self.low}
+        return {"type": "number", **low, "maximum": self.high}
+
+
+@dataclass(frozen=True)
+class Switch:
+    python_type = bool
+
+    def problem(self, value: Any) -> str | None:
+        return None if isinstance(value, bool) else f"must be true or false, not {value!r:.40}"
+
+    def schema(self) -> dict[str, Any]:
+        return {"type": "boolean"}
+
+
+@dataclass(frozen=True)
+class Ids:
+    """Target ids. ``strings`` says what a caller's string means: ``"text"`` is tokenised into the
+    ids (the whole option), ``"token"`` is one vocabulary entry (each item), ``"texts"`` makes each
+    item a tokenised sequence (a list of id sequences)."""
+
+    strings: Literal["text", "token", "texts"]
+    per_sentence: bool = False
+    """A caller (never a manifest) may also give one id tuple per sentence of the batch."""
+
+    @property
+    def nested(self) -> bool:
+        return self.strings == "texts"
+
+    @property
+    def python_type(self) -> Any:
+        return tuple[tuple[int, ...], ...] if self.nested else tuple[int, ...]
+
+    def problem(self, value: Any) -> str | None:
+        if self.per_sentence and isinstance(value, tuple) and value and isinstance(value[0], tuple):
+            return next(filter(None, (replace(self, per_sentence=False).problem(row) for row in value)), None)
+        rows = value if self.nested else (value,)
+        if not isinstance(value, tuple) or not all(isinstance(row, tuple) for row in rows):
+            return "must be a tuple of target ids" + (" tuples" if self.nested else "")
+        for row in rows:
+            if any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in row):
+                return f"holds {row!r:.40}, not target ids"
+            if self.nested and not row:
+                return "holds an empty sequence"
+        return None
+
+    def schema(self) -> dict[str, Any]:
+        ids = {"type": "array", "maxItems": MAX_IDS, "items": {"type": "integer", "minimum": 0, "maximum": MAX_ID}}
+        return {"type": "array", "maxItems": MAX_IDS, "items": ids} if self.nested else ids
+
+
+Kind = Whole | Real | Switch | Ids
+
+
+@dataclass(frozen=True)
+class Option:
+    """One decoding option. ``flag``: the CLI's, ``""`` for ``--name-with-dashes``, None for none.
+    ``aliases``: older manifest keys that set it too, weaker than ``name``. ``shown_default``: the
+    default in words where it is not ``default`` itself (``resolve`` derives it)."""
+
+    name: str
+    kind: Kind
+    default: Any
+    help: str
+    flag: str | None = ""
+    aliases: tuple[str, ...] = ()
+    shown_default: str | None = None
+
+    @property
+    def cli_flag(self) -> str | None:
+        return None if self.flag is None else self.flag or "--" + self.name.replace("_", "-")
+
+    @property
+    def manifest_keys(self) -> tuple[str, ...]:
+        return (self.name, *self.aliases)
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("beam_size", Whole(1), 1, "Beam size; 1 is greedy.", flag="--beam"),
+    Option("n_best", Whole(1), 1, "Print the N best hypotheses per sentence (N <= beam)."),
+    Option("max_len", Whole(1), 256, "Most target tokens, EOS included.",
+           shown_default="the model's position limit, else 256"),
+    Option("alpha", Real(0.0), 0.75, "Length penalty: score = log P / L**alpha.",
+           aliases=("length_penalty_alpha",)),
+    Option("min_len", Whole(0), 0, "Forbid EOS before this many tokens."),
+    Option("sampling_topk", Whole(0), 1, "Sample from the K best; 0: all; 1: no sampling (greedy)."),
+    Option("sampling_topp", Real(0.0, 1.0, open_low=True), 1.0, "Nucleus: sample from the smallest head of mass P."),
+    Option("sampling_temperature", Real(0.0, open_low=True), 1.0, "Divide log-probs by T before sampling."),
+    Option("seed", Whole(0, None), 0, "Sampling seed; one stream per sentence."),
+    Option("repetition_penalty", Real(0.0, open_low=True), 1.0,
+           "Multiply the log-prob of tokens already generated by P (1: off)."),
+    Option("no_repeat_ngram_size", Whole(0), 0, "Never repeat an n-gram of this size (0: off)."),
+    Option("prefix", Ids("text", per_sentence=True), (), "Target text forced at the start of every translation."),
+    Option("suppress_tokens", Ids("token"), (), "Never produce this target token (repeatable).", flag="--suppress"),
+    Option("disable_unk", Switch(), False, "Never produce <unk>."),
+    Option("bad_words_ids", Ids("texts"), (), "Never produce this target text (tokenised; repeatable).",
+           flag="--bad-words"),
+    Option("forced_eos", Switch(), False, "End every hypothesis with EOS at its max length."),
+    Option("max_len_a", Real(0.0), 0.0, "Per sentence: max length = ceil(a * source tokens + b) (0, 0: off)."),
+    Option("max_len_b", Whole(0), 0, "See --max-len-a."),
+    Option("early_stopping", Switch(), False, "Recorded from Hugging Face; the beam stopping rule is fixed.",
+           flag=None),
+)
+BY_NAME = {option.name: option for option in OPTIONS}
+
+
+def search_schema() -> dict[str, Any]:
+    """The manifest's ``search`` block as JSON Schema: every option by name and alias."""
+    return {key: option.kind.schema() for option in OPTIONS for key in option.manifest_keys}
+
+
+def _bounds(low: int, high: int | None) -> str:
+    return f">= {low}" if high is None else f"between {low} and {high}"

@@ -1,0 +1,171 @@
+"""One place for decoding options: ``SearchConfig``, made from the option table (format/decoding.py),
+checked when it is made, and ``resolve()``, which merges a caller's values, the export's ``search``
+defaults and the built-in defaults into it. The CLI, ``Translator``, ``serve``, the file jobs and
+Ray all call ``resolve``; docs/manifest.md states its rules. Imports numpy only.
+
+The rules, in order:
+1. Each option is the caller's value (None: not given), else the manifest's ``search`` value under
+   its name, else under an alias (``alpha``: ``length_penalty_alpha``), else the built-in default.
+   The built-in ``max_len`` is ``limits.max_target_length``, else 256.
+2. A manifest ``min_len`` (never the caller's) yields to a shorter ``max_len``.
+3. Token options given as strings become target ids (format/decoding.py says how, per option).
+4. Every value is checked against its row, then the rules between options; then against the
+   export: a caller's ``max_len`` within the position table, the beam below the vocabulary size,
+   every id inside the target vocabulary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, make_dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from s2s_deploy.errors import S2SError
+from s2s_deploy.format.decoding import BY_NAME, OPTIONS, Ids, Real
+
+if TYPE_CHECKING:
+    from s2s_deploy.format.manifest import Manifest
+    from s2s_deploy.format.vocab import Vocabulary
+
+NAMES = tuple(option.name for option in OPTIONS)
+DEFAULT_MAX_LEN = 256
+"""``max_len`` when neither the caller, the manifest nor the model's position table sets one."""
+
+
+class DecodingError(S2SError, ValueError):
+    """An option out of range, or options that contradict each other: one line naming the option."""
+
+
+_Fields = make_dataclass("_Fields", [(o.name, o.kind.python_type, field(default=o.default)) for o in OPTIONS],
+                         frozen=True)
+_Fields.__module__ = __name__
+
+
+@dataclass(frozen=True)
+class SearchConfig(_Fields):
+    """Every decoding option, by the names of format/decoding.py's table (docs/decoding.md gives
+    each one's meaning). ``prefix`` is one tuple of ids for every sentence, or one per sentence.
+    With ``max_len_a`` or ``max_len_b`` set, a sentence of ``n`` source tokens (its EOS included)
+    stops after ``min(max_len, max(min_len, 1, ceil(max_len_a * n + max_len_b)))`` tokens."""
+
+    def __post_init__(self) -> None:
+        check(self)
+
+    def sentence_limits(self, src_len: np.ndarray) -> np.ndarray | None:
+        """Each sentence's own maximum length, or None when only ``max_len`` applies."""
+        if not (self.max_len_a or self.max_len_b):
+            return None
+        relative = np.ceil(self.max_len_a * np.asarray(src_len, dtype=np.float64) + self.max_len_b)
+        return np.clip(relative, max(self.min_len, 1), self.max_len).astype(np.int64)
+
+
+def check(config: Any) -> None:
+    """DecodingError for a value outside its row's range, or options that contradict each other."""
+    for option in OPTIONS:
+        problem = option.kind.problem(getattr(config, option.name))
+        if problem:
+            raise DecodingError(f"{option.name} {problem}")
+    if config.n_best > config.beam_size:
+        raise DecodingError(f"n_best {config.n_best} needs a beam of at least {config.n_best} "
+                            f"(beam_size is {config.beam_size})")
+    if config.min_len > config.max_len:
+        raise DecodingError(f"min_len {config.min_len} exceeds max_len {config.max_len}")
+    if config.sampling_topk != 1 and config.beam_size > 1:
+        raise DecodingError(f"sampling (sampling_topk {config.sampling_topk}) needs beam_size 1, "
+                            f"not {config.beam_size}")
+    if any(len(p) >= config.max_len for p in prefixes_of(config)):
+        raise DecodingError("a prefix must be shorter than max_len")
+
+
+def prefixes_of(config: Any) -> tuple[tuple[int, ...], ...]:
+    """The per-sentence prefixes, or one shared prefix as a 1-tuple (empty when none)."""
+    prefix = config.prefix
+    if not prefix:
+        return ()
+    return tuple(tuple(p) for p in prefix) if isinstance(prefix[0], tuple) else (tuple(prefix),)
+
+
+def manifest_defaults(manifest: Manifest) -> dict[str, Any]:
+    """The export's own decoding defaults, by option name: the one reader of the manifest's
+    ``search`` block (the schema has typed it). A name beats its alias; lists become tuples."""
+    stored = manifest.search
+    found = {}
+    for option in OPTIONS:
+        key = next((key for key in option.manifest_keys if key in stored), None)
+        if key is not None:
+            found[option.name] = _tupled(stored[key])
+    return found
+
+
+def resolve(manifest: Manifest, given: Mapping[str, Any] | None = None) -> SearchConfig:
+    """The SearchConfig a search runs with: ``given`` (option names; None: not given) over the
+    manifest's defaults over the built-in ones, checked once (the module's docstring has the rules)."""
+    given = {name: value for name, value in (given or {}).items() if value is not None}
+    unknown = sorted(set(given) - set(NAMES))
+    if unknown:
+        raise DecodingError(f"unknown decoding option {unknown[0]!r}; known: {', '.join(NAMES)}")
+    vocab = manifest.tgt_vocab
+    given = {name: _as_ids(vocab, kind, _tupled(value)) if isinstance(kind := BY_NAME[name].kind, Ids)
+             else _tupled(value) for name, value in given.items()}
+    for name, value in given.items():  # the caller's values first, so an error names what they gave
+        problem = BY_NAME[name].kind.problem(value)
+        if problem:
+            raise DecodingError(f"{name} {problem}")
+    limit = manifest.max_target_length
+    stored = manifest_defaults(manifest)
+    values = {o.name: o.default for o in OPTIONS} | {"max_len": limit or DEFAULT_MAX_LEN} | stored | given
+    if "min_len" in stored and "min_len" not in given:
+        values["min_len"] = min(stored["min_len"], values["max_len"])
+    values = {name: float(value) if isinstance(BY_NAME[name].kind, Real) else value for name, value in values.items()}
+    if "max_len" in given and limit is not None and given["max_len"] > limit:
+        raise DecodingError(f"max_len {given['max_len']} exceeds the model's limit of {limit} target tokens "
+                            "(its position table)")
+    if values["beam_size"] >= len(vocab):
+        raise DecodingError(f"beam_size {values['beam_size']} must be smaller than the target vocabulary "
+                            f"({len(vocab)} tokens)")
+    config = SearchConfig(**values)
+    for option in OPTIONS:
+        if isinstance(option.kind, Ids):
+            _check_in_vocabulary(option.name, getattr(config, option.name), len(vocab))
+    return config
+
+
+def _as_ids(vocab: Vocabulary, kind: Ids, value: Any) -> Any:
+    """A caller's token option as ids: strings per ``kind.strings``, lists as tuples."""
+    if kind.strings == "text":
+        if isinstance(value, str):
+            return tuple(vocab.encode(value, add_eos=False))
+        if kind.per_sentence and isinstance(value, list | tuple) and value and not _is_int(value[0]):
+            return tuple(_as_ids(vocab, Ids("text"), one) for one in value)
+        return _tupled(value)
+    if isinstance(value, str | bytes) or not isinstance(value, list | tuple):
+        return value  # refused by the kind: one token or text is not a list of them
+    if kind.strings == "token":
+        return tuple(_token_id(vocab, token) if isinstance(token, str) else token for token in value)
+    return tuple(_as_ids(vocab, Ids("text"), words) for words in value)
+
+
+def _token_id(vocab: Vocabulary, token: str) -> int:
+    if token not in vocab.tokens:
+        raise DecodingError(f"{token!r} is not a token of the target vocabulary")
+    return vocab.tokens.index(token)
+
+
+def _check_in_vocabulary(name: str, value: tuple[Any, ...], size: int) -> None:
+    ids = [i for row in value for i in row] if value and isinstance(value[0], tuple) else list(value)
+    outside = [i for i in ids if i >= size]
+    if outside:
+        raise DecodingError(f"{name} holds id {outside[0]}, outside the target vocabulary (0..{size - 1})")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int | np.integer) and not isinstance(value, bool)
+
+
+def _tupled(value: Any) -> Any:
+    """JSON lists (and a caller's lists) as the tuples a frozen config holds."""
+    if isinstance(value, list | tuple):
+        return tuple(_tupled(item) for item in value)
+    return int(value) if isinstance(value, np.integer) else value

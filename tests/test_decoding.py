@@ -1,0 +1,240 @@
+"""One place for decoding options (runtime/decoding.py): the table is the schema, the config and the
+CLI; ``resolve`` merges caller, manifest and built-in defaults by docs/manifest.md's rules; and
+``serve``, ``translate`` (terminal and file) and ``Translator`` decode an export with the same options."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import fields, replace
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from s2s_deploy.cli import main
+from s2s_deploy.errors import S2SError
+from s2s_deploy.format.decoding import OPTIONS, search_schema
+from s2s_deploy.format.manifest import load_manifest
+from s2s_deploy.format.schema import SCHEMA
+from s2s_deploy.runtime.decoding import DecodingError, SearchConfig, resolve
+from s2s_deploy.runtime.translator import Translator
+
+
+@pytest.fixture(scope="module")
+def gru(exports):
+    return exports.get("gru")[1]
+
+
+def with_search(manifest, folder: Path, **search) -> Path:
+    """A copy of the export whose manifest sets these ``search`` defaults."""
+    shutil.copytree(manifest.directory, folder)
+    raw = json.loads((folder / "manifest.json").read_text())
+    raw["search"].update(search)
+    (folder / "manifest.json").write_text(json.dumps(raw))
+    return folder
+
+
+def run(*args: str):
+    return CliRunner().invoke(main, list(args))
+
+
+def test_the_table_is_the_config_the_schema_and_the_cli() -> None:
+    assert [(f.name, f.default) for f in fields(SearchConfig)] == [(o.name, o.default) for o in OPTIONS]
+    assert SCHEMA["properties"]["search"]["properties"] == search_schema()
+    assert set(search_schema()) == {key for o in OPTIONS for key in o.manifest_keys}
+    params = {p.name for p in main.commands["translate"].params}
+    assert {o.name for o in OPTIONS if o.cli_flag} <= params
+    assert "early_stopping" not in params  # recorded only: no flag
+
+
+def test_config_checks_each_value_and_the_rules_between_them() -> None:
+    with pytest.raises(DecodingError, match="n_best 3 needs a beam of at least 3"):
+        SearchConfig(n_best=3)
+    with pytest.raises(DecodingError, match=r"sampling \(sampling_topk 0\) needs beam_size 1"):
+        SearchConfig(beam_size=4, sampling_topk=0)
+    with pytest.raises(ValueError, match="max_len_a must be a finite number"):
+        SearchConfig(max_len_a=float("nan"))
+    with pytest.raises(DecodingError, match="beam_size must be a whole number"):
+        SearchConfig(beam_size=True)
+    assert SearchConfig(sampling_topk=0, seed=0).sampling_topk == 0
+
+
+def test_resolve_rules(gru, tmp_path: Path) -> None:
+    folder = with_search(gru, tmp_path / "gru", beam_size=3, alpha=0.5, length_penalty_alpha=1.0, max_len=12,
+                         min_len=6, forced_eos=True)
+    manifest = load_manifest(folder)
+    config = resolve(manifest)
+    assert (config.beam_size, config.alpha, config.max_len, config.min_len, config.forced_eos) == (3, 0.5, 12, 6, True)
+    assert resolve(manifest, {"max_len": 4}).min_len == 4  # the manifest's min_len yields to a shorter max_len
+    assert resolve(manifest, {"forced_eos": False, "sampling_topk": 0, "beam_size": 1}).forced_eos is False
+    with pytest.raises(DecodingError, match=r"min_len 7 exceeds max_len 4"):
+        resolve(manifest, {"max_len": 4, "min_len": 7})  # the caller's own min_len does not yield
+    plain = resolve(gru)
+    assert gru.max_target_length is None and "max_len" not in gru.search
+    assert plain.max_len == 256 and plain.alpha == gru.search["length_penalty_alpha"]
+    with pytest.raises(DecodingError, match=r"n_best 3 needs a beam of at least 3 \(beam_size is 1\)"):
+        resolve(gru, {"n_best": 3})
+    with pytest.raises(DecodingError, match="unknown decoding option 'top_k'"):
+        resolve(gru, {"top_k": 3})
+    raw = json.loads((folder / "manifest.json").read_text())
+    raw["limits"]["max_target_length"] = 20
+    del raw["search"]["max_len"]
+    (folder / "manifest.json").write_text(json.dumps(raw))
+    limited = load_manifest(folder)
+    assert resolve(limited).max_len == 20  # no search.max_len: the position table's limit
+    with pytest.raises(DecodingError, match="max_len 21 exceeds the model's limit of 20"):
+        resolve(limited, {"max_len": 21})
+    assert resolve(gru, {"max_len_a": 0, "max_len_b": 0}).sentence_limits([5]) is None  # 0 is a value, not "unset"
+
+
+def test_serve_translate_and_translator_pick_the_same_options(gru, tmp_path: Path) -> None:
+    """An export whose manifest sets beam, alpha and lengths: serve (a request naming none),
+    translate (terminal and --output) and Translator decode with them alike."""
+    pytest.importorskip("starlette")
+    from starlette.testclient import TestClient
+
+    from s2s_deploy.serve.app import ServeConfig, create_app, parse_request
+
+    folder = with_search(gru, tmp_path / "gru", beam_size=3, alpha=0.2, max_len=9, min_len=2)
+    texts = list(gru.samples[:3])
+    translator = Translator(folder, device="cpu", threads=1)
+    config = translator.search_config()
+    assert (config.beam_size, config.alpha, config.max_len, config.min_len) == (3, 0.2, 9, 2)
+    assert parse_request({"texts": texts}, translator, max_beam=16)[1] == config
+    want = [f"{t.score:.4f}\t{t.text}" for t in translator(texts)]
+    assert want != [f"{t.score:.4f}\t{t.text}" for t in translator(texts, beam=1, alpha=0.75)]
+    with TestClient(create_app(ServeConfig(str(folder), threads=1))) as http:
+        served = http.post("/translate", json={"texts": texts}).json()["translations"]
+        assert http.get("/metadata").json()["decoding"]["beam_size"] == 3
+    assert [f"{t['score']:.4f}\t{t['text']}" for t in served] == want
+    terminal = run("translate", str(folder), *texts, "--scores", "--device", "cpu")
+    assert terminal.exit_code == 0 and terminal.stdout.splitlines() == want, terminal.output
+    (tmp_path / "in.txt").write_text("\n".join(texts) + "\n")
+    filed = run("translate", str(folder), "--input", str(tmp_path / "in.txt"), "--output", str(tmp_path / "out.txt"),
+                "--scores", "--device", "cpu", "--quiet")
+    assert filed.exit_code == 0 and (tmp_path / "out.txt").read_text().splitlines() == want, filed.output
+
+
+def test_serve_refuses_an_export_whose_default_beam_is_over_max_beam(gru, tmp_path: Path) -> None:
+    pytest.importorskip("starlette")
+    pytest.importorskip("uvicorn")
+    folder = with_search(gru, tmp_path / "gru", beam_size=4)
+    result = run("serve", str(folder), "--max-beam", "2")
+    assert result.exit_code == 1 and "beam 4 by default" in result.stderr and "Traceback" not in result.output
+
+
+def test_cli_keeps_zero_and_false(gru) -> None:
+    """``--sampling-topk 0`` samples (it was dropped as equal to False, and decoded greedily)."""
+    text, export = gru.samples[0], str(gru.directory)
+    greedy = run("translate", export, text, "--device", "cpu")
+    sampled = {run("translate", export, text, "--sampling-topk", "0", "--sampling-temperature", "10", "--seed", seed,
+                   "--device", "cpu").stdout for seed in ("1", "2")}
+    assert greedy.exit_code == 0 and greedy.stdout not in sampled and len(sampled) == 2
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--sampling-topk", "0", "--beam", "4"], "needs beam_size 1, not 4"),
+    (["--n-best", "3"], "n_best 3 needs a beam of at least 3"),
+    (["--actors", "3"], "--actors needs --ray"),
+    (["--stream", "--max-batch-tokens", "9"], "no --max-batch-tokens"),
+    (["--alpha", "nan"], "alpha must be a finite number"),
+])
+def test_cli_refuses_in_one_line(gru, args: list[str], message: str) -> None:
+    result = run("translate", str(gru.directory), gru.samples[0], "--device", "cpu", *args)
+    assert result.exit_code == 1 and result.stderr.startswith("error: ") and message in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_translator_n_best_without_beam_and_a_bare_string(gru) -> None:
+    translator = Translator(gru.directory, device="cpu", threads=1)
+    with pytest.raises(S2SError, match="n_best 3 needs a beam"):
+        translator([gru.samples[0]], n_best=3)
+    with pytest.raises(S2SError, match="n_best 3 needs a beam"):
+        translator.translate_ids([gru.src_vocab.encode(gru.samples[0])], n_best=3)
+    one = translator(gru.samples[0])  # one sentence, not one per character
+    assert len(one) == 1 and one[0].text == translator([gru.samples[0]])[0].text
+    config = translator.search_config(beam=2)
+    assert translator([gru.samples[0]], config=config) == translator([gru.samples[0]], beam=2)
+    with pytest.raises(S2SError, match="not both"):
+        translator([gru.samples[0]], beam=2, config=config)
+    assert len(translator.score(gru.samples[0], one[0].text)) == 1
+
+
+def test_score_prints_no_device_notice_on_cpu(gru, tmp_path: Path) -> None:
+    (tmp_path / "s.txt").write_text(f"{gru.samples[0]}\n")
+    (tmp_path / "t.txt").write_text("x\n")
+    result = run("score", str(gru.directory), "--source", str(tmp_path / "s.txt"), "--target", str(tmp_path / "t.txt"),
+                 "--device", "cpu")
+    assert result.exit_code == 0 and result.stderr == "", result.output
+
+
+def test_output_takes_every_decoding_option(gru, tmp_path: Path) -> None:
+    texts = list(gru.samples[:4])
+    (tmp_path / "in.txt").write_text("\n".join(texts) + "\n")
+    options = ["--no-repeat-ngram-size", "2", "--beam", "2", "--max-len", "10"]
+    result = run("translate", str(gru.directory), "--input", str(tmp_path / "in.txt"), "--output",
+                 str(tmp_path / "out.txt"), "--device", "cpu", "--quiet", *options)
+    assert result.exit_code == 0, result.output
+    want = [t.text for t in Translator(gru.directory, device="cpu")(texts, beam=2, max_len=10, no_repeat_ngram_size=2)]
+    assert (tmp_path / "out.txt").read_text().splitlines() == want
+
+
+def test_preset_with_a_bundled_checkpoint_is_honoured_and_said(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    from s2s_deploy.export.registry import get_plugin
+    from s2s_deploy.export.sources import bundled_checkpoint, load_source
+
+    plugin = get_plugin("gru")
+    assert bundled_checkpoint(plugin) is not None
+    source = load_source(plugin, None, "d2l", tmp_path)
+    assert source.config == plugin.preset("d2l") and not source.trained
+    assert "preset d2l" in source.description and "--preset asks for them" in source.description
+
+
+def test_replace_checks_again() -> None:
+    with pytest.raises(DecodingError):
+        replace(SearchConfig(beam_size=2, n_best=2), beam_size=1)
+
+
+NODE_DIR = Path(__file__).resolve().parents[1] / "examples" / "node"
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="Node.js is not installed")
+@pytest.mark.skipif(not (NODE_DIR / "node_modules" / "onnxruntime-node").is_dir(),
+                    reason="run `npm install --ignore-scripts` in examples/node first (.ci/run does)")
+def test_node_search_module_takes_the_same_defaults(gru, tmp_path: Path) -> None:
+    """web/search.js (the browser page and the Node example) resolves the manifest's defaults as
+    resolve() does, and refuses an export whose defaults turn on an option it does not run."""
+    import subprocess
+
+    folder = with_search(gru, tmp_path / "gru", beam_size=3, alpha=0.2, max_len=9)
+    texts = list(gru.samples[:3])
+    node = subprocess.run(["node", "translate.js", str(folder), *texts], cwd=NODE_DIR, capture_output=True, text=True,
+                          timeout=120)
+    assert node.returncode == 0, node.stderr
+    assert node.stdout.splitlines() == [t.text for t in Translator(folder, device="cpu")(texts)]
+    other = with_search(gru, tmp_path / "other", no_repeat_ngram_size=2)
+    refused = subprocess.run(["node", "translate.js", str(other), texts[0]], cwd=NODE_DIR, capture_output=True,
+                             text=True, timeout=120)
+    assert refused.returncode == 1 and "search.no_repeat_ngram_size is set" in refused.stderr
+
+
+def test_manifest_doc_lists_every_option() -> None:
+    """docs/manifest.md's "Resolving the options" table has a row per option of the one table."""
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "manifest.md").read_text(encoding="utf-8")
+    section = doc[doc.index("## Resolving the options"):doc.index("### How `translate` batches")]
+    rows = {line.split("|")[1].strip() for line in section.splitlines() if line.startswith("| `")}
+    named = {name.strip(" `") for row in rows for name in row.split(",")}
+    assert named == {o.name for o in OPTIONS}
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["quantize", "nowhere", "--fp16", "--int8-activations", "per-tensor"], "--int8-activations applies to --int8"),
+    (["quantize", "nowhere", "--int8", "--limit", "5", "--no-evaluate"], "not with --no-evaluate"),
+    (["bench", "nowhere", "--synthetic-dir", "x"], "--synthetic-dir keeps the --synthetic export"),
+])
+def test_options_that_would_be_ignored_are_refused(args: list[str], message: str) -> None:
+    """The sweep: an option whose value another option makes meaningless is one line, not ignored."""
+    result = run(*args)
+    assert result.exit_code == 1 and message in result.stderr, result.output
