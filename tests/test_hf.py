@@ -396,3 +396,19 @@ def test_marian_positions_computed_in_the_graph_equal_the_transformers_table(pos
     table = MarianSinusoidalPositionalEmbedding(positions, dim).create_weight()
     computed = sinusoids_split(torch.arange(positions), split_denominators(dim), dim)
     assert torch.equal(computed, table)
+
+
+def test_search_defaults_are_generates_for_what_the_folder_leaves_out() -> None:
+    """save_pretrained omits settings at their defaults: the export must write generate's own."""
+    from s2s_deploy.errors import CheckpointError
+
+    config = {"eos_token_id": 2, "pad_token_id": 1, "decoder_start_token_id": 2, "max_position_embeddings": 16}
+    found = search_defaults(config, {"forced_bos_token_id": 0, "forced_eos_token_id": 2})
+    assert found == {"beam_size": 1, "length_penalty_alpha": 1.0, "early_stopping": False, "no_repeat_ngram_size": 0,
+                     "max_len": 15, "min_len": 0, "forced_bos": 0, "forced_eos": True}  # 16 positions, start included
+    assert search_defaults(config, {"max_length": 200, "min_length": 3})["max_len"] == 199
+    assert search_defaults(config, {"max_new_tokens": 30, "early_stopping": "never"})["max_len"] == 30
+    for unsupported in ({"repetition_penalty": 1.2}, {"forced_eos_token_id": 5}, {"num_beam_groups": 2},
+                        {"do_sample": True, "num_beams": 4}):
+        with pytest.raises(CheckpointError):
+            search_defaults(config, unsupported)

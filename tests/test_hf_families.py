@@ -66,7 +66,9 @@ def opus_mt_files(folder: Path) -> None:
     pieces: set[str] = set()
     for name, size in (("source.spm", 36), ("target.spm", 40)):
         buffer = io.BytesIO()
-        sentencepiece.SentencePieceTrainer.train(sentence_iterator=iter(corpus), model_writer=buffer,
+        # the target side never saw "in": its id is a piece only source.spm holds, as in real opus-mt
+        lines = corpus if name == "source.spm" else [" ".join(w for w in line.split() if w != "in") for line in corpus]
+        sentencepiece.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_writer=buffer,
                                                  vocab_size=size, minloglevel=2)
         (folder / name).write_bytes(buffer.getvalue())
         processor = sentencepiece.SentencePieceProcessor(model_proto=buffer.getvalue())
@@ -161,8 +163,8 @@ def ids_only(folder: Path) -> None:
 @dataclass(frozen=True)
 class Family:
     """One row: ``model_type``, how to build its config, its ``transformers`` class (by name),
-    the tokenizer files its folders ship (written into the saved folder), and the words the
-    test's source texts are drawn from."""
+    the tokenizer files its folders ship (written into the saved folder), the words the test's
+    source texts are drawn from, and how strongly ``favour_eos`` pulls towards EOS."""
 
     model_type: str
     config: Callable[[], Any]
@@ -186,7 +188,7 @@ FAMILIES: tuple[Family, ...] = (
                       "$A </s> en_XX", ("</s>", "en_XX")),
            MBART_WORDS),
     Family("t5", _t5, "T5ForConditionalGeneration",
-           word_level(words_around({0: "<pad>", 1: "</s>", 2: "<unk>"}), "$A </s>", ("</s>",)), T5_WORDS),
+           word_level(words_around({0: "<pad>", 1: "</s>", 2: "<unk>"}), "$A </s>", ("</s>",)), T5_WORDS, 1.1),
 )
 FAMILIES += (
     # mT5 projects without T5's d_model**-0.5 rescale: a quarter of T5's init keeps its logits as
@@ -285,16 +287,17 @@ def texts(family: Family, count: int = INPUTS) -> list[str]:
     return [" ".join(rng.choice(family.words, rng.integers(2, 12))) for _ in range(count)]
 
 
-def generated(model: Any, rows: list[list[int]], pad: int, eos: int, beams: int) -> list[tuple[int, ...]]:
-    """``generate``'s tokens at the model's own settings, but ``num_beams`` and ``max_new_tokens``:
-    after the decoder start, up to the first EOS."""
+def generated(model: Any, rows: list[list[int]], pad: int, eos: int, beams: int,
+              **settings: Any) -> list[tuple[int, ...]]:
+    """``generate``'s tokens at the model's own settings, but ``num_beams``, ``max_new_tokens``
+    and ``settings``: after the decoder start, up to the first EOS."""
     lengths = [len(r) for r in rows]
     ids = torch.full((len(rows), max(lengths)), pad, dtype=torch.long)
     for i, row in enumerate(rows):
         ids[i, : len(row)] = torch.tensor(row)
     mask = (torch.arange(ids.shape[1])[None, :] < torch.tensor(lengths)[:, None]).long()
     with torch.no_grad():
-        out = model.generate(input_ids=ids, attention_mask=mask, num_beams=beams, max_new_tokens=MAX_NEW)
+        out = model.generate(input_ids=ids, attention_mask=mask, num_beams=beams, max_new_tokens=MAX_NEW, **settings)
     return [tuple(row[: row.index(eos)] if eos in row else row) for row in out[:, 1:].tolist()]
 
 
@@ -342,8 +345,28 @@ def test_family_inputs_tokenise_as_transformers_does(family_exports: FamilyExpor
     if tokenizer is not None:
         assert [tokenizer(s)["input_ids"] for s in sources] == [manifest.src_vocab.encode(s) for s in sources]
     rows = [manifest.src_vocab.encode(s) for s in sources]
-    ended = generated(built.model, rows, manifest.src_vocab.pad_id, -1, 4)
-    assert any(manifest.eos_id in row for row in ended)
+    for beams in (1, 4):
+        ended = generated(built.model, rows, manifest.src_vocab.pad_id, -1, beams)
+        assert any(manifest.eos_id in row for row in ended), beams
+
+
+def test_marian_prints_a_source_only_piece_as_marian_tokenizer_does(family_exports: FamilyExports) -> None:
+    """An opus-mt target id whose piece only ``source.spm`` holds: ``in in in``, not ``▁in▁in▁in``."""
+    import sentencepiece
+
+    from s2s_deploy.format.manifest import load_manifest
+
+    built = family_exports.get("marian")
+    files = [str(built.hf_dir / name) for name in ("source.spm", "target.spm", "vocab.json")]
+    tokenizer = transformers.MarianTokenizer(*files)
+    target = sentencepiece.SentencePieceProcessor(model_file=files[1])
+    table = json.loads((built.hf_dir / "vocab.json").read_text())
+    source_only = [i for piece, i in table.items() if piece.startswith("\u2581") and target.piece_to_id(piece) == 0]
+    assert table["\u2581in"] in source_only
+    vocab = load_manifest(built.out).tgt_vocab
+    for i in source_only:
+        assert vocab.decode([i] * 3) == tokenizer.decode([i] * 3, skip_special_tokens=True)
+    assert vocab.decode([table["\u2581in"]] * 3) == "in in in"
 
 
 def test_every_hf_plugin_has_a_row() -> None:
@@ -384,3 +407,44 @@ def test_language_codes_choose_the_forced_first_token_and_the_source_token(famil
     assert result.exit_code == 0, result.output
     wrong = runner.invoke(main, ["translate", str(built.out), sources[0], "--target-lang", "xx_Yyyy"])
     assert wrong.exit_code == 1 and "no language token 'xx_Yyyy'" in wrong.output and "Traceback" not in wrong.output
+
+
+def test_parity_reference_compares_with_generate(family_exports: FamilyExports, tmp_path: Path) -> None:
+    """``parity --reference`` passes on an export that decodes as ``generate``, and fails on a
+    copy whose only change is the length penalty (0.75, the pre-fix default, against 1.0)."""
+    import shutil
+
+    from click.testing import CliRunner
+
+    from s2s_deploy.cli import main
+
+    built = family_exports.get("bart")
+    runner = CliRunner()
+    result = runner.invoke(main, ["parity", str(built.out), "--reference", str(built.hf_dir)])
+    assert result.exit_code == 0 and "parity: PASS" in result.output, result.output
+    changed = tmp_path / "alpha"
+    shutil.copytree(built.out, changed)
+    raw = json.loads((changed / "manifest.json").read_text())
+    assert raw["search"]["length_penalty_alpha"] == 1.0
+    raw["search"]["length_penalty_alpha"] = 0.75
+    (changed / "manifest.json").write_text(json.dumps(raw))
+    result = runner.invoke(main, ["parity", str(changed), "--reference", str(built.hf_dir)])
+    assert result.exit_code == 1 and "parity: FAIL" in result.output, result.output
+    assert "beam4" in result.output and "generate" in result.output
+
+
+@pytest.mark.parametrize(("early_stopping", "alpha"), [(True, 1.0), ("never", 1.0), (False, 0.5)])
+def test_beam_stopping_rules_match_generate(family_exports: FamilyExports, early_stopping: bool | str,
+                                            alpha: float) -> None:
+    """``early_stopping`` true and "never", and another length penalty, given to both sides."""
+    from s2s_deploy.runtime.translator import Translator
+
+    built = family_exports.get("bart")
+    translator = Translator(built.out, device="cpu")
+    vocab = translator.manifest.src_vocab
+    rows = [vocab.encode(text) for text in texts(built.family)]
+    ours = [h[0].tokens for h in translator.translate_ids(rows, beam=4, max_len=MAX_NEW, alpha=alpha,
+                                                          early_stopping=early_stopping)]
+    theirs = generated(built.model, rows, vocab.pad_id, translator.manifest.eos_id, 4,
+                       early_stopping=early_stopping, length_penalty=alpha)
+    assert ours == theirs

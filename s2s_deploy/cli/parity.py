@@ -15,19 +15,21 @@ from s2s_deploy.cli.group import device_option, echo_device, load_plugin_files, 
 @click.option("--input", "input_path", type=click.Path(dir_okay=False, allow_dash=True), default=None,
               help="Sentences to check, one per line [default: the samples stored at export].")
 @click.option("--beam", type=click.IntRange(2), default=4, show_default=True, help="Beam size of the beam check.")
-@click.option("--max-len", type=click.IntRange(1), default=64, show_default=True, help="Most target tokens.")
+@click.option("--max-len", type=click.IntRange(1), default=None,
+              help="Most target tokens [default: 64; with --reference, the export's own, generate's max_new_tokens].")
 @click.option("--atol", type=click.FloatRange(0), default=None,
               help="Per-step log-prob tolerance, atol + rtol*|log p| [default: the plugin's].")
 @click.option("--rtol", type=click.FloatRange(0), default=None, help="See --atol [default: the plugin's].")
 @click.option("--checkpoint", type=click.Path(dir_okay=False), default=None,
               help="The PyTorch original [default: the checkpoint stored in the export].")
 @click.option("--reference", "reference_dir", type=click.Path(file_okay=False), default=None,
-              help="A Hugging Face model folder: compare against transformers' own model instead (needs [hf]).")
+              help="A Hugging Face model folder: compare tokens with transformers' own generate at the folder's "
+                   "settings, and log-probs with its model (needs [hf]).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--ort-format", is_flag=True, help="Check the .ort graphs instead of the .onnx ones.")
 @device_option
 @plugin_option
-def parity_command(export_dir: str, input_path: str | None, beam: int, max_len: int, atol: float | None,
+def parity_command(export_dir: str, input_path: str | None, beam: int, max_len: int | None, atol: float | None,
                    rtol: float | None, checkpoint: str | None, reference_dir: str | None, as_json: bool,
                    ort_format: bool, device: str, plugin_files: tuple[str, ...]) -> None:
     """Check that ONNX Runtime decodes exactly like PyTorch.
@@ -51,18 +53,23 @@ def parity_command(export_dir: str, input_path: str | None, beam: int, max_len: 
     sources = read_lines(input_path) if input_path else list(manifest.samples)
     if not sources:
         raise S2SError(f"{export_dir} stores no sample inputs; pass --input FILE")
+    generate = None
     if reference_dir is not None:
-        from s2s_deploy.export.hf_reference import HFBackend, load_transformers_model
+        from s2s_deploy.export.hf_reference import GenerateEngine, HFBackend, load_transformers_model
+        from s2s_deploy.runtime.decoding import resolve
 
         if checkpoint:
             raise S2SError("--reference and --checkpoint name two originals: give one")
-        reference = HFBackend(load_transformers_model(reference_dir), manifest.decoder_start_id, manifest.eos_id)
+        model = load_transformers_model(reference_dir)
+        reference = HFBackend(model, manifest.decoder_start_id, manifest.eos_id)
+        generate = GenerateEngine(model, manifest.src_vocab.pad_id, manifest.eos_id)
+        max_len = max_len or resolve(manifest).max_len
     else:
         reference = torch_backend_for(manifest, checkpoint)
     candidate = OrtBackend(manifest, device=device, graph_format="ort" if ort_format else "onnx")
     echo_device(candidate.choice.notice(), candidate.choice.provider)
-    report = check_parity(manifest, reference, candidate, sources, beam_size=beam, max_len=max_len, atol=atol,
-                          rtol=rtol)
+    report = check_parity(manifest, reference, candidate, sources, beam_size=beam, max_len=max_len or 64, atol=atol,
+                          rtol=rtol, reference_search=generate)
     tol = report.forward_tolerance
     if as_json:
         click.echo(json.dumps({
@@ -100,7 +107,7 @@ def parity_command(export_dir: str, input_path: str | None, beam: int, max_len: 
             click.echo(f"{s.mode:<8} tokens identical {s.identical}/{s.total} ({s.agreement:.1%}), "
                        f"score max |diff| {s.max_score_diff:.2e} {verdict}")
             for source, want, got in s.mismatches[:5]:
-                click.echo(f"  {source!r}: pytorch {want!r} onnx {got!r}")
+                click.echo(f"  {source!r}: {'generate' if generate else 'pytorch'} {want!r} onnx {got!r}")
         click.echo("parity: PASS" if report.passed else "parity: FAIL")
     if not report.passed:
         sys.exit(1)

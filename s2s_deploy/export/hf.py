@@ -131,25 +131,75 @@ def special_ids(config: Mapping[str, Any], generation: Mapping[str, Any]) -> dic
     return ids
 
 
+GENERATE_DEFAULTS: dict[str, Any] = {
+    "num_beams": 1, "length_penalty": 1.0, "early_stopping": False, "min_length": 0, "max_length": 20,
+    "no_repeat_ngram_size": 0, "repetition_penalty": 1.0, "do_sample": False, "top_k": 50, "top_p": 1.0,
+    "temperature": 1.0,
+}
+"""What ``generate`` takes for a setting ``generation_config.json`` leaves out (transformers 5.24,
+``GenerationConfig._get_default_generation_params``). ``save_pretrained`` omits every setting at
+its default, so most folders rely on these."""
+
+UNSUPPORTED = {  # generation_config.json settings whose effect the runtime does not reproduce, at their no-op
+    "repetition_penalty": 1.0, "encoder_repetition_penalty": 1.0, "encoder_no_repeat_ngram_size": 0,
+    "exponential_decay_length_penalty": None, "begin_suppress_tokens": None, "sequence_bias": None,
+    "renormalize_logits": False, "num_beam_groups": 1, "diversity_penalty": 0.0, "constraints": None,
+    "force_words_ids": None, "stop_strings": None, "typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0,
+    "min_p": None, "guidance_scale": None, "watermarking_config": None,
+}
+
+
 def search_defaults(config: Mapping[str, Any], generation: Mapping[str, Any]) -> dict[str, Any]:
-    """generation_config.json under the manifest's ``search`` names (SearchConfig's, and
-    ``length_penalty_alpha`` for ``alpha``); settings the model leaves unset are left out."""
-    mapping = {"num_beams": "beam_size", "length_penalty": "length_penalty_alpha", "max_length": "max_len",
-               "min_length": "min_len", "no_repeat_ngram_size": "no_repeat_ngram_size",
-               "repetition_penalty": "repetition_penalty", "bad_words_ids": "bad_words_ids",
-               "suppress_tokens": "suppress_tokens", "early_stopping": "early_stopping"}
-    defaults = {ours: value for theirs, ours in mapping.items()
-                if (value := _setting(config, generation, theirs)) is not None}
+    """What ``generate`` decodes with, from generation_config.json and, for what it leaves out,
+    ``generate``'s own defaults, under the manifest's ``search`` names; so the runtime decodes
+    as ``generate`` does without transformers. A setting it would not reproduce is refused."""
+    def setting(key: str) -> Any:
+        value = _setting(config, generation, key)
+        return GENERATE_DEFAULTS.get(key) if value is None else value
+
+    for key, no_op in UNSUPPORTED.items():
+        value = _setting(config, generation, key)
+        if value is not None and value != no_op:
+            raise CheckpointError(f"generation_config.json sets {key}={value!r}, which s2s-deploy's search does not "
+                                  "reproduce; remove it from the folder to export the model without it")
+    eos = special_ids(config, generation)["eos"]
+    defaults: dict[str, Any] = {
+        "beam_size": int(setting("num_beams")), "length_penalty_alpha": float(setting("length_penalty")),
+        "early_stopping": setting("early_stopping"), "no_repeat_ngram_size": int(setting("no_repeat_ngram_size")),
+    }
+    new_tokens = _setting(config, generation, "max_new_tokens")
+    max_length = _setting(config, generation, "max_length")
+    if new_tokens is not None:
+        defaults["max_len"] = int(new_tokens)
+    elif max_length is not None:  # Hugging Face counts the decoder start token; we count generated tokens
+        defaults["max_len"] = max(1, int(max_length) - 1)
+    else:  # 20 new tokens, the start token within the position table
+        positions = config.get("max_position_embeddings")
+        defaults["max_len"] = GENERATE_DEFAULTS["max_length"] if positions is None else max(
+            1, min(GENERATE_DEFAULTS["max_length"] + 1, int(positions)) - 1)
+    min_new = _setting(config, generation, "min_new_tokens")
+    defaults["min_len"] = int(min_new) if min_new is not None else max(0, int(setting("min_length")) - 1)
+    for theirs, ours in (("bad_words_ids", "bad_words_ids"), ("suppress_tokens", "suppress_tokens")):
+        if (value := _setting(config, generation, theirs)) is not None:
+            defaults[ours] = value
     forced_bos = _setting(config, generation, "forced_bos_token_id")
     if forced_bos is not None:
-        defaults["prefix"] = [int(forced_bos)]
+        defaults["forced_bos"] = int(forced_bos)
     forced_eos = _setting(config, generation, "forced_eos_token_id")
     if forced_eos is not None:
+        if (list(forced_eos) if isinstance(forced_eos, list) else [forced_eos]) != [eos]:
+            raise CheckpointError(f"generation_config.json forces {forced_eos!r} at the length limit, not the "
+                                  f"EOS token {eos}: s2s-deploy's search forces only EOS")
         defaults["forced_eos"] = True
-    if "max_len" in defaults:  # Hugging Face counts the decoder start token; we count generated tokens
-        defaults["max_len"] = max(1, int(defaults["max_len"]) - 1)
-    if "min_len" in defaults:
-        defaults["min_len"] = max(0, int(defaults["min_len"]) - 1)
+    if setting("do_sample"):
+        if defaults["beam_size"] > 1:
+            raise CheckpointError("generation_config.json samples inside beam search (do_sample with num_beams > 1), "
+                                  "which s2s-deploy's search does not do")
+        defaults.update(sampling_topk=int(setting("top_k")), sampling_topp=float(setting("top_p")),
+                        sampling_temperature=float(setting("temperature")))
+    if defaults["early_stopping"] not in (True, False, "never"):
+        raise CheckpointError(f"generation_config.json sets early_stopping={defaults['early_stopping']!r}: "
+                              'true, false or "never" expected')
     return defaults
 
 

@@ -1,8 +1,11 @@
-"""The Hugging Face original of an export as a search Backend, for ``parity --reference HF_DIR``.
+"""The Hugging Face original of an export, for ``parity --reference HF_DIR``.
 
-It runs ``transformers``' own model (``AutoModelForSeq2SeqLM``, local files only), not our port
-of it, so parity then checks the plugin's arithmetic as well as the ONNX graphs. Each step reruns
-the decoder over the whole prefix without a cache: slow, but with nothing of ours in the path.
+``GenerateEngine`` is the reference for tokens: ``transformers``' own ``generate``, at the
+folder's own generation settings, so parity sees what a user of ``generate`` sees (our search
+run over their model would hide a difference in the search itself). ``HFBackend`` is the
+reference for each step's log-probs: their model (``AutoModelForSeq2SeqLM``, local files only),
+not our port of it, rerun over the whole prefix without a cache at every step: slow, but with
+nothing of ours in the path.
 """
 
 from __future__ import annotations
@@ -15,6 +18,8 @@ import torch
 
 from s2s_deploy.errors import S2SError
 from s2s_deploy.runtime.backend import Backend, DecodeRun
+from s2s_deploy.runtime.decoding import SearchConfig
+from s2s_deploy.runtime.search import Hypothesis
 
 
 def load_transformers_model(directory: str | Path) -> Any:
@@ -79,3 +84,31 @@ class _HFRun(DecodeRun):
 
     def close(self) -> None:
         """Nothing is pooled."""
+
+
+class GenerateEngine:
+    """``model.generate`` as a SearchEngine. Only ``beam_size`` and ``max_len`` (as
+    ``num_beams`` and ``max_new_tokens``) are passed: everything else is the folder's own
+    ``generation_config.json`` and ``generate``'s defaults, which the export must reproduce.
+    Scores are ``generate``'s for beam search, NaN for greedy (it reports none)."""
+
+    name = "transformers generate"
+
+    def __init__(self, model: Any, pad_id: int, eos_id: int) -> None:
+        self.model = model.float().eval()
+        self.pad_id, self.eos_id = pad_id, eos_id
+
+    @torch.no_grad()
+    def search(self, src: np.ndarray, src_len: np.ndarray, config: SearchConfig) -> list[list[Hypothesis]]:
+        ids = torch.from_numpy(np.asarray(src, dtype=np.int64))
+        mask = (torch.arange(ids.shape[1])[None, :] < torch.from_numpy(np.asarray(src_len))[:, None]).long()
+        out = self.model.generate(input_ids=ids, attention_mask=mask, num_beams=config.beam_size,
+                                  max_new_tokens=config.max_len, output_scores=True, return_dict_in_generate=True)
+        scores = getattr(out, "sequences_scores", None)
+        found = []
+        for i, row in enumerate(out.sequences[:, 1:].tolist()):  # after the decoder start
+            finished = self.eos_id in row
+            tokens = tuple(row[: row.index(self.eos_id)] if finished else row)
+            score = float(scores[i]) if scores is not None else float("nan")
+            found.append([Hypothesis(tokens, (), score, finished)])
+        return found

@@ -20,8 +20,8 @@ from s2s_deploy.export.tolerance import NO_DIFF, StepDiff, StepTolerance, plugin
 from s2s_deploy.export.torch_backend import TorchBackend
 from s2s_deploy.format.manifest import Manifest, sha256_of
 from s2s_deploy.runtime.backend import Backend
-from s2s_deploy.runtime.decoding import SearchConfig
-from s2s_deploy.runtime.search import search
+from s2s_deploy.runtime.decoding import SearchConfig, resolve
+from s2s_deploy.runtime.search import SearchEngine, StepLoop, search
 from s2s_deploy.runtime.translator import encode_batch
 from s2s_deploy.transforms.quantize import MIN_TOKEN_AGREEMENT
 
@@ -104,13 +104,22 @@ def torch_backend_for(
 def check_parity(
     manifest: Manifest, reference: Backend, candidate: Backend, sources: Sequence[str], *,
     beam_size: int = 4, max_len: int = 64, atol: float | None = None, rtol: float | None = None,
-    batch_size: int = 16,
+    batch_size: int = 16, reference_search: SearchEngine | None = None,
 ) -> ParityReport:
+    """Tokens of ``reference_search`` (default: our search over ``reference``) against our search
+    over ``candidate``, greedy and beam, and each step's log-probs of ``reference`` against
+    ``candidate``'s. With a ``reference_search`` of its own (``generate``), both sides decode at the
+    export's own settings (the manifest's ``search`` block), but the beam size and ``max_len``."""
     plugin = exported_plugin(manifest.plugin, manifest.plugin_origin)
     quantised = manifest.quantization is not None
     tolerance = None if quantised and atol is None and rtol is None else plugin_tolerance(plugin, atol, rtol)
     forward_tolerance = plugin_tolerance(plugin, atol, rtol)
-    modes = [("greedy", SearchConfig(1, 1, max_len)), (f"beam{beam_size}", SearchConfig(beam_size, 1, max_len))]
+    if reference_search is None:
+        reference_search = StepLoop(reference)
+        modes = [("greedy", SearchConfig(1, 1, max_len)), (f"beam{beam_size}", SearchConfig(beam_size, 1, max_len))]
+    else:
+        modes = [(name, resolve(manifest, {"beam_size": beam, "n_best": 1, "max_len": max_len}))
+                 for name, beam in (("greedy", 1), (f"beam{beam_size}", beam_size))]
     agreements = {name: [0, 0.0, []] for name, _ in modes}
     step_diff, forward_diff = NO_DIFF, NO_DIFF
     model = getattr(reference, "model", None)  # a PyTorch reference: check its step against its forward
@@ -118,12 +127,13 @@ def check_parity(
         chunk = list(sources[start : start + batch_size])
         src, src_len = encode_batch(chunk, manifest.src_vocab, manifest.max_source_length)
         for name, config in modes:
-            want, got = search(reference, src, src_len, config), search(candidate, src, src_len, config)
+            want, got = reference_search.search(src, src_len, config), search(candidate, src, src_len, config)
             tally = agreements[name]
             for text, w, g in zip(chunk, want, got, strict=True):
                 if w[0].tokens == g[0].tokens:
                     tally[0] += 1
-                    tally[1] = max(tally[1], abs(w[0].score - g[0].score))
+                    if np.isfinite(w[0].score):  # generate reports no greedy score
+                        tally[1] = max(tally[1], abs(w[0].score - g[0].score))
                 else:
                     decode = manifest.tgt_vocab.decode
                     tally[2].append((text, decode(w[0].tokens), decode(g[0].tokens)))

@@ -56,19 +56,23 @@ def suppressed_ids(suppress_tokens: INT64, vocab_ids: INT64) -> BOOL:
 
 @script(default_opset=op)
 def apply_options(log_probs: FLOAT, masked: FLOAT, step: INT64, max_len: INT64, suppressed: BOOL, prefix: INT64,
-                  forced_eos: BOOL, vocab_ids: INT64, eos: INT64) -> FLOAT:
-    """Suppressed ids, then a forced token at a prefix step or, with ``forced_eos``, at the last
-    step: as runtime/options.py does, a forced token keeps the model's log-prob and every other
-    token becomes impossible."""
+                  forced_eos: BOOL, forced_bos: INT64, vocab_ids: INT64, eos: INT64) -> FLOAT:
+    """Suppressed ids, then a forced token at a prefix step, at step 0 with ``forced_bos`` (>= 0)
+    and no prefix, or with ``forced_eos`` at the last step: as runtime/options.py does, every
+    other token becomes impossible, a prefix token keeps the model's log-prob, and a forced BOS
+    or EOS scores 0 (as Hugging Face's generate)."""
     minus_inf = op.Constant(value=_MINUS_INF32)
     masked = op.Where(suppressed, minus_inf, masked)
+    zero = op.Constant(value_int=0)
     prefix_len = op.Squeeze(op.Shape(prefix), op.Constant(value_ints=[0]))
     padded = op.Concat(prefix, op.Unsqueeze(eos, op.Constant(value_ints=[0])), axis=0)  # index p is EOS
     in_prefix = op.Less(step, prefix_len)
     at_end = op.And(forced_eos, op.Equal(step, op.Sub(max_len, op.Constant(value_int=1))))
-    token = op.Gather(padded, op.Min(step, prefix_len))
-    forced = op.Where(op.Equal(vocab_ids, token), log_probs, minus_inf)
-    return op.Where(op.Or(in_prefix, at_end), forced, masked)
+    at_bos = op.And(op.And(op.Equal(step, zero), op.Equal(prefix_len, zero)), op.GreaterOrEqual(forced_bos, zero))
+    token = op.Where(at_bos, forced_bos, op.Gather(padded, op.Min(step, prefix_len)))
+    scored = op.Where(in_prefix, log_probs, op.Constant(value_float=0.0))
+    forced = op.Where(op.Equal(vocab_ids, token), scored, minus_inf)
+    return op.Where(op.Or(op.Or(in_prefix, at_end), at_bos), forced, masked)
 
 
 @script(default_opset=op)

@@ -108,7 +108,23 @@ class Ids:
         return {"type": "array", "maxItems": MAX_IDS, "items": ids} if self.nested else ids
 
 
-Kind = Whole | Real | Switch | Ids
+@dataclass(frozen=True)
+class OneOf:
+    """One of a few JSON values (``early_stopping``: true, false or "never")."""
+
+    values: tuple[Any, ...]
+    python_type = Any
+
+    def problem(self, value: Any) -> str | None:
+        ok = any(value is v if isinstance(v, bool) else (value == v and not isinstance(value, bool))
+                 for v in self.values)
+        return None if ok else f"must be one of {', '.join(map(repr, self.values))}, not {value!r:.40}"
+
+    def schema(self) -> dict[str, Any]:
+        return {"enum": list(self.values)}
+
+
+Kind = Whole | Real | Switch | Ids | OneOf
 
 
 @dataclass(frozen=True)
@@ -157,8 +173,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("forced_eos", Switch(), False, "End every hypothesis with EOS at its max length."),
     Option("max_len_a", Real(0.0), 0.0, "Per sentence: max length = ceil(a * source tokens + b) (0, 0: off)."),
     Option("max_len_b", Whole(0), 0, "See --max-len-a."),
-    Option("early_stopping", Switch(), False, "Recorded from Hugging Face; the beam stopping rule is fixed.",
+    Option("early_stopping", OneOf((False, True, "never")), False,
+           "Hugging Face's beam stopping rule: false, true (stop at K finished) or \"never\" (judge at max_len).",
            flag=None),
+    Option("forced_bos", Whole(-1, MAX_ID), -1,
+           "Hugging Face's forced_bos_token_id: this id first (unless a prefix), scored 0; -1: none.", flag=None),
 )
 BY_NAME = {option.name: option for option in OPTIONS}
 

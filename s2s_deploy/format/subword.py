@@ -59,6 +59,9 @@ def write_files(files: Iterable[TokenizerFile | None], directory: Path) -> None:
         inside(directory, file.name, TokenizerFileError, "tokenizer file").write_bytes(file.data)
 
 
+WORD_START = "\u2581"  # SentencePiece's word-start mark
+
+
 class SentencePieceModel:
     """Text to pieces and pieces to text; the vocabulary's token table maps pieces to ids."""
 
@@ -75,7 +78,9 @@ class SentencePieceModel:
         return self.processor.encode(text, out_type=str)
 
     def text(self, pieces: list[str]) -> str:
-        return self.processor.decode_pieces(pieces)
+        """As MarianTokenizer decodes: a piece the model does not hold (opus-mt's target ids
+        include pieces only ``source.spm`` has) comes back raw, its ``▁`` then made a space."""
+        return self.processor.decode_pieces(pieces).replace(WORD_START, " ").strip()
 
     def special_ids(self) -> dict[str, int | None]:
         """The model's own pad/bos/eos/unk ids (SentencePiece says -1 for an absent one)."""

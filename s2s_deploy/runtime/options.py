@@ -29,7 +29,7 @@ def options_on(config: SearchConfig) -> bool:
     masks EOS among the in-graph top-k)."""
     return (config.sampling_topk != 1 or config.repetition_penalty != 1.0 or config.no_repeat_ngram_size > 0
             or any(prefixes_of(config)) or bool(config.suppress_tokens) or config.disable_unk
-            or bool(config.bad_words_ids) or config.forced_eos)
+            or bool(config.bad_words_ids) or config.forced_eos or config.forced_bos >= 0)
 
 
 def sentence_limits(config: SearchConfig, src_len: np.ndarray) -> np.ndarray:
@@ -70,6 +70,8 @@ class StepOptions:
         self.prefixes = prefixes * self.batch if len(prefixes) == 1 else prefixes
         if any(eos_id in p for p in self.prefixes):
             raise ValueError("a prefix cannot hold the EOS token")
+        if config.forced_bos >= vocab_size:
+            raise ValueError(f"forced_bos {config.forced_bos} is outside the vocabulary (0..{vocab_size - 1})")
         banned = set(config.suppress_tokens) | ({unk_id} if config.disable_unk and unk_id is not None else set())
         if any(not 0 <= i < vocab_size for i in banned | {i for w in config.bad_words_ids for i in w}):
             raise ValueError(f"a suppressed or bad-word id is outside the vocabulary (0..{vocab_size - 1})")
@@ -122,14 +124,18 @@ class StepOptions:
                 p = self.prefixes[sentence[row]]
                 if t < len(p):
                     forced[row] = p[t]
-        at_limit = self.limits[sentence] - 1 == t
+        from_prefix = forced >= 0
+        if config.forced_bos >= 0 and t == 0:
+            forced[~from_prefix] = config.forced_bos
         if config.forced_eos:
-            forced[at_limit & (forced < 0)] = self.eos
+            forced[(self.limits[sentence] - 1 == t) & (forced < 0)] = self.eos
         where = np.nonzero(forced >= 0)[0]
-        if len(where):  # a forced token keeps the model's own log-prob; every other is impossible
-            kept = np.asarray(log_probs, dtype=np.float32)[where, forced[where]]
+        if len(where):
+            # every other token is impossible; a prefix token keeps the model's own log-prob (as
+            # CTranslate2's target_prefix), a forced BOS or EOS scores 0 (as generate's processors)
+            model = np.asarray(log_probs, dtype=np.float32)[where, forced[where]]
             out[where] = -np.inf
-            out[where, forced[where]] = kept
+            out[where, forced[where]] = np.where(from_prefix[where], model, np.float32(0.0))
         return out
 
     @staticmethod

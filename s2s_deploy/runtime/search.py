@@ -7,7 +7,9 @@ Scores follow the seeds: a hypothesis of L tokens (its EOS included when it has 
 within the top K of a step becomes a finished hypothesis. A sentence stops (Hugging Face's
 default, ``early_stopping=False``) once it holds K finished hypotheses and the K-th best of
 them scores at least the best live beam's ``log P / (t+1)**alpha``; or at ``max_len``, where
-its live beams are finished as they stand. The rule never reads n-best, so the 1-best is the
+its live beams are finished as they stand. ``early_stopping`` True stops it once it holds K;
+"never" judges the best live beam at ``max_len`` instead of ``t+1`` when ``alpha`` > 0 (as
+``generate``). The rule never reads n-best, so the 1-best is the
 same for every n-best; every finished hypothesis is kept and ranked, so the answer is never
 worse than one it held (docs/manifest.md has the algorithm as pseudo-code, docs/parity.md
 the measurements behind the choice).
@@ -215,6 +217,13 @@ def beam_search(
     limits = config.sentence_limits(src_len)
     stops = _stops_by_step(limits)
     options = step_options(backend, src, src_len, config)
+    never = config.early_stopping == "never" and config.alpha > 0
+    ceiling = (np.full(batch, config.max_len) if limits is None else limits) if never else None
+
+    def judged_at(t: int) -> int | np.ndarray:
+        """The length a live beam's score is judged at: its own, or ("never") its sentence's limit."""
+        return t + 1 if ceiling is None else ceiling
+
     with backend.start(src, src_len, expand=k) as run:
         step_top = run.step_top if options is None else options.bind(run)
         for t in range(config.max_len if limits is None else int(limits.max())):
@@ -262,8 +271,11 @@ def beam_search(
                 lps, reorder = values.take(flat), flat // per_row
             trail.steps.append((reorder, tokens, lps))
             if any_full:  # K finished: stop once no live beam's score at its length beats the K-th best
-                best_live = normalised(-costs.reshape(batch, k).min(axis=1), t + 1, config.alpha)
-                active &= ~(kth_best >= best_live)
+                if config.early_stopping is True:
+                    active &= finished_count < k
+                else:
+                    best_live = normalised(-costs.reshape(batch, k).min(axis=1), judged_at(t), config.alpha)
+                    active &= ~(kth_best >= best_live)
                 if not active.any():
                     break
             stopping = stops.get(t)

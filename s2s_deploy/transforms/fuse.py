@@ -38,7 +38,7 @@ MIN_OPSET = 17
 _DEFAULT_DOMAINS = ("", "ai.onnx")
 _SEARCH_DOMAIN = "s2s_deploy.search"
 FUSED_OPTIONS = ("min_len", "max_len", "suppress_tokens", "disable_unk", "bad_words_ids (single tokens)",
-                 "prefix (one for every sentence)", "forced_eos")
+                 "prefix (one for every sentence)", "forced_eos", "forced_bos")
 """What ``fuse --options`` carries; the step loop runs every other option (docs/generate.md)."""
 
 
@@ -60,6 +60,7 @@ def generate_io(beam: bool, options: bool = False) -> tuple[tuple[GenerateIO, ..
         inputs.append(GenerateIO("suppress_tokens", "suppress_tokens", "int64", ("suppressed",)))
         inputs.append(GenerateIO("prefix", "target_prefix", "int64", ("prefix_len",)))
         inputs.append(GenerateIO("forced_eos", "forced_eos", "bool", ()))
+        inputs.append(GenerateIO("forced_bos", "forced_bos", "int64", ()))
     outputs = (
         GenerateIO("tokens", "hypothesis_tokens", "int64", ("batch", n, "out_len")),
         GenerateIO("scores", "hypothesis_scores", "float32", ("batch", n)),
@@ -357,7 +358,8 @@ class _Fuser:
         log_probs = self.call(op, "forbid_early_eos", raw, step, self.inputs["min_len"], self.eos_onehot)
         if self.options:
             log_probs = self.call(op, "apply_options", raw, log_probs, step, self.inputs["max_len"], self.suppressed,
-                                  self.inputs["prefix"], self.inputs["forced_eos"], self.vocab_ids, self.eos)
+                                  self.inputs["prefix"], self.inputs["forced_eos"], self.inputs["forced_bos"],
+                                  self.vocab_ids, self.eos)
         return log_probs, [out[s.decoder_output] for s in self.m.state]
 
     def greedy(self, batch: ir.Value, trips: ir.Value, memory: dict[str, ir.Value],

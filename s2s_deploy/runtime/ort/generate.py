@@ -64,6 +64,7 @@ def option_feeds(config: SearchConfig, unk_id: int) -> dict[str, np.ndarray]:
         "suppress_tokens": np.array(sorted(suppressed), dtype=np.int64),
         "prefix": np.array(prefixes[0] if prefixes else (), dtype=np.int64),
         "forced_eos": np.array(config.forced_eos),
+        "forced_bos": np.array(config.forced_bos, dtype=np.int64),
     }
 
 
@@ -138,8 +139,16 @@ class GraphEngine:
     def _run(self, src: np.ndarray, src_len: np.ndarray, config: SearchConfig) -> list[list[Hypothesis]]:
         started = time.perf_counter()
         feeds = generate_feeds(src, src_len, config, self.beam)
+        if config.early_stopping is not False and config.beam_size > 1:
+            raise S2SError(f"{self.path.name} stops beam search as early_stopping=false does, not "
+                           f"{config.early_stopping!r}: use the step loop (engine 'loop')")
         if self.options:
             feeds.update(option_feeds(config, self.manifest.tgt_vocab.unk_id))
+            if "forced_bos" not in {i.name for i in self.session.get_inputs()}:  # fused before it was an input
+                if config.forced_bos >= 0:
+                    raise S2SError(f"{self.path.name} predates forced_bos: run `s2s-deploy fuse --options` again, "
+                                   "or use the step loop (engine 'loop')")
+                del feeds["forced_bos"]
         elif options_on(config):
             raise S2SError(f"{self.path.name} carries no decoding options: run `s2s-deploy fuse --options`, "
                            "or use the step loop (engine 'loop')")
