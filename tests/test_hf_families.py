@@ -376,39 +376,6 @@ def test_every_hf_plugin_has_a_row() -> None:
     assert served <= set(BY_TYPE), sorted(served - set(BY_TYPE))
 
 
-def test_language_codes_choose_the_forced_first_token_and_the_source_token(family_exports: FamilyExports) -> None:
-    """NLLB-style: ``target_lang`` makes its language token the forced first token (what
-    ``forced_bos_token_id`` does in ``generate``), ``source_lang`` starts each source with its
-    token; from the CLI too, and an unknown code is one line."""
-    from click.testing import CliRunner
-
-    from s2s_deploy.cli import main
-    from s2s_deploy.runtime.translator import Translator
-
-    built = family_exports.get("m2m_100")
-    translator = Translator(built.out, device="cpu")
-    vocab = translator.manifest.src_vocab
-    sources = texts(built.family, 6)
-    assert translator.source_vocab("fra_Latn").encode(sources[0])[0] == NLLB_TARGET
-    assert vocab.encode(sources[0])[0] == NLLB_SOURCE  # the tokenizer's own framing otherwise
-    for code, token in (("fra_Latn", NLLB_TARGET), ("eng_Latn", NLLB_SOURCE)):
-        ours = [t.text.split() for t in translator(sources, beam=1, max_len=MAX_NEW, target_lang=code)]
-        rows = [vocab.encode(text) for text in sources]
-        built.model.generation_config.forced_bos_token_id = token
-        try:
-            theirs = generated(built.model, rows, vocab.pad_id, translator.manifest.eos_id, 1)
-        finally:
-            built.model.generation_config.forced_bos_token_id = NLLB_TARGET
-        assert all(row[0] == token for row in theirs)
-        assert ours == [translator.manifest.tgt_vocab.decode(row).split() for row in theirs]
-    runner = CliRunner()
-    result = runner.invoke(main, ["translate", str(built.out), sources[0], "--target-lang", "eng_Latn",
-                                  "--source-lang", "fra_Latn", "--quiet"])
-    assert result.exit_code == 0, result.output
-    wrong = runner.invoke(main, ["translate", str(built.out), sources[0], "--target-lang", "xx_Yyyy"])
-    assert wrong.exit_code == 1 and "no language token 'xx_Yyyy'" in wrong.output and "Traceback" not in wrong.output
-
-
 def test_parity_reference_compares_with_generate(family_exports: FamilyExports, tmp_path: Path) -> None:
     """``parity --reference`` passes on an export that decodes as ``generate``, and fails on a
     copy whose only change is the length penalty (0.75, the pre-fix default, against 1.0)."""
