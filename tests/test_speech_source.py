@@ -49,14 +49,14 @@ def speech(tmp_path_factory: pytest.TempPathFactory):
 def test_export_declares_features_and_their_front_end(speech) -> None:
     _, _, out = speech
     manifest = load_manifest(out)
-    assert manifest.raw["format"] == FORMAT
+    assert manifest.to_dict()["format"] == FORMAT
     spec = manifest.encoder_input
     assert (spec.kind, spec.shape, spec.dtype) == (FEATURES, (16, FRAMES), "float32")
     assert dict(spec.frontend) == WhisperLogMel(n_mels=16, chunk_length=1).to_json()
-    src = next(io for io in manifest.raw["graphs"]["encoder"]["inputs"] if io["name"] == "src")
+    src = next(io for io in manifest.to_dict()["graphs"]["encoder"]["inputs"] if io["name"] == "src")
     assert (src["role"], src["dtype"], len(src["shape"])) == ("source_features", "float32", 3)
     assert manifest.samples == ()  # text samples are no input to this encoder
-    validation = manifest.raw["validation"]
+    validation = manifest.to_dict()["validation"]
     assert max(validation["max_abs_diff"].values()) <= validation["atol"]
 
 
@@ -147,7 +147,7 @@ def test_an_unknown_front_end_is_one_line(speech, tmp_path: Path) -> None:
 def test_token_exports_read_as_tokens_in_every_format(exports, tmp_path: Path) -> None:
     _, manifest = exports.get("transformer")
     assert manifest.encoder_input == TOKEN_SOURCE
-    assert manifest.raw["encoder_input"] == {"kind": "tokens", "dtype": "int64"}
+    assert manifest.to_dict()["encoder_input"] == {"kind": "tokens", "dtype": "int64"}
     copy = tmp_path / "old"
     shutil.copytree(manifest.directory, copy)
     raw = json.loads((copy / "manifest.json").read_text())
