@@ -12,6 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from s2s_deploy.cli import main
+from s2s_deploy.export.registry import REGISTRY
 
 
 def run(*args: str) -> tuple[int, str, str]:
@@ -36,7 +37,7 @@ def test_list_shows_every_builtin() -> None:
 
 def test_unknown_arch() -> None:
     code, _, err = run("export", "--arch", "nope", "--out", "unused")
-    assert_one_line_error(code, err, "known: bahdanau, bart, convs2s, gru, lstm, marian, rnnsearch, t5, transformer")
+    assert_one_line_error(code, err, "known: " + ", ".join(sorted(e.plugin.name for e in REGISTRY.entries())))
 
 
 def test_missing_export_folder(tmp_path: Path) -> None:

@@ -62,8 +62,12 @@ def served(tmp_path: Path) -> Iterator[tuple[Path, str]]:
         server.server_close()
 
 
+TEXT_ARCHS = sorted(entry.plugin.name for entry in REGISTRY.entries()
+                    if not entry.plugin.source_spec(entry.plugin.preset()).is_features)
+
+
 @needs_browser
-@pytest.mark.parametrize("arch", sorted(entry.plugin.name for entry in REGISTRY.entries()))
+@pytest.mark.parametrize("arch", TEXT_ARCHS)
 def test_page_translates_like_the_cli(exports, served, tmp_path: Path, arch: str) -> None:
     _, manifest = exports.get(arch)
     site, url = served
@@ -83,6 +87,16 @@ def test_page_translates_like_the_cli(exports, served, tmp_path: Path, arch: str
         assert all(r["ms"] > 0 for r in page[str(beam)])
     assert screenshot.stat().st_size > 10_000
     print(f"screenshot: {screenshot}")
+
+
+def test_web_bundle_refuses_an_encoder_that_reads_features(exports, tmp_path: Path) -> None:
+    """The page tokenises text; an audio model gets one line rather than a page that cannot run."""
+    featured = [e.plugin.name for e in REGISTRY.entries() if e.plugin.name not in TEXT_ARCHS]
+    assert featured, "no plugin reads features: this test has nothing to refuse"
+    _, manifest = exports.get(featured[0])
+    with pytest.raises(S2SError, match="features, which the browser page does not compute yet"):
+        write_web_bundle(manifest.directory, tmp_path)
+    assert not (manifest.directory / PAGE_FILES[0]).exists()
 
 
 def test_web_bundle_copies_the_page_and_refuses_to_overwrite(exports, tmp_path: Path) -> None:

@@ -33,7 +33,9 @@ OUTPUT_KINDS = (".txt", ".json")
 def transcribe_command(export_dir: str, audio: tuple[str, ...], batch_size: int, scores: bool,
                        output_path: str | None, quiet: bool, device: str, threads: int | None,
                        **decoding: object) -> None:
-    """Transcribe (or speech-translate) audio files with an export whose encoder reads audio.
+    """Transcribe audio files with an export that reads audio.
+
+    The export names the task (transcription or speech translation) and the front end.
 
     AUDIO: WAV, FLAC, OGG or any file soundfile reads, at any sampling rate (resampled to the
     model's). One line per file, in order; no PyTorch needed.

@@ -30,6 +30,10 @@ def write_web_bundle(export_dir: str | Path, dist: str | Path | None = None, for
     """The page files into ``export_dir`` and onnxruntime-web into ``export_dir/ort``; refuses to
     replace existing files unless ``force``. Returns the paths written."""
     manifest = load_manifest(export_dir)  # a bad folder fails before anything is written
+    if manifest.encoder_input.is_features:
+        frontend = (manifest.encoder_input.frontend or {}).get("kind")
+        raise S2SError(f"{manifest.directory} reads {frontend} features, which the browser page does not compute yet: "
+                       "it runs text models only")
     folder = find_dist(dist)
     directory = manifest.directory
     targets = [directory / name for name in PAGE_FILES] + [directory / ORT_DIR / name for name in ORT_FILES]

@@ -74,8 +74,12 @@
   class Translator {
     // ort: the onnxruntime module; encoder, decoder: its InferenceSessions over the export's graphs.
     constructor(ort, manifest, encoder, decoder) {
-      if (!['s2s-deploy-manifest/2', 's2s-deploy-manifest/3'].includes(manifest.format)) {
+      if (!['s2s-deploy-manifest/2', 's2s-deploy-manifest/3', 's2s-deploy-manifest/4'].includes(manifest.format)) {
         throw new Error(`unsupported manifest format ${manifest.format}`);
+      }
+      const input = manifest.encoder_input || { kind: 'tokens' }; // formats 2 and 3 read token ids
+      if (input.kind !== 'tokens') {
+        throw new Error(`this encoder reads ${input.kind} from the ${input.frontend && input.frontend.kind} front end, which this search module does not compute: text models only (docs/manifest.md)`);
       }
       for (const side of [manifest.vocab.source, manifest.vocab.target]) { // subword levels need a JS tokenizer
         if (!['char', 'word', undefined].includes(side.level)) throw new Error(`a ${side.level} vocabulary needs its tokenizer library, which this search module does not run: char and word only (docs/manifest.md)`);
