@@ -90,7 +90,7 @@ def test_oversized_requests_get_413(exports) -> None:
         too_wide = http.post("/translate", json={"texts": ["twenty-one weeks"] * 4, "beam": 4})
     assert too_long.status_code == 413 and f"limit is {limit}" in too_long.json()["error"]
     assert too_many.status_code == 413 and "batch limit of 4" in too_many.json()["error"]
-    assert too_wide.status_code == 413 and "padded tokens" in too_wide.json()["error"]
+    assert too_wide.status_code == 413 and "padded source positions" in too_wide.json()["error"]
     with client(transformer) as http:
         huge = http.post("/translate", content=b" " * (MAX_BODY_BYTES + 1))
     assert huge.status_code == 413 and "at most" in huge.json()["error"]
@@ -288,3 +288,49 @@ def test_the_soak_benchmark_runs_clean_for_seconds(gru) -> None:
                              "--sample-every", "1"], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     assert " 0 wrong;" in result.stdout and "killed at" in result.stdout
+
+
+SPEECH_CLIPS = sorted((Path(__file__).parent / "data").glob("speech_*hz.flac"))
+
+
+def test_transcribe_endpoint_answers_as_the_transcriber(exports) -> None:
+    """An audio upload (any rate, FLAC here) through the batcher gives what Transcriber gives; clips
+    from concurrent requests share batches; a text export and an audio export each send the client
+    to the other endpoint in one line."""
+    from s2s_deploy.runtime.transcriber import Transcriber
+
+    speech = exports.get("speech")[1]
+    expected = Transcriber(speech.directory, device="cpu")(SPEECH_CLIPS, beam=4, n_best=2)
+
+    async def upload_all() -> tuple[list[httpx.Response], dict, dict]:
+        app = create_app(ServeConfig(str(speech.directory), BatchLimits(window_ms=200), threads=1))
+        http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t")
+        async with app.router.lifespan_context(app), http:
+            responses = await asyncio.gather(*(http.post("/transcribe", params={"beam": 4, "n_best": 2},
+                                                         content=clip.read_bytes()) for clip in SPEECH_CLIPS))
+            return list(responses), (await http.get("/health")).json(), (await http.get("/metadata")).json()
+
+    responses, health, metadata = asyncio.run(upload_all())
+    assert [r.status_code for r in responses] == [200] * len(SPEECH_CLIPS), responses[0].text
+    got = [r.json()["transcriptions"][0] for r in responses]
+    assert [g["text"] for g in got] == [e.text for e in expected]
+    assert [[h["text"] for h in g["hypotheses"]] for g in got] == [[h[0] for h in e.hypotheses] for e in expected]
+    assert max(abs(g["score"] - e.score) for g, e in zip(got, expected, strict=True)) < 1e-5
+    assert metadata["endpoint"] == "/transcribe"
+    assert health["largest"] >= 2  # the uploads shared a batch rather than running one by one
+    with client(speech) as http:
+        for params, content, status, message in [
+            ({}, b"not audio", 400, "cannot read audio from the upload"),
+            ({}, b"", 400, "the body is empty"),
+            ({"beam": "four"}, SPEECH_CLIPS[0].read_bytes(), 400, "'beam' must be a number, not 'four'"),
+            ({"temperature": "1"}, SPEECH_CLIPS[0].read_bytes(), 400, "unknown parameter 'temperature'"),
+        ]:
+            response = http.post("/transcribe", params=params, content=content)
+            assert response.status_code == status and message in response.json()["error"], response.text
+            assert "\n" not in response.json()["error"]
+        response = http.post("/translate", json={"texts": ["a"]})
+        assert response.status_code == 400 and "POST the audio file to /transcribe" in response.json()["error"]
+    gru = exports.get("gru")[1]
+    with client(gru) as http:
+        response = http.post("/transcribe", content=SPEECH_CLIPS[0].read_bytes())
+        assert response.status_code == 400 and "POST JSON to /translate" in response.json()["error"]

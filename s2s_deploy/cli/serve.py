@@ -54,7 +54,8 @@ def serve_command(export_dir: str, host: str, port: int, workers: int, threads: 
                   window_ms: float, max_batch: int, max_tokens: int, max_queue: int, max_beam: int) -> None:
     """Serve an export over HTTP, with dynamic batching.
 
-    POST /translate, GET /health, GET /metadata.
+    POST /translate (JSON texts), or POST /transcribe (an audio file) for an export that reads audio;
+    GET /health, GET /metadata.
     """
     try:
         import starlette  # noqa: F401

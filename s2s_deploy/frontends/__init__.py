@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from s2s_deploy.errors import S2SError
-from s2s_deploy.frontends.audio import KaldiFbank, WhisperLogMel, load_audio, resample
+from s2s_deploy.frontends.audio import KaldiFbank, WhisperLogMel, decode_audio, load_audio, resample
 from s2s_deploy.frontends.image import VitImage, load_image
 
 FrontEnd = WhisperLogMel | KaldiFbank | VitImage
@@ -49,6 +49,7 @@ __all__ = [
     "KaldiFbank",
     "VitImage",
     "WhisperLogMel",
+    "decode_audio",
     "frontend_from_json",
     "frontend_from_preprocessor_config",
     "load_audio",

@@ -8,6 +8,7 @@ librosa (and so the Hugging Face datasets pipeline) uses by default.
 
 from __future__ import annotations
 
+import io
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
@@ -47,14 +48,23 @@ def resample(audio: np.ndarray, rate: int, target: int) -> np.ndarray:
 
 def load_audio(path: str | Path, sampling_rate: int) -> np.ndarray:
     """A file's audio as float32 mono at ``sampling_rate``: channels averaged, then resampled."""
-    soundfile = optional_module("soundfile", "reading audio")
     path = Path(path)
     if not path.is_file():
         raise S2SError(f"audio file not found: {path}")
+    return _read(str(path), str(path), sampling_rate)
+
+
+def decode_audio(data: bytes, sampling_rate: int, label: str = "the audio") -> np.ndarray:
+    """An encoded audio file's bytes (an upload) as ``load_audio`` reads a file."""
+    return _read(io.BytesIO(data), label, sampling_rate)
+
+
+def _read(source: str | io.BytesIO, label: str, sampling_rate: int) -> np.ndarray:
+    soundfile = optional_module("soundfile", "reading audio")
     try:
-        data, rate = soundfile.read(str(path), dtype="float32", always_2d=True)
-    except (RuntimeError, OSError) as exc:  # soundfile.LibsndfileError is a RuntimeError
-        raise S2SError(f"cannot read audio {path}: {exc}") from exc
+        data, rate = soundfile.read(source, dtype="float32", always_2d=True)
+    except (RuntimeError, OSError, TypeError) as exc:  # soundfile.LibsndfileError is a RuntimeError
+        raise S2SError(f"cannot read audio {label}: {exc}") from exc
     return resample(mono(data).astype(np.float32), int(rate), sampling_rate).astype(np.float32)
 
 

@@ -16,13 +16,15 @@ import numpy as np
 
 from s2s_deploy.errors import S2SError
 from s2s_deploy.format.source import SourceSpec
-from s2s_deploy.frontends import load_audio, resample
+from s2s_deploy.frontends import decode_audio, load_audio, resample
 from s2s_deploy.frontends.source import checked_features, frontend_for
+from s2s_deploy.runtime.decoding import SearchConfig
 from s2s_deploy.runtime.search import Hypothesis
 from s2s_deploy.runtime.translator import Translator
 
-Clip = str | Path | np.ndarray | tuple[np.ndarray, int]
-"""A file path, samples at the model's sampling rate, or ``(samples, rate)`` (resampled)."""
+Clip = str | Path | bytes | np.ndarray | tuple[np.ndarray, int]
+"""A file path, an encoded file's bytes (an upload), samples at the model's sampling rate, or
+``(samples, rate)`` (resampled)."""
 
 
 @dataclass(frozen=True)
@@ -54,13 +56,15 @@ class Transcriber:
     a float array of samples already at ``sampling_rate``, or ``(samples, rate)``. ``options``: any
     decoding option by name, as ``Translator`` takes them; defaults come from the manifest."""
 
-    def __init__(self, export_dir: str | Path, device: str = "auto", threads: int | None = None,
+    def __init__(self, export_dir: str | Path | Translator, device: str = "auto", threads: int | None = None,
                  spin: bool = True) -> None:
-        self.translator = Translator(export_dir, device=device, threads=threads, spin=spin)
+        """``export_dir``: a folder, or a Translator already open on one (whose sessions are then shared)."""
+        self.translator = (export_dir if isinstance(export_dir, Translator)
+                           else Translator(export_dir, device=device, threads=threads, spin=spin))
         self.manifest = self.translator.manifest
         self.source = self.manifest.encoder_input
         if not self.source.is_features:
-            raise S2SError(f"{export_dir} translates text (its encoder reads token ids): use translate")
+            raise S2SError(f"{self.manifest.directory} translates text (its encoder reads token ids): use translate")
         self.frontend = frontend_for(self.source)
         self.notice = self.translator.notice
         self.provider = self.translator.provider
@@ -76,6 +80,8 @@ class Transcriber:
         """One clip's encoder input: the front end's features, checked against the declared shape."""
         if isinstance(clip, str | Path):
             audio = load_audio(clip, self.sampling_rate)
+        elif isinstance(clip, bytes):
+            audio = decode_audio(clip, self.sampling_rate, label)
         elif isinstance(clip, tuple):
             samples, rate = clip
             audio = resample(np.asarray(samples, dtype=np.float32), int(rate), self.sampling_rate)
@@ -91,7 +97,7 @@ class Transcriber:
                  max_len: int | None = None, alpha: float | None = None, batch_size: int = 16,
                  **options: Any) -> list[Transcription]:
         """One Transcription per clip, in order; clips are featurised and decoded ``batch_size`` at a time."""
-        if isinstance(clips, str | Path | tuple) or (isinstance(clips, np.ndarray) and clips.ndim == 1):
+        if isinstance(clips, str | Path | bytes | tuple) or (isinstance(clips, np.ndarray) and clips.ndim == 1):
             clips = [clips]
         if not len(clips):
             raise S2SError("no audio to transcribe")
@@ -100,10 +106,18 @@ class Transcriber:
         found: list[Transcription] = []
         for start in range(0, len(clips), batch_size):
             chunk = range(start, min(start + batch_size, len(clips)))
-            src, src_len = pad_features([self.features(clips[i], labels[i]) for i in chunk], self.source)
-            for i, hyps in zip(chunk, self.translator.engine.search(src, src_len, config), strict=True):
-                found.append(self._transcription(labels[i], hyps))
+            features = [self.features(clips[i], labels[i]) for i in chunk]
+            found += self.decode(features, config, [labels[i] for i in chunk])
         return found
+
+    def decode(self, features: Sequence[np.ndarray], config: SearchConfig,
+               labels: Sequence[str] | None = None) -> list[Transcription]:
+        """Items from ``features`` decoded as one batch with a resolved ``config`` (``serve`` batches clips
+        from several requests this way)."""
+        labels = labels if labels is not None else [f"clip {i + 1}" for i in range(len(features))]
+        src, src_len = pad_features(features, self.source)
+        return [self._transcription(label, hyps)
+                for label, hyps in zip(labels, self.translator.engine.search(src, src_len, config), strict=True)]
 
     def _transcription(self, label: str, hyps: list[Hypothesis]) -> Transcription:
         vocab = self.manifest.tgt_vocab

@@ -1,4 +1,5 @@
-"""The Starlette application: POST /translate, GET /health, GET /metadata.
+"""The Starlette application: POST /translate (text exports) or POST /transcribe (exports whose
+encoder reads audio), GET /health, GET /metadata.
 
 Status codes: 400 for a malformed request or bad options (one line in ``error``), 413 for a
 request that can never fit one batch, 503 when the queue is full. Uvicorn stops taking
@@ -7,6 +8,7 @@ connections on SIGTERM and lets requests in flight finish before the lifespan cl
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import os
@@ -22,15 +24,18 @@ from starlette.routing import Route
 
 from s2s_deploy.errors import S2SError
 from s2s_deploy.runtime.decoding import SearchConfig
-from s2s_deploy.runtime.translator import Translator
-from s2s_deploy.serve.batcher import Batcher, BatchLimits, QueueFullError, TooLargeError
+from s2s_deploy.runtime.transcriber import Transcriber
+from s2s_deploy.runtime.translator import Translator, translate, unpadded
+from s2s_deploy.serve.batcher import Batcher, BatchLimits, Decode, QueueFullError, TooLargeError
 
 CONFIG_ENV = "S2S_DEPLOY_SERVE_CONFIG"
 """How ``--workers N`` hands the settings to each worker process (uvicorn imports the factory)."""
 
 OPTIONS = ("beam", "n_best", "alpha", "max_len")
 MAX_BODY_BYTES = 1 << 20
-"""A larger body is refused (413) before it is read."""
+"""A larger JSON body is refused (413) before it is read."""
+MAX_AUDIO_BYTES = 32 << 20
+"""A larger upload to /transcribe is refused (413) before it is read: 16-bit 16 kHz WAV holds 17 minutes."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +69,23 @@ def _integer(body: dict[str, Any], key: str, low: int, high: int | None) -> int 
     return value
 
 
+def parse_options(fields: dict[str, Any], translator: Translator, max_beam: int) -> SearchConfig:
+    """The request's options over the export's own defaults, or a BadRequestError naming the first problem."""
+    manifest = translator.manifest
+    beam = _integer(fields, "beam", 1, min(max_beam, len(manifest.tgt_vocab) - 1))
+    n_best = _integer(fields, "n_best", 1, None)
+    max_len = _integer(fields, "max_len", 1, manifest.max_target_length)
+    alpha = fields.get("alpha")
+    if alpha is not None and (isinstance(alpha, bool) or not isinstance(alpha, (int, float))
+                              or not math.isfinite(alpha) or alpha < 0):
+        raise BadRequestError("'alpha' must be a finite number >= 0")
+    config = translator.search_config(beam, n_best, max_len, alpha)  # what the request leaves out: the export's
+    if config.beam_size > max_beam:
+        raise BadRequestError(f"the export's default beam {config.beam_size} exceeds this server's largest, "
+                              f"{max_beam}: name a smaller 'beam'")
+    return config
+
+
 def parse_request(body: Any, translator: Translator, max_beam: int) -> tuple[list[str], SearchConfig]:
     """texts and a SearchConfig from the JSON body, or a BadRequestError naming the first problem."""
     if not isinstance(body, dict):
@@ -77,23 +99,57 @@ def parse_request(body: Any, translator: Translator, max_beam: int) -> tuple[lis
     for number, text in enumerate(texts, 1):
         if not text.strip():
             raise BadRequestError(f"text {number} is empty")
+    return texts, parse_options(body, translator, max_beam)
+
+
+def parse_query(query: dict[str, str], translator: Translator, max_beam: int) -> SearchConfig:
+    """/transcribe's options, given as query parameters (the body is the audio)."""
+    unknown = sorted(set(query) - set(OPTIONS))
+    if unknown:
+        raise BadRequestError(f"unknown parameter {unknown[0]!r}; known: {', '.join(OPTIONS)}")
+    fields: dict[str, Any] = {}
+    for key, text in query.items():
+        try:
+            fields[key] = float(text) if key == "alpha" else int(text)
+        except ValueError:
+            raise BadRequestError(f"{key!r} must be a number, not {text!r}") from None
+    return parse_options(fields, translator, max_beam)
+
+
+def text_lengths(translator: Translator, texts: list[str]) -> list[int]:
+    """Each text's source length in tokens; a text over the model's limit can never fit (413)."""
     manifest = translator.manifest
-    beam = _integer(body, "beam", 1, min(max_beam, len(manifest.tgt_vocab) - 1))
-    n_best = _integer(body, "n_best", 1, None)
-    max_len = _integer(body, "max_len", 1, manifest.max_target_length)
-    alpha = body.get("alpha")
-    if alpha is not None and (isinstance(alpha, bool) or not isinstance(alpha, (int, float))
-                              or not math.isfinite(alpha) or alpha < 0):
-        raise BadRequestError("'alpha' must be a finite number >= 0")
-    config = translator.search_config(beam, n_best, max_len, alpha)  # what the request leaves out: the export's
-    if config.beam_size > max_beam:
-        raise BadRequestError(f"the export's default beam {config.beam_size} exceeds this server's largest, "
-                              f"{max_beam}: name a smaller 'beam'")
-    return texts, config
+    lengths = [len(manifest.src_vocab.encode(text)) for text in texts]
+    limit = manifest.max_source_length
+    for number, length in enumerate(lengths, 1):
+        if limit is not None and length > limit:
+            raise TooLargeError(f"text {number} has {length} tokens; the model's limit is {limit}")
+    return lengths
+
+
+def text_decoder(translator: Translator) -> Decode:
+    manifest = translator.manifest
+
+    def decode(texts: list[str], config: SearchConfig) -> list[Any]:
+        return translate(translator.engine, texts, manifest.src_vocab, manifest.tgt_vocab, config,
+                         batch_size=len(texts), max_source_length=manifest.max_source_length,
+                         exact=unpadded(manifest))
+
+    return decode
+
+
+def _hypotheses(result: Any) -> dict[str, Any]:
+    return {"text": result.text, "score": result.score,
+            "hypotheses": [{"text": text, "score": score} for text, score in result.hypotheses]}
 
 
 def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
+
+
+def _declared_length(request: Request, limit: int) -> int | None:
+    declared = request.headers.get("content-length", "")
+    return int(declared) if declared.isdigit() and int(declared) <= limit else None
 
 
 def create_app(config: ServeConfig) -> Starlette:
@@ -103,16 +159,18 @@ def create_app(config: ServeConfig) -> Starlette:
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         # The event loop parses requests while a batch runs: idle decoder threads must not spin.
         translator = Translator(config.export_dir, device=config.device, threads=config.threads, spin=False)
-        batcher = Batcher(translator, config.limits)
+        transcriber = Transcriber(translator) if translator.manifest.encoder_input.is_features else None
+        batcher = Batcher(transcriber.decode if transcriber else text_decoder(translator), config.limits)
         batcher.start()
-        state.update(translator=translator, batcher=batcher)
+        state.update(translator=translator, transcriber=transcriber, batcher=batcher)
         yield
         await batcher.aclose()
 
     async def translate_endpoint(request: Request) -> JSONResponse:
         translator, batcher = state["translator"], state["batcher"]
-        declared = request.headers.get("content-length", "0")
-        if not declared.isdigit() or int(declared) > MAX_BODY_BYTES:
+        if state["transcriber"] is not None:
+            return _error(400, "this export reads audio: POST the audio file to /transcribe")
+        if _declared_length(request, MAX_BODY_BYTES) is None:
             return _error(413, f"the body must be at most {MAX_BODY_BYTES} bytes with a Content-Length")
         try:
             body = await request.json()
@@ -120,17 +178,39 @@ def create_app(config: ServeConfig) -> Starlette:
             return _error(400, "the body is not valid JSON")
         try:
             texts, search = parse_request(body, translator, config.max_beam)
-            results = await batcher.submit(texts, search)
+            results = await batcher.submit(texts, text_lengths(translator, texts), search)
         except TooLargeError as exc:
             return _error(413, str(exc))
         except QueueFullError as exc:
             return _error(503, str(exc))
         except S2SError as exc:
             return _error(400, str(exc))
-        return JSONResponse({"translations": [
-            {"source": r.source, "text": r.text, "score": r.score,
-             "hypotheses": [{"text": text, "score": score} for text, score in r.hypotheses]}
-            for r in results]})
+        return JSONResponse({"translations": [{"source": r.source, **_hypotheses(r)} for r in results]})
+
+    async def transcribe_endpoint(request: Request) -> JSONResponse:
+        """The body is one audio file (any format soundfile reads); options are query parameters."""
+        transcriber, batcher = state["transcriber"], state["batcher"]
+        if transcriber is None:
+            return _error(400, "this export translates text: POST JSON to /translate")
+        if _declared_length(request, MAX_AUDIO_BYTES) is None:
+            return _error(413, f"the audio must be at most {MAX_AUDIO_BYTES} bytes with a Content-Length")
+        data = await request.body()
+        if not data:
+            return _error(400, "the body is empty: send the audio file's bytes")
+        try:
+            search = parse_query(dict(request.query_params), transcriber.translator, config.max_beam)
+            # the front end (decode, resample, features) runs beside the batch thread, not in the event loop
+            features = await asyncio.get_running_loop().run_in_executor(None, transcriber.features, data,
+                                                                        "from the upload")
+            frames = int(features.shape[transcriber.source.length_axis - 1])
+            [result] = await batcher.submit([features], [frames], search)
+        except TooLargeError as exc:
+            return _error(413, str(exc))
+        except QueueFullError as exc:
+            return _error(503, str(exc))
+        except S2SError as exc:
+            return _error(400, str(exc))
+        return JSONResponse({"transcriptions": [_hypotheses(result)]})
 
     async def health(request: Request) -> JSONResponse:
         batcher: Batcher = state["batcher"]
@@ -144,6 +224,7 @@ def create_app(config: ServeConfig) -> Starlette:
             "plugin": {"name": manifest.plugin, "version": manifest.plugin_version,
                        "description": manifest.plugin_description},
             "vocab_size": {"source": len(manifest.src_vocab), "target": len(manifest.tgt_vocab)},
+            "endpoint": "/transcribe" if state["transcriber"] is not None else "/translate",
             "limits": {"max_source_length": manifest.max_source_length,
                        "max_target_length": manifest.max_target_length, "max_beam": config.max_beam},
             "batching": asdict(config.limits),
@@ -152,8 +233,9 @@ def create_app(config: ServeConfig) -> Starlette:
             "provider": translator.notice,
         })
 
-    routes = [Route("/translate", translate_endpoint, methods=["POST"]), Route("/health", health),
-              Route("/metadata", metadata)]
+    routes = [Route("/translate", translate_endpoint, methods=["POST"]),
+              Route("/transcribe", transcribe_endpoint, methods=["POST"]),
+              Route("/health", health), Route("/metadata", metadata)]
     return Starlette(routes=routes, lifespan=lifespan)
 
 

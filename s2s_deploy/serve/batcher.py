@@ -2,20 +2,25 @@
 
 One batch runs at a time per process, on one executor thread whose ONNX Runtime sessions use
 the process's intra-op threads, so a server never runs more compute threads than it was given.
-Imports nothing beyond the runtime and asyncio (the HTTP layer is app.py).
+The batcher sees items (texts, or a clip's features) and their source lengths only; what decodes
+a batch is the caller's ``decode``. Imports nothing beyond the runtime and asyncio (the HTTP layer
+is app.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 from s2s_deploy.errors import S2SError
 from s2s_deploy.runtime.decoding import SearchConfig
-from s2s_deploy.runtime.translator import Translation, Translator, translate, unpadded
+
+Decode = Callable[[list[Any], SearchConfig], list[Any]]
+"""Decodes one batch of items with one config: one result per item, in order."""
 
 
 class QueueFullError(S2SError):
@@ -29,8 +34,8 @@ class TooLargeError(S2SError):
 @dataclass(frozen=True)
 class BatchLimits:
     """``window_ms``: how long the first request of a batch waits for others; a batch holds at most
-    ``max_sentences`` and ``max_tokens`` = sentences × longest source (EOS included) × beam;
-    ``max_queue`` sentences may wait."""
+    ``max_sentences`` and ``max_tokens`` = sentences × longest source (tokens with EOS, or a
+    clip's frames) × beam; ``max_queue`` sentences may wait."""
 
     window_ms: float = 5.0
     max_sentences: int = 64
@@ -44,7 +49,7 @@ class BatchLimits:
 
 @dataclass
 class _Job:
-    texts: Sequence[str]
+    items: Sequence[Any]
     longest: int
     config: SearchConfig
     arrived: float
@@ -59,11 +64,11 @@ class BatchStats:
 
 
 class Batcher:
-    """``await submit(texts, config)`` from any request handler; ``start()`` and ``aclose()``
-    from the application's lifespan, inside its event loop."""
+    """``await submit(items, lengths, config)`` from any request handler; ``start()`` and
+    ``aclose()`` from the application's lifespan, inside its event loop."""
 
-    def __init__(self, translator: Translator, limits: BatchLimits) -> None:
-        self.translator = translator
+    def __init__(self, decode: Decode, limits: BatchLimits) -> None:
+        self.decode = decode
         self.limits = limits
         self.stats = BatchStats()
         self._pending: deque[_Job] = deque()
@@ -89,27 +94,21 @@ class Batcher:
     def _cost(self, sentences: int, longest: int, config: SearchConfig) -> int:
         return sentences * longest * config.beam_size
 
-    async def submit(self, texts: Sequence[str], config: SearchConfig) -> list[Translation]:
-        manifest = self.translator.manifest
-        limit = manifest.max_source_length
-        longest = 0
-        for number, text in enumerate(texts, 1):
-            length = len(manifest.src_vocab.encode(text))
-            if limit is not None and length > limit:
-                raise TooLargeError(f"text {number} has {length} tokens; the model's limit is {limit}")
-            longest = max(longest, length)
-        if len(texts) > self.limits.max_sentences:
-            raise TooLargeError(f"{len(texts)} texts exceed the batch limit of {self.limits.max_sentences}")
-        cost = self._cost(len(texts), longest, config)
+    async def submit(self, items: Sequence[Any], lengths: Sequence[int], config: SearchConfig) -> list[Any]:
+        """The items' results once their batch ran; ``lengths``: each item's source length."""
+        if len(items) > self.limits.max_sentences:
+            raise TooLargeError(f"{len(items)} items exceed the batch limit of {self.limits.max_sentences}")
+        longest = max(lengths)
+        cost = self._cost(len(items), longest, config)
         if cost > self.limits.max_tokens:
-            raise TooLargeError(f"{cost} padded tokens (texts × longest × beam) exceed the batch limit of "
-                                f"{self.limits.max_tokens}")
-        if self._queued + len(texts) > self.limits.max_queue:
-            raise QueueFullError(f"the queue is full ({self._queued} sentences waiting); retry later")
+            raise TooLargeError(f"{cost} padded source positions (items × longest × beam) exceed the batch limit "
+                                f"of {self.limits.max_tokens}")
+        if self._queued + len(items) > self.limits.max_queue:
+            raise QueueFullError(f"the queue is full ({self._queued} items waiting); retry later")
         loop = asyncio.get_running_loop()
-        job = _Job(texts, longest, config, loop.time(), loop.create_future())
+        job = _Job(items, longest, config, loop.time(), loop.create_future())
         self._pending.append(job)
-        self._queued += len(texts)
+        self._queued += len(items)
         self._wake.set()
         return await job.future
 
@@ -131,7 +130,7 @@ class Batcher:
             await self._run(jobs)
 
     def _fits(self, jobs: list[_Job], config: SearchConfig) -> bool:
-        sentences = sum(len(j.texts) for j in jobs)
+        sentences = sum(len(j.items) for j in jobs)
         longest = max(j.longest for j in jobs)
         within_tokens = self._cost(sentences, longest, config) <= self.limits.max_tokens
         return sentences <= self.limits.max_sentences and within_tokens
@@ -139,7 +138,7 @@ class Batcher:
     def _batch_full(self, config: SearchConfig) -> bool:
         """True once the waiting requests with this config would overflow one batch."""
         same = [j for j in self._pending if j.config == config]
-        return sum(len(j.texts) for j in same) >= self.limits.max_sentences or not self._fits(same, config)
+        return sum(len(j.items) for j in same) >= self.limits.max_sentences or not self._fits(same, config)
 
     def _take(self, config: SearchConfig) -> list[_Job]:
         """The oldest requests with the first one's options that fit together, in arrival order;
@@ -149,30 +148,24 @@ class Batcher:
             if job.config == config and self._fits([*taken, job], config):
                 taken.append(job)
                 self._pending.remove(job)
-        self._queued -= sum(len(j.texts) for j in taken)
+        self._queued -= sum(len(j.items) for j in taken)
         return taken
 
     async def _run(self, jobs: list[_Job]) -> None:
-        texts = [t for j in jobs for t in j.texts]
+        items = [item for j in jobs for item in j.items]
         loop = asyncio.get_running_loop()
         try:
-            results = await loop.run_in_executor(self._executor, self._translate, texts, jobs[0].config)
+            results = await loop.run_in_executor(self._executor, self.decode, items, jobs[0].config)
         except Exception as exc:  # one failing batch answers its requests, never stops the loop
             for job in jobs:
                 if not job.future.done():
                     job.future.set_exception(exc)
             return
         self.stats.batches += 1
-        self.stats.sentences += len(texts)
-        self.stats.largest = max(self.stats.largest, len(texts))
+        self.stats.sentences += len(items)
+        self.stats.largest = max(self.stats.largest, len(items))
         start = 0
         for job in jobs:
             if not job.future.done():  # a client that went away cancelled its future
-                job.future.set_result(results[start : start + len(job.texts)])
-            start += len(job.texts)
-
-    def _translate(self, texts: list[str], config: SearchConfig) -> list[Translation]:
-        manifest = self.translator.manifest
-        return translate(self.translator.engine, texts, manifest.src_vocab, manifest.tgt_vocab, config,
-                         batch_size=len(texts), max_source_length=manifest.max_source_length,
-                         exact=unpadded(manifest))
+                job.future.set_result(results[start : start + len(job.items)])
+            start += len(job.items)
