@@ -45,7 +45,7 @@ def split_threads(workers: int, threads: int | None, cores: int) -> int:
               help="How long a batch waits for more requests after its first one.")
 @click.option("--max-batch", type=click.IntRange(1), default=64, show_default=True, help="Sentences per batch.")
 @click.option("--max-tokens", type=click.IntRange(1), default=16384, show_default=True,
-              help="Per batch: sentences × longest source (tokens) × beam; a larger request gets 413.")
+              help="Per batch: items × longest source (tokens, or frames for audio) × beam; a larger request gets 413.")
 @click.option("--max-queue", type=click.IntRange(1), default=1024, show_default=True,
               help="Sentences waiting per worker; beyond it requests get 503.")
 @click.option("--max-beam", type=click.IntRange(1), default=16, show_default=True,
