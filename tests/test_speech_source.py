@@ -187,3 +187,35 @@ def test_export_refuses_a_front_end_of_another_shape() -> None:
 def test_error_rates_count_edits_over_reference_length() -> None:
     assert error_rate(["a b c", "x"], ["a c", "x y"]) == pytest.approx(2 / 4)
     assert error_rate(["kitten"], ["sitting"], "char") == pytest.approx(3 / 7)
+
+
+def test_evaluate_and_quantize_score_a_speech_dataset(speech, tmp_path: Path, monkeypatch) -> None:
+    """``--task speech:DIR``: evaluate and quantize's accuracy table read a dataset folder's features and
+    transcripts (here the sample clips, two of whose targets are what the model says), and a recorded
+    dataset that is not on this machine skips the table in one line instead of failing."""
+    pytest.importorskip("sacrebleu")
+    from s2s_deploy.frontends import load_audio
+    from s2s_deploy.train import speech_data
+
+    _, _, out = speech
+    frontend = WhisperLogMel.from_json(load_manifest(out).encoder_input.frontend)
+    said = [t.text for t in Transcriber(out, device="cpu")(CLIPS)]
+    audio = {f"clip{i}": load_audio(clip, frontend.sampling_rate) for i, clip in enumerate(CLIPS)}
+    utterances = [speech_data.Utterance(f"clip{i}", target, "en-us", "m1", 175, 50)
+                  for i, target in enumerate([*said[:2], "pas ça"])]
+    monkeypatch.setattr(speech_data, "synthesise", lambda utterance, rate: audio[utterance.source])
+    data = tmp_path / "data"
+    data.mkdir()
+    shard = speech_data.write_shard(data / "test-00000.npz", utterances, frontend)
+    (data / "metadata.json").write_text(json.dumps({"task": "en-fr", "seed": 0, "frontend": frontend.to_json(),
+                                                    "splits": {"test": {"count": 3, "shards": [shard]}}}))
+    result = CliRunner().invoke(main, ["evaluate", str(out), "--task", f"speech:{data}", "--backends", "onnxruntime"])
+    assert result.exit_code == 0, result.output
+    assert "| test | onnxruntime | greedy |" in result.output and "| 66.7% |" in result.output, result.output
+    result = CliRunner().invoke(main, ["quantize", str(out), "--int8", "--out", str(tmp_path / "int8"),
+                                       "--task", f"speech:{data}"])
+    assert result.exit_code == 0, result.output
+    assert "| fp32 | greedy |" in result.output and "| int8 | beam4 |" in result.output, result.output
+    result = CliRunner().invoke(main, ["quantize", str(out), "--int8", "--out", str(tmp_path / "int8"), "--force",
+                                       "--task", "speech:elsewhere"])
+    assert result.exit_code == 0 and "needs the speech dataset 'elsewhere' here" in result.output, result.output

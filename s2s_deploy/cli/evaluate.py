@@ -34,13 +34,16 @@ def evaluate_command(export_dir: str, task: str | None, splits: tuple[str, ...],
     from s2s_deploy.format.manifest import load_manifest
     from s2s_deploy.runtime.ort.backend import OrtBackend
     from s2s_deploy.train.evaluate import evaluate, markdown, task_of
+    from s2s_deploy.train.speech_data import SPEECH_TASK, dataset_folder
     from s2s_deploy.train.tasks import load_task
 
     load_plugin_files(plugin_files)
     manifest = load_manifest(export_dir)
-    task_of(manifest, task)
+    speech = dataset_folder(task_of(manifest, task)[0])
     trained_on = manifest.training.get("task")
-    if task and trained_on and task != trained_on:
+    # a speech model records its dataset by folder name (train writes speech:NAME)
+    named = f"{SPEECH_TASK}{speech.name}" if speech is not None else task
+    if task and trained_on and named != trained_on:
         click.echo(f"warning: {export_dir} was trained on {trained_on}, not {task}: expect low scores", err=True)
     chosen = []
     if backends in ("both", "pytorch"):
@@ -53,7 +56,7 @@ def evaluate_command(export_dir: str, task: str | None, splits: tuple[str, ...],
         chosen.append(ort_backend)
     rows = []
     for split in splits:
-        if split == "ood" and not load_task(*task_of(manifest, task)).ood:
+        if split == "ood" and (speech is not None or not load_task(*task_of(manifest, task)).ood):
             if len(splits) > 1:
                 continue  # a user's TSV task has no held-out split; score what it has
             raise S2SError("this task has no ood split (only the built-in tasks do)")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from s2s_deploy.errors import S2SError
@@ -13,6 +14,7 @@ from s2s_deploy.runtime.decoding import SearchConfig
 from s2s_deploy.runtime.search import StepLoop
 from s2s_deploy.runtime.translator import translate
 from s2s_deploy.train.metrics import Scores, score
+from s2s_deploy.train.speech_data import FeatureSplit, dataset_folder, load_metadata
 from s2s_deploy.train.tasks import load_task
 
 
@@ -42,25 +44,49 @@ def evaluate(
     from tqdm import tqdm
 
     name, seed = task_of(manifest, task)
-    pairs = list(getattr(load_task(name, seed), split))[:limit]
-    if not pairs:
-        raise S2SError(f"the {split} split of {name} is empty")
-    sources, references = [p.source for p in pairs], [p.target for p in pairs]
-    tokenize = load_task(name, seed).bleu_tokenize
+    speech = dataset_folder(name)
+    if speech is not None:  # features from a speech dataset folder: its transcripts' task scores the text
+        from s2s_deploy.frontends import WhisperLogMel
+
+        metadata = load_metadata(speech)
+        features = FeatureSplit(speech, split, WhisperLogMel.from_json(metadata["frontend"]), limit)
+        references, tokenize = features.targets, load_task(metadata["task"], int(metadata["seed"])).bleu_tokenize
+        count = len(features)
+    else:
+        pairs = list(getattr(load_task(name, seed), split))[:limit]
+        if not pairs:
+            raise S2SError(f"the {split} split of {name} is empty")
+        sources, references = [p.source for p in pairs], [p.target for p in pairs]
+        tokenize = load_task(name, seed).bleu_tokenize
+        count = len(sources)
     max_len = max_len or manifest.max_target_length or 256
     rows = []
     for backend in backends:
         for mode, config in (("greedy", SearchConfig(1, 1, max_len)),
                              (f"beam{beam_size}", SearchConfig(beam_size, 1, max_len))):
             started = time.perf_counter()
-            with tqdm(total=len(sources), desc=f"{backend.name} {mode}", unit=" sentences", disable=not progress,
+            with tqdm(total=count, desc=f"{backend.name} {mode}", unit=" sentences", disable=not progress,
                       file=sys.stderr, leave=False, dynamic_ncols=True) as bar:
-                results = translate(StepLoop(backend), sources, manifest.src_vocab, manifest.tgt_vocab, config, 64,
-                                    manifest.max_source_length, on_batch=bar.update)
+                if speech is not None:
+                    texts = _transcribe(StepLoop(backend), features, manifest, config, bar.update)
+                else:
+                    texts = [r.text for r in translate(StepLoop(backend), sources, manifest.src_vocab,
+                                                       manifest.tgt_vocab, config, 64, manifest.max_source_length,
+                                                       on_batch=bar.update)]
             elapsed = time.perf_counter() - started
-            scores = score([r.text for r in results], references, tokenize)
-            rows.append(EvalRow(split, backend.name, mode, scores, elapsed))
+            rows.append(EvalRow(split, backend.name, mode, score(texts, references, tokenize), elapsed))
     return rows
+
+
+def _transcribe(engine: StepLoop, features: FeatureSplit, manifest: Manifest, config: SearchConfig,
+                on_batch: Callable[[int], object], batch_size: int = 64) -> list[str]:
+    texts: list[str] = []
+    for start in range(0, len(features), batch_size):
+        rows = range(start, min(start + batch_size, len(features)))
+        src, src_len = features.features(rows)
+        texts += [manifest.tgt_vocab.decode(hyps[0].tokens) for hyps in engine.search(src, src_len, config)]
+        on_batch(len(rows))
+    return texts
 
 
 def markdown(rows: list[EvalRow]) -> str:

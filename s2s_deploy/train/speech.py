@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from s2s_deploy.errors import S2SError
@@ -33,11 +32,8 @@ from s2s_deploy.format.vocab import Vocabulary
 from s2s_deploy.frontends import WhisperLogMel
 from s2s_deploy.runtime.search import SearchConfig, greedy
 from s2s_deploy.train.metrics import error_rate, exact_match
-from s2s_deploy.train.speech_data import SpeechShard, load_metadata
+from s2s_deploy.train.speech_data import SPEECH_TASK, FeatureSplit, load_metadata
 from s2s_deploy.train.trainer import TrainConfig, learning_rate, masked_cross_entropy, pad
-
-SPEECH_TASK = "speech:"
-"""``--task speech:DIR``: a speech dataset folder instead of a text task."""
 
 
 @dataclass(frozen=True)
@@ -57,41 +53,6 @@ class SpeechResult:
     best_epoch: int
     best: SpeechScores
     test: SpeechScores | None
-
-
-class FeatureSplit:
-    """One split of a dataset folder: every utterance's transcript and target, and features on demand."""
-
-    def __init__(self, folder: Path, split: str, frontend: WhisperLogMel, limit: int | None = None) -> None:
-        metadata = load_metadata(folder)
-        if split not in metadata.get("splits", {}):
-            raise S2SError(f"{folder} has no {split} split yet (is the dataset still being made?)")
-        self.shards = [SpeechShard(folder / s["file"], frontend) for s in metadata["splits"][split]["shards"]
-                       if (folder / s["file"]).is_file()]
-        self.index = [(shard, i) for shard in self.shards for i in range(len(shard))][:limit]
-        if not self.index:
-            raise S2SError(f"{folder}: the {split} split holds no utterances")
-        self.sources = [str(shard.arrays["source"][i]) for shard, i in self.index]
-        self.targets = [str(shard.arrays["target"][i]) for shard, i in self.index]
-
-    def __len__(self) -> int:
-        return len(self.index)
-
-    def features(self, rows: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-        """``(src, src_len)`` of the utterances ``rows``: each the front end's whole window."""
-        src = np.stack([self.index[r][0].features(self.index[r][1]) for r in rows])
-        return src, np.full(len(rows), src.shape[-1], dtype=np.int64)
-
-
-def dataset_folder(task: str) -> Path | None:
-    """The folder of a ``speech:DIR`` task, or None for a text task."""
-    if not task.startswith(SPEECH_TASK):
-        return None
-    folder = Path(task[len(SPEECH_TASK):])
-    if not (folder / "metadata.json").is_file():
-        raise S2SError(f"{folder} is no speech dataset (no metadata.json): make one with "
-                       "python -m s2s_deploy.train.speech_data DIR")
-    return folder
 
 
 def check_frontend(plugin: ArchitecturePlugin, config: Any, frontend: WhisperLogMel) -> None:
