@@ -191,7 +191,7 @@ class Export:
             elif inp["role"] == "source_lengths":
                 feeds[inp["name"]] = src_len
         names = [o["name"] for o in self.graphs["encoder"]["outputs"]]
-        out = dict(zip(names, self.encoder.run(names, feeds)))
+        out = dict(zip(names, self.encoder.run(names, feeds), strict=True))
         memory = {}
         for spec in self.memory:
             x = out[spec["name"]]
@@ -341,7 +341,8 @@ def resolve(given: dict, ex: Export) -> Options:
     bad = []
     for s in o["bad_words_ids"] or []:
         bad.append(tv.ids(s) if isinstance(s, str) else [int(i) for i in s])
-    for name, ids in (("prefix", prefix), ("suppress_tokens", suppress), ("bad_words_ids", sum(bad, []))):
+    flat_bad = [i for seq in bad for i in seq]
+    for name, ids in (("prefix", prefix), ("suppress_tokens", suppress), ("bad_words_ids", flat_bad)):
         for i in ids:
             if not 0 <= i < ex.V:
                 raise Refused(f"{name}: id {i} is outside the target vocabulary")
@@ -497,10 +498,7 @@ def greedy(ex: Export, rows: list[list[int]], o: Options) -> list[list[Hyp]]:
                 continue
             if full:
                 x = process(lp[b], hyps[b], t, limits[b], o, eos)
-                if rngs is not None:
-                    tok = sample(x, o, rngs[b])
-                else:
-                    tok = int(np.argmax(x))
+                tok = sample(x, o, rngs[b]) if rngs is not None else int(np.argmax(x))
                 val = x[tok]
             else:
                 c = 0
@@ -602,8 +600,20 @@ def translate_rows(ex: Export, rows: list[list[int]], o: Options) -> list[list[H
     return greedy(ex, rows, o) if o.beam_size == 1 else beam(ex, rows, o)
 
 
+def decode_sorted(ex: Export, rows: list[list[int]], keys: list[int], o: Options,
+                  batch_size: int = 32) -> list[list[Hyp]]:
+    """'How translate batches': a stable sort by key, batches of batch_size, results in input order."""
+    order = sorted(range(len(rows)), key=lambda i: keys[i])
+    out: list[list[Hyp]] = [[] for _ in rows]
+    for start in range(0, len(order), batch_size):
+        idx = order[start: start + batch_size]
+        for i, hyps in zip(idx, translate_rows(ex, [rows[i] for i in idx], o), strict=True):
+            out[i] = hyps
+    return out
+
+
 def translate(ex: Export, texts: list[str], o: Options, batch_size: int = 32) -> list[list[Hyp]]:
-    """'How translate batches': sort by characters (stable), batches of batch_size, input order out."""
+    """Texts sorted by their length in characters."""
     max_src = (ex.limits or {}).get("max_source_length")
     rows = []
     for i, text in enumerate(texts):
@@ -613,13 +623,7 @@ def translate(ex: Export, texts: list[str], o: Options, batch_size: int = 32) ->
         if max_src is not None and len(row) > max_src:
             raise Refused(f"input {i + 1} has {len(row)} source tokens, over the model's limit {max_src}")
         rows.append(row)
-    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
-    out: list[list[Hyp]] = [None] * len(texts)  # type: ignore[list-item]
-    for start in range(0, len(order), batch_size):
-        idx = order[start: start + batch_size]
-        for i, hyps in zip(idx, translate_rows(ex, [rows[i] for i in idx], o)):
-            out[i] = hyps
-    return out
+    return decode_sorted(ex, rows, [len(t) for t in texts], o, batch_size)
 
 
 # ----------------------------------------------------------------------------- command line
@@ -660,24 +664,31 @@ def main(argv: list[str] | None = None) -> int:
         o = resolve(given, ex)
         texts = list(a.texts)
         if a.input:
-            f = sys.stdin if a.input == "-" else open(a.input, encoding="utf-8-sig")
-            texts += f.read().splitlines()
+            if a.input == "-":
+                texts += sys.stdin.read().splitlines()
+            else:
+                with open(a.input, encoding="utf-8-sig") as f:
+                    texts += f.read().splitlines()
+        # a blank line of --input gives a blank line (a guess: the document is silent)
+        blank = [a.input is not None and t.strip() == "" for t in texts]
+        todo = [i for i, b in enumerate(blank) if not b]
         if a.ids:
-            rows = [[int(x) for x in line.split()] for line in texts]
-            order = sorted(range(len(rows)), key=lambda i: len(rows[i]))
-            results = [None] * len(rows)
-            for s in range(0, len(order), a.batch_size):
-                idx = order[s: s + a.batch_size]
-                for i, h in zip(idx, translate_rows(ex, [rows[i] for i in idx], o)):
-                    results[i] = h
+            rows = [[int(x) for x in texts[i].split()] for i in todo]
+            done = decode_sorted(ex, rows, [len(r) for r in rows], o, a.batch_size)
             show = lambda h: " ".join(map(str, h.tokens))  # noqa: E731
         else:
-            results = translate(ex, texts, o, a.batch_size)
+            done = translate(ex, [texts[i] for i in todo], o, a.batch_size)
             show = lambda h: ex.tgt_vocab.detokenise(h.tokens)  # noqa: E731
+        results: list[list[Hyp] | None] = [None] * len(texts)
+        for i, hyps in zip(todo, done, strict=True):
+            results[i] = hyps
     except Refused as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     for hyps in results:
+        if hyps is None:
+            print()
+            continue
         for h in hyps:
             line = show(h)
             print(f"{h.score:.4f}\t{line}" if a.scores else line)
