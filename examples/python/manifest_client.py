@@ -691,7 +691,12 @@ def main(argv: list[str] | None = None) -> int:
             continue
         for h in hyps:
             line = show(h)
-            print(f"{h.score:.4f}\t{line}" if a.scores else line)
+            score = h.score
+            if o.beam_size > 1 and score == 0.0:
+                # Observed, not documented: `translate` prints a beam hypothesis whose log-probs are all
+                # exactly 0 as -0.0000 (greedy prints 0.0000); the document's arithmetic gives +0.0.
+                score = -0.0
+            print(f"{score:.4f}\t{line}" if a.scores else line)
     return 0
 
 
