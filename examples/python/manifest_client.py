@@ -420,13 +420,14 @@ def process(lp: np.ndarray, hyp: list[int], t: int, limit: int, o: Options, eos:
         y = np.full_like(x, NEG_INF)
         y[o.prefix[t]] = raw[o.prefix[t]]
         return y
-    if o.forced_eos and t == limit - 1:
-        y = np.full_like(x, NEG_INF)
-        y[eos] = 0.0
-        return y
+    # Observed, not documented: a forced BOS wins over a forced EOS on the same step (a limit of 1)
     if o.forced_bos >= 0 and not o.prefix and t == 0:
         y = np.full_like(x, NEG_INF)
         y[o.forced_bos] = 0.0
+        return y
+    if o.forced_eos and t == limit - 1:
+        y = np.full_like(x, NEG_INF)
+        y[eos] = 0.0
         return y
     return x
 
