@@ -64,6 +64,8 @@ def test_manifest_search_defaults(exports, tmp_path):
          "no_repeat_ngram_size": 3},
         {"beam_size": 4, "n_best": 4, "early_stopping": True},
         {"forced_bos": 20, "suppress_tokens": [21, 22], "bad_words_ids": [[23, 24], [25]], "max_len": 12},
+        # forced BOS and EOS on one step: BOS wins; a beam score of exactly 0 prints as -0.0000
+        {"forced_bos": 20, "forced_eos": True, "max_len": 1, "beam_size": 2},
     ]):
         copy = tmp_path / f"gru{i}"
         shutil.copytree(folder, copy)
@@ -73,7 +75,13 @@ def test_manifest_search_defaults(exports, tmp_path):
         _both(copy, texts[:8], ["--scores"], per=extra.get("n_best", 1))
 
 
-@pytest.mark.parametrize("args", [[], ["--beam", "4", "--n-best", "3", "--scores", "--min-len", "5"]])
-def test_lstm_matches_translate(exports, args):
+def test_lstm_matches_translate(exports):
     folder, texts = _folder(exports, "lstm")
-    _both(folder, texts, args)
+    _both(folder, texts, ["--beam", "4", "--n-best", "3", "--scores", "--min-len", "5"])
+
+
+@pytest.mark.xfail(reason="docs/manifest.md: a forced EOS (step 5) wins over min_len (step 4), scored 0; translate "
+                          "picks another token at -inf (greedy) or fails on NaN log-probs (beam)")
+def test_forced_eos_on_a_min_len_step(exports):
+    folder, texts = _folder(exports, "gru")
+    _both(folder, texts[:2], ["--scores", "--forced-eos", "--max-len", "9", "--min-len", "9"])
