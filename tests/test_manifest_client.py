@@ -1,0 +1,87 @@
+"""examples/python/manifest_client.py, written from docs/manifest.md alone, prints what `translate` prints."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+CLIENT = Path(__file__).resolve().parents[1] / "examples" / "python" / "manifest_client.py"
+HARD = ["  日本語 ☃ ", "a", "Hello, World!!", "9", "four hundred and four hundred and four hundred and forty"]
+
+
+def _run(cmd: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+
+def _both(folder: Path, texts: list[str], args: list[str], per: int | None = None) -> None:
+    cli = _run([sys.executable, "-m", "s2s_deploy", "translate", str(folder), *texts, *args,
+                "--quiet", "--threads", "1"])
+    ours = _run([sys.executable, str(CLIENT), str(folder), *texts, *args, "--threads", "1"])
+    assert cli.returncode == 0, cli.stderr
+    assert ours.returncode == 0, ours.stderr
+    assert ours.stdout.splitlines() == cli.stdout.splitlines()
+    if per is None:
+        per = 1 if "--n-best" not in args else int(args[args.index("--n-best") + 1])
+    assert len(cli.stdout.splitlines()) == len(texts) * per
+
+
+def _folder(exports, arch: str) -> tuple[Path, list[str]]:
+    exports.get(arch)
+    folder = exports.root / arch
+    samples = json.loads((folder / "manifest.json").read_text(encoding="utf-8"))["samples"]
+    return folder, samples[:8] + HARD
+
+
+SETTINGS = {
+    "manifest defaults": [],
+    "n-best 4 with scores": ["--beam", "4", "--n-best", "4", "--scores"],
+    "lengths": ["--scores", "--beam", "3", "--n-best", "2", "--alpha", "0", "--min-len", "12",
+                "--max-len-a", "0.5", "--max-len-b", "3"],
+    "repetition and bans": ["--scores", "--beam", "4", "--n-best", "2", "--repetition-penalty", "1.5",
+                            "--no-repeat-ngram-size", "2", "--suppress=e", "--bad-words=ui", "--disable-unk"],
+    "prefix and forced eos": ["--scores", "--prefix=le", "--forced-eos", "--max-len", "9"],
+    "sampling": ["--scores", "--sampling-topk", "0", "--sampling-temperature", "3", "--sampling-topp", "0.9",
+                 "--seed", "5"],
+}
+
+
+@pytest.mark.parametrize("setting", list(SETTINGS))
+def test_gru_matches_translate(exports, setting):
+    folder, texts = _folder(exports, "gru")
+    _both(folder, texts, SETTINGS[setting])
+
+
+def test_manifest_search_defaults(exports, tmp_path):
+    """Options the manifest's search block sets (CLI flags left out), early_stopping and forced_bos included."""
+    folder, texts = _folder(exports, "gru")
+    for i, extra in enumerate([
+        {"beam_size": 4, "n_best": 2, "min_len": 3, "alpha": 0.5, "length_penalty_alpha": 2.0,
+         "no_repeat_ngram_size": 3},
+        {"beam_size": 4, "n_best": 4, "early_stopping": True},
+        {"forced_bos": 20, "suppress_tokens": [21, 22], "bad_words_ids": [[23, 24], [25]], "max_len": 12},
+        # forced BOS and EOS on one step: BOS wins; a beam score of exactly 0 prints as -0.0000
+        {"forced_bos": 20, "forced_eos": True, "max_len": 1, "beam_size": 2},
+    ]):
+        copy = tmp_path / f"gru{i}"
+        shutil.copytree(folder, copy)
+        manifest = json.loads((copy / "manifest.json").read_text(encoding="utf-8"))
+        manifest["search"].update(extra)
+        (copy / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
+        _both(copy, texts[:8], ["--scores"], per=extra.get("n_best", 1))
+
+
+def test_lstm_matches_translate(exports):
+    folder, texts = _folder(exports, "lstm")
+    _both(folder, texts, ["--beam", "4", "--n-best", "3", "--scores", "--min-len", "5"])
+
+
+@pytest.mark.xfail(reason="docs/manifest.md: a forced EOS (step 5) wins over min_len (step 4), scored 0; translate "
+                          "picks another token at -inf (greedy) or fails on NaN log-probs (beam)")
+def test_forced_eos_on_a_min_len_step(exports):
+    folder, texts = _folder(exports, "gru")
+    _both(folder, texts[:2], ["--scores", "--forced-eos", "--max-len", "9", "--min-len", "9"])
