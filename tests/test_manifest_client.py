@@ -64,7 +64,7 @@ def test_manifest_search_defaults(exports, tmp_path):
          "no_repeat_ngram_size": 3},
         {"beam_size": 4, "n_best": 4, "early_stopping": True},
         {"forced_bos": 20, "suppress_tokens": [21, 22], "bad_words_ids": [[23, 24], [25]], "max_len": 12},
-        # forced BOS and EOS on one step: BOS wins; a beam score of exactly 0 prints as -0.0000
+        # forced BOS and EOS on one step: BOS wins; a beam score of exactly 0 prints as 0.0000
         {"forced_bos": 20, "forced_eos": True, "max_len": 1, "beam_size": 2},
     ]):
         copy = tmp_path / f"gru{i}"
@@ -80,8 +80,9 @@ def test_lstm_matches_translate(exports):
     _both(folder, texts, ["--beam", "4", "--n-best", "3", "--scores", "--min-len", "5"])
 
 
-@pytest.mark.xfail(reason="docs/manifest.md: a forced EOS (step 5) wins over min_len (step 4), scored 0; translate "
-                          "picks another token at -inf (greedy) or fails on NaN log-probs (beam)")
 def test_forced_eos_on_a_min_len_step(exports):
+    """docs/manifest.md: a forced EOS (step 5) wins over min_len (step 4) and scores 0, greedy and beam
+    (translate once picked another token at -inf, or failed on NaN log-probs with a beam)."""
     folder, texts = _folder(exports, "gru")
-    _both(folder, texts[:2], ["--scores", "--forced-eos", "--max-len", "9", "--min-len", "9"])
+    for beam in ("1", "2"):
+        _both(folder, texts[:2], ["--scores", "--beam", beam, "--forced-eos", "--max-len", "9", "--min-len", "9"])

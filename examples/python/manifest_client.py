@@ -693,10 +693,6 @@ def main(argv: list[str] | None = None) -> int:
         for h in hyps:
             line = show(h)
             score = h.score
-            if o.beam_size > 1 and score == 0.0:
-                # Observed, not documented: `translate` prints a beam hypothesis whose log-probs are all
-                # exactly 0 as -0.0000 (greedy prints 0.0000); the document's arithmetic gives +0.0.
-                score = -0.0
             print(f"{score:.4f}\t{line}" if a.scores else line)
     return 0
 

@@ -59,7 +59,8 @@ def _stops_by_step(limits: np.ndarray | None) -> dict[int, np.ndarray]:
 
 
 def normalised(log_prob: float | np.ndarray, length: int | np.ndarray, alpha: float) -> float | np.ndarray:
-    return log_prob / np.power(length, alpha)
+    """``log_prob / length**alpha``; ``+ 0.0`` makes a beam's negated zero cost 0.0, never -0.0."""
+    return log_prob / np.power(length, alpha) + 0.0
 
 
 class SearchEngine(Protocol):
@@ -102,6 +103,8 @@ def greedy(backend: Backend, src: np.ndarray, src_len: np.ndarray, config: Searc
     reorder = rows.astype(np.int64)
     tokens = np.full(batch, backend.decoder_start_id, dtype=np.int64)
     options = step_options(backend, src, src_len, config)
+    # with step options on, their processor forbids EOS before min_len itself, and lets a forced EOS through
+    min_len = config.min_len if options is None else 0
     limits = config.sentence_limits(src_len)
     max_len = config.max_len if limits is None else int(limits.max())
     picked = np.zeros((batch, max_len), dtype=np.int64)
@@ -113,7 +116,7 @@ def greedy(backend: Backend, src: np.ndarray, src_len: np.ndarray, config: Searc
     with backend.start(src, src_len) as run:
         step_top = run.step_top if options is None else options.bind(run)
         for t in range(steps):
-            if t < config.min_len:  # EOS may rank first: take the runner-up there
+            if t < min_len:  # EOS may rank first: take the runner-up there
                 values, ids = step_top(tokens, reorder, 2)
                 column = (ids[:, 0] == eos).astype(np.intp)
                 tokens, picked_lp[:, t] = ids[rows, column], values[rows, column]
@@ -213,10 +216,10 @@ def beam_search(
     sentence = np.arange(batch)[:, None]
     chosen = np.empty(rows, dtype=np.intp)  # the chosen candidates' flat positions, K per sentence
     chosen_by_sentence = chosen.reshape(batch, k)
-    min_len = config.min_len
+    options = step_options(backend, src, src_len, config)
+    min_len = config.min_len if options is None else 0  # as in greedy: the processor applies it then
     limits = config.sentence_limits(src_len)
     stops = _stops_by_step(limits)
-    options = step_options(backend, src, src_len, config)
     never = config.early_stopping == "never" and config.alpha > 0
     ceiling = (np.full(batch, config.max_len) if limits is None else limits) if never else None
 
