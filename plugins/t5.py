@@ -2,17 +2,15 @@
 without importing it.
 
 No position embeddings: the first layer of each stack holds a relative position bias
-``(buckets, heads)``, shared by every layer of its stack, added to the unscaled ``q @ k``
-scores. The encoder's is bidirectional, the decoder's causal. Pre-norm layers with T5's RMS
-LayerNorm (no mean, no bias), a final norm after each stack, ReLU or gated-GELU feed-forward,
-and the output rescaled by ``d_model**-0.5`` before the tied projection (``scale_decoder_outputs``).
+``(buckets, heads)``, shared by every layer of its stack (``relative_bias_every_layer``: one per
+layer, as UMT5), added to the unscaled ``q @ k`` scores. The encoder's is bidirectional, the
+decoder's causal. Pre-norm layers with T5's RMS LayerNorm (no mean, no bias), a final norm after
+each stack, ReLU or gated-GELU feed-forward, and the output rescaled by ``d_model**-0.5`` before
+the tied projection (``scale_decoder_outputs``).
 
-The bucket of a relative distance is a float ``log`` in Hugging Face; here it is computed once
-with the same torch code into an integer table, and graphs only index it. Beyond
-``max_distance`` every distance falls in the last bucket, so a table up to ``max_distance``
-with the distance clamped is exact, and PyTorch and ONNX Runtime cannot round a log
-differently at a bucket edge. As in plugins/transformer.py, the encoder computes every decoder
-layer's cross-attention K/V and the step decoder carries one K/V cache per layer.
+The attention, the RMS norm, the relative buckets (an integer table computed once, so graphs
+only index it) and the specs are ``s2s_deploy.export.parts``'; as there, the encoder computes
+every decoder layer's cross-attention K/V and the step decoder carries one K/V cache per layer.
 
 Module names follow ``transformers`` (``encoder.block.0.layer.0.SelfAttention.q``, ...), so a
 Hugging Face state dict maps across by name.
@@ -20,7 +18,6 @@ Hugging Face state dict maps across by name.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -28,18 +25,20 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from s2s_deploy.export.contract import (
-    ArchitecturePlugin,
-    HFWeights,
-    MemorySpec,
-    Seq2SeqModel,
-    StateSpec,
-    StepOutput,
-    cross_attention_memory,
+from s2s_deploy.export.contract import ArchitecturePlugin, HFWeights, MemorySpec, Seq2SeqModel, StateSpec, StepOutput
+from s2s_deploy.export.parts import (
+    Attention,
+    RelativeBias,
+    RMSNorm,
+    causal_bias,
+    cross_memory_specs,
     layer_name,
+    padding_bias,
     self_attention_cache,
+    tanh_gelu,
 )
-from s2s_deploy_plugins.bart import padding_bias
+
+T5_PROJECTIONS = ("q", "k", "v", "o")
 
 
 @dataclass(frozen=True)
@@ -57,82 +56,17 @@ class T5Config:
     scale_decoder_outputs: bool = True
     tie_word_embeddings: bool = True
     dropout: float = 0.0
+    relative_bias_every_layer: bool = False  # UMT5: each layer's self-attention holds its own table
 
 
-def relative_bucket(relative_position: Tensor, bidirectional: bool, num_buckets: int, max_distance: int) -> Tensor:
-    """T5Attention._relative_position_bucket, step for step."""
-    buckets = torch.zeros_like(relative_position)
-    if bidirectional:
-        num_buckets //= 2
-        buckets += (relative_position > 0).to(torch.long) * num_buckets
-        relative_position = torch.abs(relative_position)
-    else:
-        relative_position = -torch.min(relative_position, torch.zeros_like(relative_position))
-    max_exact = num_buckets // 2
-    is_small = relative_position < max_exact
-    scaled = torch.log(relative_position.float() / max_exact) / math.log(max_distance / max_exact)
-    if_large = max_exact + (scaled * (num_buckets - max_exact)).to(torch.long)
-    if_large = torch.min(if_large, torch.full_like(if_large, num_buckets - 1))
-    return buckets + torch.where(is_small, relative_position, if_large)
-
-
-class RMSNorm(nn.Module):
-    """T5LayerNorm: ``x / sqrt(mean(x²) + eps) * weight``."""
-
-    def __init__(self, d_model: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(d_model))
-        self.eps = eps
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
-
-
-class Attention(nn.Module):
-    """T5Attention without its bias logic: no projection biases, no score scaling."""
+class T5Attention(Attention):
+    """T5Attention without its bias logic: no projection biases, no score scaling; the layers
+    that own a relative position table keep it here as ``relative_attention_bias``."""
 
     def __init__(self, cfg: T5Config, relative_bias: bool) -> None:
-        super().__init__()
-        self.heads, self.head_dim = cfg.num_heads, cfg.d_kv
-        inner = cfg.num_heads * cfg.d_kv
-        self.q = nn.Linear(cfg.d_model, inner, bias=False)
-        self.k = nn.Linear(cfg.d_model, inner, bias=False)
-        self.v = nn.Linear(cfg.d_model, inner, bias=False)
-        self.o = nn.Linear(inner, cfg.d_model, bias=False)
+        super().__init__(cfg.d_model, cfg.num_heads, cfg.d_kv, bias=False, scaled=False, names=T5_PROJECTIONS)
         if relative_bias:
             self.relative_attention_bias = nn.Embedding(cfg.relative_attention_num_buckets, cfg.num_heads)
-
-    def split(self, x: Tensor) -> Tensor:
-        batch, length, _ = x.shape
-        return x.reshape(batch, length, self.heads, self.head_dim).transpose(1, 2)
-
-    def forward(self, x: Tensor, memory: Tensor, bias: Tensor) -> Tensor:
-        q, k, v = self.split(self.q(x)), self.split(self.k(memory)), self.split(self.v(memory))
-        out = torch.softmax(q @ k.transpose(-1, -2) + bias, dim=-1) @ v
-        batch, _, length, _ = out.shape
-        return self.o(out.transpose(1, 2).reshape(batch, length, self.heads * self.head_dim))
-
-    def cross_memory(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        """Keys ``(B, H, d_kv, S)`` (transposed for the step's ``q @ k``), values ``(B, H, S, d_kv)``."""
-        batch, length, _ = x.shape
-        keys = self.k(x).reshape(batch, length, self.heads, self.head_dim).permute(0, 2, 3, 1)
-        return keys, self.split(self.v(x))
-
-    def one(self, x: Tensor) -> Tensor:
-        return x.reshape(-1, self.heads, 1, self.head_dim)
-
-    def merge_one(self, x: Tensor) -> Tensor:
-        return self.o(x.reshape(-1, 1, self.heads * self.head_dim))
-
-    def step_self(self, x: Tensor, past_k: Tensor, past_v: Tensor, bias: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        keys = torch.cat([past_k, self.one(self.k(x))], dim=2)
-        values = torch.cat([past_v, self.one(self.v(x))], dim=2)
-        weights = torch.softmax(self.one(self.q(x)) @ keys.transpose(-1, -2) + bias, dim=-1)
-        return self.merge_one(weights @ values), keys, values
-
-    def step_cross(self, x: Tensor, keys: Tensor, values: Tensor, bias: Tensor) -> tuple[Tensor, Tensor]:
-        weights = torch.softmax(self.one(self.q(x)) @ keys + bias, dim=-1)
-        return self.merge_one(weights @ values), weights
 
 
 class DenseReluDense(nn.Module):
@@ -148,9 +82,7 @@ class DenseReluDense(nn.Module):
             self.wi = nn.Linear(cfg.d_model, cfg.d_ff, bias=False)
         self.wo = nn.Linear(cfg.d_ff, cfg.d_model, bias=False)
         act = cfg.feed_forward_proj.split("-")[-1]
-        self.act = {"relu": torch.relu, "gelu": lambda x: nn.functional.gelu(x, approximate="tanh"),
-                    "gelu_new": lambda x: nn.functional.gelu(x, approximate="tanh"),
-                    "silu": nn.functional.silu}[act]
+        self.act = {"relu": torch.relu, "gelu": tanh_gelu, "gelu_new": tanh_gelu, "silu": nn.functional.silu}[act]
 
     def forward(self, x: Tensor) -> Tensor:
         if self.gated:
@@ -161,14 +93,14 @@ class DenseReluDense(nn.Module):
 class SelfAttentionLayer(nn.Module):
     def __init__(self, cfg: T5Config, relative_bias: bool) -> None:
         super().__init__()
-        self.SelfAttention = Attention(cfg, relative_bias)
+        self.SelfAttention = T5Attention(cfg, relative_bias)
         self.layer_norm = RMSNorm(cfg.d_model, cfg.layer_norm_epsilon)
 
 
 class CrossAttentionLayer(nn.Module):
     def __init__(self, cfg: T5Config) -> None:
         super().__init__()
-        self.EncDecAttention = Attention(cfg, relative_bias=False)
+        self.EncDecAttention = T5Attention(cfg, relative_bias=False)
         self.layer_norm = RMSNorm(cfg.d_model, cfg.layer_norm_epsilon)
 
 
@@ -211,20 +143,32 @@ class Block(nn.Module):
 
 
 class Stack(nn.Module):
+    """The blocks, the final norm, and the relative positions' buckets (``parts.RelativeBias``):
+    the first block's table serves every block (T5), or each block has its own (UMT5)."""
+
     def __init__(self, cfg: T5Config, decoder: bool, count: int) -> None:
         super().__init__()
-        self.block = nn.ModuleList(Block(cfg, decoder, relative_bias=i == 0) for i in range(count))
+        self.block = nn.ModuleList(Block(cfg, decoder, relative_bias=i == 0 or cfg.relative_bias_every_layer)
+                                   for i in range(count))
         self.final_layer_norm = RMSNorm(cfg.d_model, cfg.layer_norm_epsilon)
-        distance = cfg.relative_attention_max_distance
-        # the bucket of every relative position -max_distance..max_distance (encoder) or -max_distance..0
-        # (decoder, indexed by distance); farther ones share the last bucket, so clamping is exact
-        relative = torch.arange(-distance, distance + 1) if not decoder else -torch.arange(distance + 1)
-        self.register_buffer("buckets", relative_bucket(relative, not decoder, cfg.relative_attention_num_buckets,
-                                                        distance), persistent=False)
-        self.max_distance = distance
+        self.relative = RelativeBias(not decoder, cfg.relative_attention_num_buckets,
+                                     cfg.relative_attention_max_distance)
+        self.every_layer = cfg.relative_bias_every_layer
 
-    def bias_table(self) -> nn.Embedding:
-        return self.block[0].layer[0].SelfAttention.relative_attention_bias
+    def tables(self) -> list[nn.Embedding]:
+        """Each block's relative position table (the same one for every block unless each has its own)."""
+        first = self.block[0].layer[0].SelfAttention.relative_attention_bias
+        if not self.every_layer:
+            return [first] * len(self.block)
+        return [block.layer[0].SelfAttention.relative_attention_bias for block in self.block]
+
+    def biases(self, make: Any) -> list[Tensor]:
+        """``make(table)`` once per distinct table, one result per block."""
+        tables = self.tables()
+        if not self.every_layer:
+            shared = make(tables[0])
+            return [shared] * len(tables)
+        return [make(table) for table in tables]
 
 
 class T5(Seq2SeqModel):
@@ -241,21 +185,13 @@ class T5(Seq2SeqModel):
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.shared.weight
 
-    def encoder_bias(self, length: int, src: Tensor, src_len: Tensor) -> tuple[Tensor, Tensor]:
-        """Self-attention bias ``(B, H, S, S)`` (relative positions + padding) and the padding bias."""
-        stack = self.encoder
-        positions = torch.arange(length, device=src.device)
-        relative = (positions[None, :] - positions[:, None]).clamp(-stack.max_distance, stack.max_distance)
-        table = stack.bias_table()(stack.buckets[relative + stack.max_distance])  # (S, S, H)
-        pad = padding_bias(src, src_len)
-        return table.permute(2, 0, 1)[None] + pad, pad
-
     def run_encoder(self, src: Tensor, src_len: Tensor) -> tuple[Tensor, Tensor]:
-        self_bias, pad = self.encoder_bias(src.shape[1], src, src_len)
+        stack, pad = self.encoder, padding_bias(src, src_len)
+        biases = stack.biases(lambda table: stack.relative.square(table, src.shape[1], src.device) + pad)
         x = self.shared(src)
-        for block in self.encoder.block:
-            x = block(x, self_bias)
-        return self.encoder.final_layer_norm(x), pad
+        for block, bias in zip(stack.block, biases, strict=True):
+            x = block(x, bias)
+        return stack.final_layer_norm(x), pad
 
     def logits(self, x: Tensor) -> Tensor:
         return self.lm_head(self.decoder.final_layer_norm(x) * self.output_scale)
@@ -263,13 +199,11 @@ class T5(Seq2SeqModel):
     def forward(self, src: Tensor, src_len: Tensor, tgt_in: Tensor) -> Tensor:
         memory, pad = self.run_encoder(src, src_len)
         stack, length = self.decoder, tgt_in.shape[1]
-        positions = torch.arange(length, device=src.device)
-        distance = (positions[:, None] - positions[None, :]).clamp(0, stack.max_distance)
-        causal = torch.full((length, length), torch.finfo(torch.float32).min, device=src.device).triu(1)
-        self_bias = stack.bias_table()(stack.buckets[distance]).permute(2, 0, 1)[None] + causal
+        causal = causal_bias(length, src.device)
+        biases = stack.biases(lambda table: stack.relative.square(table, length, src.device) + causal)
         x = self.shared(tgt_in)
-        for block in stack.block:
-            x = block(x, self_bias, memory, pad)
+        for block, bias in zip(stack.block, biases, strict=True):
+            x = block(x, bias, memory, pad)
         return self.logits(x)
 
     def encode(self, src: Tensor, src_len: Tensor) -> dict[str, Tensor]:
@@ -284,14 +218,13 @@ class T5(Seq2SeqModel):
                     state: dict[str, Tensor]) -> StepOutput:
         stack = self.decoder
         keys_length = state[layer_name("self_k", 0)].shape[2] + 1
-        distance = (step - torch.arange(keys_length, device=tokens.device)).clamp(0, stack.max_distance)
-        self_bias = stack.bias_table()(stack.buckets[distance]).transpose(0, 1)[None, :, None, :]  # (1, H, 1, T+1)
+        biases = stack.biases(lambda table: stack.relative.step(table, step, keys_length, tokens.device))
         x = self.shared(tokens[:, None])
         new_state, attention = {}, []
-        for i, block in enumerate(stack.block):
+        for i, (block, bias) in enumerate(zip(stack.block, biases, strict=True)):
             k, v = layer_name("self_k", i), layer_name("self_v", i)
             x, new_state[k], new_state[v], weights = block.step(
-                x, state[k], state[v], self_bias, memory[layer_name("cross_k", i)], memory[layer_name("cross_v", i)],
+                x, state[k], state[v], bias, memory[layer_name("cross_k", i)], memory[layer_name("cross_v", i)],
                 memory["src_bias"])
             attention.append(weights)
         log_probs = torch.log_softmax(self.logits(x[:, 0]), dim=-1)
@@ -317,13 +250,26 @@ class T5Plugin(ArchitecturePlugin):
         return T5(config, src_vocab_size, tgt_vocab_size)
 
     def memory_specs(self, config: T5Config) -> tuple[MemorySpec, ...]:
-        return (
-            MemorySpec("src_bias", 0, description="(B, 1, 1, S) additive source padding mask"),
-            *cross_attention_memory(config.num_decoder_layers),
-        )
+        return cross_memory_specs(config.num_decoder_layers)
 
     def state_specs(self, config: T5Config) -> tuple[StateSpec, ...]:
         return self_attention_cache(config.num_decoder_layers, config.num_heads, config.d_kv)
+
+    def scales_outputs(self, hf: Mapping[str, Any]) -> bool:
+        """Whether the decoder output is rescaled by ``d_model**-0.5`` before the projection."""
+        return bool(hf.get("scale_decoder_outputs", hf.get("tie_word_embeddings", True)))
+
+    def config_from_hf(self, hf: Mapping[str, Any], tied: bool) -> T5Config:
+        return T5Config(
+            d_model=hf["d_model"], d_kv=hf["d_kv"], d_ff=hf["d_ff"], num_layers=hf["num_layers"],
+            num_decoder_layers=hf.get("num_decoder_layers") or hf["num_layers"], num_heads=hf["num_heads"],
+            relative_attention_num_buckets=hf.get("relative_attention_num_buckets", 32),
+            relative_attention_max_distance=hf.get("relative_attention_max_distance", 128),
+            layer_norm_epsilon=hf.get("layer_norm_epsilon", 1e-6),
+            feed_forward_proj=hf.get("feed_forward_proj", "relu"),
+            scale_decoder_outputs=self.scales_outputs(hf),
+            tie_word_embeddings=tied,
+        )
 
     def from_hf(self, hf: Mapping[str, Any], tensors: Mapping[str, Tensor]) -> HFWeights:
         """Hugging Face names as they are; ``embed_tokens`` copies dropped, ``lm_head`` kept only
@@ -331,16 +277,7 @@ class T5Plugin(ArchitecturePlugin):
         shared = tensors.get("shared.weight", tensors.get("encoder.embed_tokens.weight"))
         head = tensors.get("lm_head.weight")
         tied = head is None or (shared is not None and torch.equal(head, shared))
-        config = T5Config(
-            d_model=hf["d_model"], d_kv=hf["d_kv"], d_ff=hf["d_ff"], num_layers=hf["num_layers"],
-            num_decoder_layers=hf.get("num_decoder_layers") or hf["num_layers"], num_heads=hf["num_heads"],
-            relative_attention_num_buckets=hf.get("relative_attention_num_buckets", 32),
-            relative_attention_max_distance=hf.get("relative_attention_max_distance", 128),
-            layer_norm_epsilon=hf.get("layer_norm_epsilon", 1e-6),
-            feed_forward_proj=hf.get("feed_forward_proj", "relu"),
-            scale_decoder_outputs=bool(hf.get("scale_decoder_outputs", hf.get("tie_word_embeddings", True))),
-            tie_word_embeddings=tied,
-        )
+        config = self.config_from_hf(hf, tied)
         weights = {}
         for name, tensor in tensors.items():
             if name.endswith("embed_tokens.weight") or (tied and name == "lm_head.weight"):

@@ -31,16 +31,8 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
-from s2s_deploy.export.contract import (
-    ArchitecturePlugin,
-    MemorySpec,
-    Seq2SeqModel,
-    StateSpec,
-    StepOutput,
-    cross_attention_memory,
-    layer_name,
-    self_attention_cache,
-)
+from s2s_deploy.export.contract import ArchitecturePlugin, MemorySpec, Seq2SeqModel, StateSpec, StepOutput
+from s2s_deploy.export.parts import cross_memory_specs, layer_name, padding_bias, self_attention_cache
 
 
 @dataclass(frozen=True)
@@ -205,15 +197,8 @@ class Transformer(Seq2SeqModel):
         if cfg.tie_output:
             self.output.weight = self.tgt_embedding.weight
 
-    @staticmethod
-    def padding_bias(src: Tensor, src_len: Tensor) -> Tensor:
-        """``(B, 1, 1, S)``: 0 on real tokens, the float minimum on padding."""
-        valid = torch.arange(src.shape[1], device=src.device)[None, :] < src_len[:, None]
-        bias = torch.zeros(valid.shape, dtype=torch.float32, device=src.device)
-        return bias.masked_fill(~valid, torch.finfo(torch.float32).min)[:, None, None, :]
-
     def run_encoder(self, src: Tensor, src_len: Tensor) -> tuple[Tensor, Tensor]:
-        bias = self.padding_bias(src, src_len)
+        bias = padding_bias(src, src_len)
         x = self.dropout(self.src_embedding(src) * self.scale + self.positions[: src.shape[1]])
         for block in self.encoder_blocks:
             x = block(x, bias)
@@ -273,10 +258,7 @@ class TransformerPlugin(ArchitecturePlugin):
         return Transformer(config, src_vocab_size, tgt_vocab_size)
 
     def memory_specs(self, config: TransformerConfig) -> tuple[MemorySpec, ...]:
-        return (
-            MemorySpec("src_bias", 0, description="(B, 1, 1, S) additive source padding mask"),
-            *cross_attention_memory(config.decoder_layers),
-        )
+        return cross_memory_specs(config.decoder_layers)
 
     def state_specs(self, config: TransformerConfig) -> tuple[StateSpec, ...]:
         return self_attention_cache(config.decoder_layers, config.num_heads, config.d_model // config.num_heads)

@@ -391,10 +391,10 @@ def test_marian_positions_computed_in_the_graph_equal_the_transformers_table(pos
     """The exports compute Marian's sinusoids instead of storing the table: bit for bit the same rows."""
     from transformers.models.marian.modeling_marian import MarianSinusoidalPositionalEmbedding
 
-    from s2s_deploy_plugins.bart import marian_sinusoids, sinusoid_denominators
+    from s2s_deploy.export.parts import sinusoids_split, split_denominators
 
     table = MarianSinusoidalPositionalEmbedding(positions, dim).create_weight()
-    computed = marian_sinusoids(torch.arange(positions), sinusoid_denominators(dim), dim)
+    computed = sinusoids_split(torch.arange(positions), split_denominators(dim), dim)
     assert torch.equal(computed, table)
 
 

@@ -14,6 +14,7 @@ from s2s_deploy.cli import (  # noqa: F401
     score,
     serve,
     train,
+    transcribe,
     translate,
     web,
 )

@@ -50,6 +50,9 @@ def parity_command(export_dir: str, input_path: str | None, beam: int, max_len: 
     if atol is not None and not 0 <= atol < float("inf"):
         raise S2SError(f"--atol must be a finite number >= 0, not {atol}")
     manifest = load_manifest(export_dir)
+    if manifest.encoder_input.is_features:
+        raise S2SError(f"{export_dir} reads features, and parity compares text inputs; export compared its graphs "
+                       "with PyTorch on random features (validation.max_abs_diff in its manifest)")
     sources = read_lines(input_path) if input_path else list(manifest.samples)
     if not sources:
         raise S2SError(f"{export_dir} stores no sample inputs; pass --input FILE")

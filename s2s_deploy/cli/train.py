@@ -15,7 +15,8 @@ from s2s_deploy.cli.group import load_plugin_files, main, plugin_option
 @main.command("train")
 @click.option("--arch", required=True, help="Registered architecture name (see `s2s-deploy list`).")
 @click.option("--task", default="en-fr", show_default=True,
-              help="Built-in task (en-fr, en-zh), a source<TAB>target file, or a folder with train/valid/test.tsv.")
+              help="Built-in task (en-fr, en-zh), a source<TAB>target file, a folder with train/valid/test.tsv, or "
+                   "speech:DIR, a speech dataset (python -m s2s_deploy.train.speech_data DIR).")
 @click.option("--preset", default=None, help="Model config preset [default: the plugin's]; not with --resume.")
 @click.option("--epochs", type=click.IntRange(min=1), default=20, show_default=True,
               help="Total epochs (a resumed run continues up to this many).")
@@ -58,6 +59,7 @@ def train_command(arch: str, task: str, preset: str | None, epochs: int, seed: i
     require("train", "export", "eval", bundle="train")
     from s2s_deploy.errors import S2SError
     from s2s_deploy.export.registry import get_plugin
+    from s2s_deploy.train.speech import dataset_folder, train_speech
     from s2s_deploy.train.tasks import SplitSizes, load_task
     from s2s_deploy.train.trainer import TrainConfig, train
 
@@ -67,11 +69,10 @@ def train_command(arch: str, task: str, preset: str | None, epochs: int, seed: i
         raise S2SError("--preset applies only without --resume (the checkpoint carries its config)")
     preset_name = None if resume else (preset or plugin.default_preset)
     config = plugin.preset(preset_name) if preset_name else None
-    splits = load_task(task, seed, SplitSizes(train=train_size)) if train_size else load_task(task, seed)
     cfg = TrainConfig(epochs=epochs, batch_size=batch_size, lr=lr, warmup_steps=warmup_steps, clip_norm=clip_norm,
                       seed=seed, threads=threads, level=level, max_train=max_train, max_valid=max_valid,
                       device=device, patience=patience)
-    destination = Path(out or Path("runs") / f"{arch}-{Path(task).stem}.safetensors")
+    destination = Path(out or Path("runs") / f"{arch}-{Path(task.removeprefix('speech:')).stem}.safetensors")
     args = ["s2s-deploy", "train", "--arch", arch, "--task", task]
     args += ["--preset", preset_name] if preset_name else ["--resume", str(resume)]
     args += ["--epochs", str(epochs), "--seed", str(seed), "--lr", repr(lr), "--batch-size", str(batch_size),
@@ -84,6 +85,18 @@ def train_command(arch: str, task: str, preset: str | None, epochs: int, seed: i
     args += [arg for path in plugin_files for arg in ("--plugin", path)]
     args += ["--out", str(destination)]
     info = {"command": shlex.join(args), "preset": preset_name, "resumed_from": resume}
+    speech = dataset_folder(task)
+    if speech is not None:
+        if resume or train_size:
+            raise S2SError("a speech dataset trains from scratch on the utterances it holds: no --resume or "
+                           "--train-size")
+        result = train_speech(plugin, config, speech, cfg, destination, info=info,
+                              log=lambda line: click.echo(line, err=True))
+        click.echo(f"wrote {result.checkpoint} (epoch {result.best_epoch}: valid {result.best.summary()})")
+        if result.test is not None:
+            click.echo(f"test (held-out voices): {result.test.summary()}")
+        return
+    splits = load_task(task, seed, SplitSizes(train=train_size)) if train_size else load_task(task, seed)
     bar = not no_progress and sys.stderr.isatty()  # a bar in a log file is litter
     if resume:  # a fine-tune is reproducible from the checkpoint it started from, and that one's recipe
         from s2s_deploy.export.checkpoint import load_checkpoint

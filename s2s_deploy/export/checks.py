@@ -23,6 +23,7 @@ from s2s_deploy.export.contract import ArchitecturePlugin, MemorySpec, Seq2SeqMo
 from s2s_deploy.export.plugin_errors import PluginError, call_plugin
 from s2s_deploy.export.tolerance import NO_DIFF, StepDiff, StepTolerance
 from s2s_deploy.format.names import TOP_K, init_name, past_name, present_name
+from s2s_deploy.format.source import TOKEN_SOURCE, SourceSpec
 from s2s_deploy.format.vocab import Vocabulary
 from s2s_deploy.runtime.backend import Backend
 from s2s_deploy.runtime.scoring import forced_tokens, teacher_forced
@@ -75,7 +76,7 @@ def check_forward_step(
 
 def check_batch_axes(
     encoder: ort.InferenceSession, decoder: ort.InferenceSession, memory: Sequence[MemorySpec],
-    state: Sequence[StateSpec], src_vocab: int, tgt_vocab: int,
+    state: Sequence[StateSpec], src_vocab: int, tgt_vocab: int, source: SourceSpec = TOKEN_SOURCE,
 ) -> None:
     """Run the ONNX graphs on ``AXIS_BATCH`` distinct sentences, then on the same sentences
     permuted: every declared batch axis must have the batch's size and permute with it, and a
@@ -86,7 +87,7 @@ def check_batch_axes(
     enc_names = [o.name for o in encoder.get_outputs()]
     plain, permuted = check_encoder_axes(
         lambda src, src_len: dict(zip(enc_names, encoder.run(enc_names, {"src": src, "src_len": src_len}),
-                                      strict=True)), memory, state, src_vocab)
+                                      strict=True)), memory, state, src_vocab, source)
     accepted = {i.name for i in decoder.get_inputs()}
     dec_names = ["log_probs", *(present_name(s.name) for s in state)]
 
@@ -125,14 +126,14 @@ def check_batch_axes(
 
 def check_encoder_axes(
     encode: Callable[[np.ndarray, np.ndarray], dict[str, np.ndarray]], memory: Sequence[MemorySpec],
-    state: Sequence[StateSpec], src_vocab: int,
+    state: Sequence[StateSpec], src_vocab: int, source: SourceSpec = TOKEN_SOURCE,
 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """Every encoder output's declared batch axis has the batch's size and permutes with the
     sentences. Run on the PyTorch encoder before tracing too: a wrong state axis would
     otherwise fail inside the exporter's trace, with a traceback instead of a line."""
     rng = np.random.default_rng(0)
-    src = rng.integers(4, src_vocab, (AXIS_BATCH, 8)).astype(np.int64)
     src_len = np.array([8, 7, 6, 8, 5], dtype=np.int64)
+    src = random_source(source, src_vocab, AXIS_BATCH, 8, rng)
     plain, permuted = encode(src, src_len), encode(src[_PERMUTATION], src_len[_PERMUTATION])
     declared = [("memory", m.name, m.name, m.batch_axis) for m in memory]
     declared += [("state", s.name, init_name(s.name), s.batch_axis) for s in state if s.init == "encoder"]
@@ -143,12 +144,21 @@ def check_encoder_axes(
 
 @torch.no_grad()
 def check_encoder_axes_torch(encoder: torch.nn.Module, names: Sequence[str], memory: Sequence[MemorySpec],
-                             state: Sequence[StateSpec], src_vocab: int) -> None:
+                             state: Sequence[StateSpec], src_vocab: int,
+                             source: SourceSpec = TOKEN_SOURCE) -> None:
     def encode(src: np.ndarray, src_len: np.ndarray) -> dict[str, np.ndarray]:
         outputs = encoder(torch.from_numpy(src), torch.from_numpy(src_len))
         return {name: value.numpy() for name, value in zip(names, outputs, strict=True)}
 
-    check_encoder_axes(encode, memory, state, src_vocab)
+    check_encoder_axes(encode, memory, state, src_vocab, source)
+
+
+def random_source(source: SourceSpec, src_vocab: int, batch: int, length: int,
+                  rng: np.random.Generator) -> np.ndarray:
+    """``src`` of ``batch`` rows and ``length`` positions: ids past the specials, or normal features."""
+    if source.is_features:
+        return rng.standard_normal((batch, *source.item_shape(length))).astype(source.dtype)
+    return rng.integers(4, src_vocab, (batch, length)).astype(np.int64)
 
 
 def _axes(memory: Sequence[MemorySpec], state: Sequence[StateSpec]) -> str:
@@ -179,11 +189,15 @@ def run_export_checks(
     from s2s_deploy.runtime.translator import encode_batch
 
     memory, state = plugin.memory_specs(config), plugin.state_specs(config)
+    source = plugin.source_spec(config)
     check_batch_axes(create_session(graph_paths[0], device="cpu"), create_session(graph_paths[1], device="cpu"),
-                     memory, state, len(src_vocab), len(tgt_vocab))
+                     memory, state, len(src_vocab), len(tgt_vocab), source)
     stepper = TorchBackend(plugin, model, config, tgt_vocab)
     limit = plugin.max_source_length(config)
-    if samples:
+    if source.is_features:
+        src = random_source(source, len(src_vocab), 4, min(32, limit or 32), np.random.default_rng(0))
+        src_len = np.array([src.shape[source.length_axis] - i for i in range(4)], dtype=np.int64)
+    elif samples:
         src, src_len = encode_batch(list(samples[:16]), src_vocab, None)
         if limit is not None and src.shape[1] > limit:
             src, src_len = src[:, :limit], np.minimum(src_len, limit)
@@ -223,7 +237,12 @@ def check_model_torch(plugin: ArchitecturePlugin, model: Seq2SeqModel, config: A
     device = next(iter(model.parameters()), torch.empty(0)).device
     generator = torch.Generator().manual_seed(0)
     longest = min(9, plugin.max_source_length(config) or 9)
-    src = torch.randint(4, len(src_vocab), (3, longest), generator=generator).to(device)
+    source = plugin.source_spec(config)
+    if source.is_features:
+        src = torch.randn((3, *source.item_shape(longest)), generator=generator).to(getattr(torch, source.dtype))
+        src = src.to(device)
+    else:
+        src = torch.randint(4, len(src_vocab), (3, longest), generator=generator).to(device)
     src_len = torch.tensor([longest, longest - 2, longest - 1], device=device)
     encoded = call_plugin(plugin.name, "encode()", model.encode, src, src_len)
     _same_calls(label, "encode()", encoded, call_plugin(plugin.name, "encode()", model.encode, src, src_len))
@@ -238,7 +257,8 @@ def check_model_torch(plugin: ArchitecturePlugin, model: Seq2SeqModel, config: A
     _check_step(label, state, first, out, batch, len(tgt_vocab))
     _check_step(label, state, out.state, _step(plugin.name, model, tokens, 1, mem, out.state, state), batch,
                 len(tgt_vocab))
-    _check_padding(plugin, model, memory, state, src, src_vocab.pad_id, tokens)
+    pad = source.pad_value if source.is_features else src_vocab.pad_id
+    _check_padding(plugin, model, memory, state, src, pad, tokens, source.length_axis)
 
 
 def _first_state(state: Sequence[StateSpec], encoded: dict[str, torch.Tensor], batch: int,
@@ -337,15 +357,18 @@ def _same_calls(label: str, what: str, first: Any, second: Any) -> None:
 
 
 def _check_padding(plugin: ArchitecturePlugin, model: Seq2SeqModel, memory: Sequence[MemorySpec],
-                   state: Sequence[StateSpec], src: torch.Tensor, pad_id: int, tokens: torch.Tensor) -> None:
+                   state: Sequence[StateSpec], src: torch.Tensor, pad: float, tokens: torch.Tensor,
+                   axis: int = 1) -> None:
     """A sentence encoded alone and padded beside a longer one must give the same memory on its
-    real positions and the same first step: otherwise its translation depends on its batchmates."""
+    real positions and the same first step: otherwise its translation depends on its batchmates.
+    ``axis``: the source's length axis (the frames of features), ``pad`` what fills it."""
     label = f"plugin {plugin.name!r}"
-    short = max(1, src.shape[1] - 4)
-    alone_src = src[:1, :short]
+    longest = src.shape[axis]
+    short = max(1, longest - 4)
+    alone_src = src[:1].narrow(axis, 0, short)
     padded = src[:2].clone()
-    padded[0, short:] = pad_id
-    lengths = torch.tensor([short, src.shape[1]], device=src.device)
+    padded[0].narrow(axis - 1, short, longest - short).fill_(pad)
+    lengths = torch.tensor([short, longest], device=src.device)
     alone = call_plugin(plugin.name, "encode()", model.encode, alone_src, lengths[:1])
     pair = call_plugin(plugin.name, "encode()", model.encode, padded, lengths)
     declared = [("memory", m) for m in memory] + [("state", s) for s in state if s.init == "encoder"]
@@ -353,7 +376,7 @@ def _check_padding(plugin: ArchitecturePlugin, model: Seq2SeqModel, memory: Sequ
         worst = _row_difference(alone[spec.name], pair[spec.name], spec.batch_axis)
         if worst is not None and worst > 0:
             raise PluginError(f"{label}: encode() reads padding: {kind} {spec.name!r} of a {short}-token sentence "
-                               f"differs by {worst:.3g} on its real positions when a {src.shape[1]}-token batchmate "
+                               f"differs by {worst:.3g} on its real positions when a {longest}-token batchmate "
                                "pads it, so a translation would depend on its batchmates; likely fix: mask positions "
                                "at or beyond src_len (attention masks, pooling, packed RNNs)")
     steps = []
@@ -368,7 +391,7 @@ def _check_padding(plugin: ArchitecturePlugin, model: Seq2SeqModel, memory: Sequ
         worst = _row_difference(single, batched, axis)
         if worst is not None and worst > 0:
             raise PluginError(f"{label}: decode_step() reads source padding: after the first step of a {short}-token "
-                              f"sentence, its {what} differ by {worst:.3g} when a {src.shape[1]}-token batchmate pads "
+                              f"sentence, its {what} differ by {worst:.3g} when a {longest}-token batchmate pads "
                               "it; likely fix: mask source positions at or beyond src_len in attention")
 
 

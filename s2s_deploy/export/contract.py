@@ -17,8 +17,9 @@ from typing import Any, ClassVar, NamedTuple
 
 from torch import Tensor, nn
 
-from s2s_deploy.errors import ContractError, UnknownNameError
+from s2s_deploy.errors import ContractError, S2SError, UnknownNameError
 from s2s_deploy.format.names import TOP_K, TOP_OUTPUTS
+from s2s_deploy.format.source import TOKEN_SOURCE, SourceSpec
 from s2s_deploy.format.specs import (  # noqa: F401  re-exported: plugins import the specs from the contract
     BATCH,
     MemorySpec,
@@ -114,6 +115,11 @@ class ArchitecturePlugin(ABC):
     @abstractmethod
     def state_specs(self, config: Any) -> tuple[StateSpec, ...]: ...
 
+    def source_spec(self, config: Any) -> SourceSpec:
+        """What ``encode`` reads as ``src``: token ids unless the plugin declares float features
+        (their shape, dtype and the front end that makes them from audio or an image)."""
+        return TOKEN_SOURCE
+
     def max_target_length(self, config: Any) -> int | None:
         """The longest target the model can decode (e.g. its position table), or None."""
         return None
@@ -192,6 +198,13 @@ def validate_plugin(plugin: object) -> None:
     if not (isinstance(plugin.parity_rtol, float) and 0 <= plugin.parity_rtol < 1):
         raise ContractError(f"plugin {label}: parity_rtol must be a float in [0, 1)")
     for preset_name, config in plugin.presets.items():
+        source = plugin.source_spec(config)
+        if not isinstance(source, SourceSpec):
+            raise ContractError(f"plugin {label} (preset {preset_name}): source_spec() must return a SourceSpec")
+        try:
+            source.check()
+        except S2SError as exc:
+            raise ContractError(f"plugin {label} (preset {preset_name}): {exc}") from exc
         _validate_specs(label, preset_name, plugin.memory_specs(config), plugin.state_specs(config))
 
 

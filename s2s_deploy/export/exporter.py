@@ -31,8 +31,10 @@ from s2s_deploy.export.tolerance import DEFAULT_RTOL, NO_DIFF, StepTolerance, pl
 from s2s_deploy.format.files import sha256_of, staged_directory
 from s2s_deploy.format.manifest import CheckpointEntry, IOEntry, Manifest
 from s2s_deploy.format.names import TOP_K, TOP_OUTPUTS, init_name, past_name, present_name
+from s2s_deploy.format.source import TOKEN_SOURCE, SourceSpec
 from s2s_deploy.format.subword import write_files
 from s2s_deploy.format.vocab import Vocabulary
+from s2s_deploy.frontends.source import check_frontend
 from s2s_deploy.runtime.ort.backend import quiet_stderr
 from s2s_deploy.transforms.share import share_weights
 
@@ -66,6 +68,7 @@ class _Specs:
     memory: tuple
     state: tuple[StateSpec, ...]
     io: GraphIO
+    source: SourceSpec = TOKEN_SOURCE
 
 
 def export_model(
@@ -103,21 +106,25 @@ def export_model(
     _check_finite(plugin, model)
     exporter = exporter or plugin.exporter
     memory, state = plugin.memory_specs(config), plugin.state_specs(config)
-    specs = _Specs(memory, state, io_names(memory, state, with_attention))
+    specs = _Specs(memory, state, io_names(memory, state, with_attention), plugin.source_spec(config))
+    if specs.source.is_features:
+        check_frontend(plugin.name, specs.source)
+        samples = ()  # text samples are no input to an encoder of features
     model = model.eval()
     encoder = EncoderGraph(model, memory, state).eval()
     step = StepGraph(model, memory, state, with_attention).eval()
 
     with staged_directory(out_dir, force) as work:
-        enc_args = _encoder_inputs(len(src_vocab), _EXAMPLE)
+        enc_args = _encoder_inputs(specs.source, len(src_vocab), _EXAMPLE)
         with plugin_errors(plugin.name, "encode() on example inputs"):
             _check_encoder(plugin, model, specs, enc_args)
-            check_encoder_axes_torch(encoder, specs.io.encoder_outputs, memory, state, len(src_vocab))
+            check_encoder_axes_torch(encoder, specs.io.encoder_outputs, memory, state, len(src_vocab),
+                                     specs.source)
             check_model_torch(plugin, model, config, src_vocab, tgt_vocab)
             vocab_sizes = (len(src_vocab), len(tgt_vocab))
             dec_args = _decoder_inputs(encoder, specs, vocab_sizes, _EXAMPLE)
             check_batch_axes(plugin.name, "state", specs.state, dec_args[3 + len(specs.memory):], _EXAMPLE["batch"])
-            enc_axes = _dynamic_axes(encoder, enc_args, _encoder_inputs(len(src_vocab), _PROBE))
+            enc_axes = _dynamic_axes(encoder, enc_args, _encoder_inputs(specs.source, len(src_vocab), _PROBE))
         with plugin_errors(plugin.name, "decode_step() on example inputs"):
             dec_axes = _dynamic_axes(step, dec_args, _decoder_inputs(encoder, specs, vocab_sizes, _PROBE))
         with plugin_errors(plugin.name, f"{exporter} export of the encoder"):
@@ -150,6 +157,7 @@ def export_model(
                         "forward_step_max_abs_diff": forward_step.max_abs_diff},
             samples=samples, training=training or {}, ort_optimized=optimize,
             checkpoint=CheckpointEntry(CHECKPOINT_FILE, sha256_of(checkpoint_path), include_checkpoint),
+            encoder_input=specs.source,
         )
         for role, path in zip(("encoder", "decoder"), graph_paths, strict=True):
             _write_metadata(path, manifest.graph_facts(role))
@@ -189,10 +197,13 @@ def _check_finite(plugin: ArchitecturePlugin, model: Seq2SeqModel) -> None:
                            "restore it)")
 
 
-def _encoder_inputs(vocab_size: int, sizes: dict[str, int]) -> tuple[torch.Tensor, ...]:
+def _encoder_inputs(source: SourceSpec, vocab_size: int, sizes: dict[str, int]) -> tuple[torch.Tensor, ...]:
     generator = torch.Generator().manual_seed(sizes["src_len"])
     batch, length = sizes["batch"], sizes["src_len"]
-    src = torch.randint(4, vocab_size, (batch, length), generator=generator)
+    if source.is_features:
+        src = torch.randn((batch, *source.item_shape(length)), generator=generator).to(getattr(torch, source.dtype))
+    else:
+        src = torch.randint(4, vocab_size, (batch, length), generator=generator)
     src_len = torch.tensor([length - i % 3 for i in range(batch)], dtype=torch.int64)
     return src, src_len
 
@@ -211,7 +222,8 @@ def _decoder_inputs(
     past_len = sizes["past_len"] if past_len is None else past_len
     batch = sizes["batch"]
     with torch.no_grad():
-        encoded = dict(zip(specs.io.encoder_outputs, encoder(*_encoder_inputs(src_vocab_size, sizes)), strict=True))
+        example = _encoder_inputs(specs.source, src_vocab_size, sizes)
+        encoded = dict(zip(specs.io.encoder_outputs, encoder(*example), strict=True))
     generator = torch.Generator().manual_seed(past_len)
     tokens = torch.randint(4, vocab_size, (batch,), generator=generator)
     reorder = torch.arange(batch - 1, -1, -1, dtype=torch.int64)
@@ -252,7 +264,7 @@ def _axis_name(tensor: torch.Tensor, axis: int, sizes: dict[str, int]) -> str:
             return name
     if size == sizes["past_len"] + 1:
         return "past_len_plus_1"
-    return f"dim{axis}"
+    return f"size{size}"  # one name per size: a length derived from src_len (e.g. downsampled) stays one axis
 
 
 def _export(
@@ -359,7 +371,7 @@ def _compare_with_onnxruntime(
     dec_sess = create_session(paths[1], device="cpu")
     dec_inputs = {i.name for i in dec_sess.get_inputs()}
     sizes = {"batch": 2, "src_len": 6, "past_len": 0}
-    src, src_len = _encoder_inputs(src_vocab_size, sizes)
+    src, src_len = _encoder_inputs(specs.source, src_vocab_size, sizes)
     diffs: dict[str, float] = {}
     with torch.no_grad():
         torch_enc = encoder(src, src_len)
@@ -428,7 +440,8 @@ def _io_entries(names: tuple[str, ...], roles: dict[str, str], graph: onnx.Graph
 
 
 def _roles(specs: _Specs) -> dict[str, str]:
-    roles = {"src": "source_tokens", "src_len": "source_lengths", "tokens": "previous_tokens",
+    roles = {"src": "source_features" if specs.source.is_features else "source_tokens",
+             "src_len": "source_lengths", "tokens": "previous_tokens",
              "step": "step_index", "reorder": "beam_reorder", "log_probs": "log_probs",
              "attention": "cross_attention", TOP_K: "top_k", TOP_OUTPUTS[0]: "top_log_probs",
              TOP_OUTPUTS[1]: "top_ids"}

@@ -32,6 +32,7 @@ from s2s_deploy.format.schema import (
     read_manifest_json,
     validate_manifest,
 )
+from s2s_deploy.format.source import TOKEN_SOURCE, SourceSpec
 from s2s_deploy.format.specs import BATCH, DTYPES, MemorySpec, StateSpec, zeros_shape
 from s2s_deploy.format.vocab import FileReader, Vocabulary
 
@@ -172,6 +173,8 @@ class Manifest:
     exporter: str = ""
     opset: int | None = None
     ort_optimized: bool = False
+    encoder_input: SourceSpec = TOKEN_SOURCE
+    """What ``src`` holds: token ids, or features from the front end it names (format 4)."""
     _document: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     # --- building ---------------------------------------------------------------------------
@@ -183,6 +186,7 @@ class Manifest:
         memory: Sequence[MemorySpec], state: Sequence[StateSpec], src_vocab: Vocabulary, tgt_vocab: Vocabulary,
         limits: tuple[int | None, int | None], search: Mapping[str, Any], validation: Mapping[str, Any],
         samples: Sequence[str], training: Mapping[str, Any], checkpoint: CheckpointEntry, ort_optimized: bool,
+        encoder_input: SourceSpec = TOKEN_SOURCE,
     ) -> Manifest:
         """A new export's manifest from what the exporter knows; ``plugin`` is (name, version,
         description, origin); ``graphs`` maps a role to (file, inputs, outputs), hashed later by
@@ -211,6 +215,7 @@ class Manifest:
             "checkpoint": {"file": checkpoint.file, "sha256": checkpoint.sha256, "included": checkpoint.included},
             "training": dict(training),
             "ort_optimized": ort_optimized,
+            "encoder_input": encoder_input.to_json(),
         }
         return _typed(Path(directory), document, (src_vocab, tgt_vocab))
 
@@ -413,8 +418,24 @@ def _typed(directory: Path, doc: dict[str, Any], vocabs: tuple[Vocabulary, Vocab
         exporter=doc.get("exporter", ""),
         opset=doc.get("opset"),
         ort_optimized=bool(doc.get("ort_optimized", False)),
+        encoder_input=_encoder_input(doc, graphs["encoder"]),
         _document=doc,
     )
+
+
+def _encoder_input(doc: dict[str, Any], encoder: dict[str, Any]) -> SourceSpec:
+    """The manifest's ``encoder_input`` (token ids when absent, as formats 2 and 3 are), held
+    against the encoder's listed ``src``: its dtype and its rank."""
+    spec = SourceSpec.from_json(doc["encoder_input"]) if "encoder_input" in doc else TOKEN_SOURCE
+    src = next((io for io in encoder["inputs"] if io["name"] == "src"), None)
+    if src is None:
+        raise S2SError("graphs.encoder lists no input 'src'")
+    if "dtype" in src and src["dtype"] != spec.dtype:
+        raise S2SError(f"encoder_input is {spec.kind} of {spec.dtype}, but the encoder's src is {src['dtype']}")
+    rank = 1 + (len(spec.shape) if spec.is_features else 1)
+    if "shape" in src and len(src["shape"]) != rank:
+        raise S2SError(f"encoder_input declares {rank} axes for src, but the encoder's src has {len(src['shape'])}")
+    return spec
 
 
 def _graph(entry: dict[str, Any]) -> GraphEntry:

@@ -20,14 +20,15 @@ from s2s_deploy.format.decoding import search_schema
 from s2s_deploy.format.files import inside
 from s2s_deploy.format.specs import DTYPES
 
-FORMAT = "s2s-deploy-manifest/3"
-FORMATS = ("s2s-deploy-manifest/2", FORMAT)
-"""Formats this code reads, the one it writes last."""
+FORMAT = "s2s-deploy-manifest/4"
+FORMATS = ("s2s-deploy-manifest/2", "s2s-deploy-manifest/3", FORMAT)
+"""Formats this code reads, the one it writes last (docs/manifest.md, Compatibility)."""
 MAX_MANIFEST_BYTES = 64 << 20  # a vocabulary of a million tokens fits; a crafted 1 GB file does not
 MAX_DEPTH = 32
 MAX_VOCAB = 10_000_000
-ROLES = ("source_tokens", "source_lengths", "memory", "state_init", "previous_tokens", "step_index", "beam_reorder",
-         "state_in", "state_out", "log_probs", "cross_attention", "top_k", "top_log_probs", "top_ids")
+ROLES = ("source_tokens", "source_features", "source_lengths", "memory", "state_init", "previous_tokens",
+         "step_index", "beam_reorder", "state_in", "state_out", "log_probs", "cross_attention", "top_k",
+         "top_log_probs", "top_ids")
 
 _NAME = {"type": "string", "minLength": 1, "maxLength": 256}
 _ID = {"type": "integer", "minimum": 0, "maximum": MAX_VOCAB}
@@ -93,6 +94,8 @@ PROPERTIES: dict[str, Any] = {
     "config": {"type": "object"},
     "source": {"type": "string"},
     "ort_optimized": {"type": "boolean"},
+    "encoder_input": {"type": "object", "required": ["kind"],
+                      "properties": {"kind": {"enum": ["tokens", "features"]}}},
     "samples": {"type": "array", "maxItems": 100_000, "items": {"type": "string", "maxLength": 100_000}},
 }
 SCHEMA: dict[str, Any] = {

@@ -240,6 +240,12 @@ class Translator:
         with self._unknown_lock:
             return unknown_notice(self.unknown, self.manifest.src_vocab.level)
 
+    def _check_text(self) -> None:
+        """An encoder of features reads no text: say so in one line rather than fail inside the graph."""
+        if self.manifest.encoder_input.is_features:
+            raise S2SError(f"{self.manifest.directory} reads {self.manifest.encoder_input.frontend['kind']} "
+                           "features, not text: use transcribe (or Transcriber)")
+
     def search_config(self, beam: int | None = None, n_best: int | None = None, max_len: int | None = None,
                       alpha: float | None = None, **options: object) -> SearchConfig:
         """The options given (None: not given) over this export's defaults: ``decoding.resolve``.
@@ -265,6 +271,7 @@ class Translator:
         ``options``: any SearchConfig field by name (docs/decoding.md), or ``config``, one made by
         ``search_config``. ``prefix`` may be one string or id tuple for every sentence, or a list of
         strings (or id tuples), one per sentence."""
+        self._check_text()
         if isinstance(texts, str):  # one sentence, not one per character
             texts = [texts]
         config = self._config(config, beam, n_best, max_len, alpha, options)
@@ -287,6 +294,7 @@ class Translator:
         them gives the whole translation."""
         from s2s_deploy.runtime.scoring import stream_tokens
 
+        self._check_text()
         if not isinstance(self.engine, StepLoop):
             raise S2SError("streaming runs the step loop: use engine='loop'")
         check_inputs([text])
@@ -312,6 +320,7 @@ class Translator:
         through the step decoder (the closing EOS is the last value). Two bare strings are one pair."""
         from s2s_deploy.runtime.scoring import score
 
+        self._check_text()
         if isinstance(sources, str) and isinstance(targets, str):
             sources, targets = [sources], [targets]
         if not isinstance(self.engine, StepLoop):
@@ -335,6 +344,7 @@ class Translator:
         (``manifest.src_vocab.encode(text)`` frames it with the prefix and EOS suffix), and each
         hypothesis's ``tokens`` are target ids without the start token and EOS. ``options``: any
         SearchConfig field by name, or ``config``, as for ``__call__``; defaults come from the manifest."""
+        self._check_text()
         config = self._config(config, beam, n_best, max_len, alpha, options)
         manifest = self.manifest
         rows = check_ids(ids, len(manifest.src_vocab), manifest.max_source_length)

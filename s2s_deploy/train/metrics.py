@@ -8,8 +8,6 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-import sacrebleu
-
 
 @dataclass(frozen=True)
 class Scores:
@@ -25,6 +23,8 @@ class Scores:
 
 def corpus_bleu(hypotheses: Sequence[str], references: Sequence[str], tokenize: str = "13a") -> float:
     """sacrebleu corpus BLEU (0..100) on detokenised text; ``tokenize="zh"`` for Chinese."""
+    import sacrebleu  # here, so that training a model on a machine without sacrebleu imports this module
+
     _check_lengths(hypotheses, references)
     if not hypotheses:
         return 0.0
@@ -89,3 +89,26 @@ def score(hypotheses: Sequence[str], references: Sequence[str], tokenize: str = 
 def _check_lengths(hypotheses: Sequence[str], references: Sequence[str]) -> None:
     if len(hypotheses) != len(references):
         raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references")
+
+
+def error_rate(hypotheses: Sequence[str], references: Sequence[str], unit: str = "word") -> float:
+    """Word (``unit="word"``) or character error rate: edits (substitutions, insertions, deletions)
+    summed over the corpus, divided by the references' total length, as jiwer's WER and CER are."""
+    _check_lengths(hypotheses, references)
+    edits = length = 0
+    for hypothesis, reference in zip(hypotheses, references, strict=True):
+        hyp = hypothesis.split() if unit == "word" else list(hypothesis.strip())
+        ref = reference.split() if unit == "word" else list(reference.strip())
+        edits += _edit_distance(hyp, ref)
+        length += len(ref)
+    return edits / max(length, 1)
+
+
+def _edit_distance(a: Sequence[str], b: Sequence[str]) -> int:
+    """Levenshtein distance, one row at a time (no edit-distance library is a dependency)."""
+    row = list(range(len(b) + 1))
+    for i, x in enumerate(a, 1):
+        previous, row[0] = row[0], i
+        for j, y in enumerate(b, 1):
+            previous, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, previous + (x != y))
+    return row[-1]

@@ -17,8 +17,10 @@ espeak-ng is needed only here, never at run time.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import json
+import multiprocessing
 import os
 import random
 import shutil
@@ -238,10 +240,12 @@ def _write_metadata(out: Path, metadata: dict[str, Any]) -> None:
 
 
 def make_speech_data(
-    out: str | Path, config: SpeechDataConfig = SpeechDataConfig(), report: Callable[[str], None] = print
+    out: str | Path, config: SpeechDataConfig = SpeechDataConfig(), report: Callable[[str], None] = print,
+    workers: int = 1,
 ) -> dict[str, Any]:
-    """Write the dataset into ``out``, one shard at a time; a rerun with the same config resumes
-    after the last finished shard. Returns the metadata."""
+    """Write the dataset into ``out``, shard by shard (``workers`` processes synthesise shards side by
+    side; they are recorded in order); a rerun with the same config resumes after the last finished
+    shard. Returns the metadata."""
     out = Path(out)
     version = espeak_version()
     check_voices(config.plan)
@@ -267,16 +271,21 @@ def make_speech_data(
     if metadata and {k: metadata.get(k) for k in settings} != json.loads(json.dumps(settings)):
         raise S2SError(f"{out} holds speech data made with other settings; give another folder")
     metadata = {**settings, "splits": metadata.get("splits", {})}
+    jobs = []
     for split in ("valid", "test", "train"):
         utterances = plan_split(getattr(task, split), split, config.plan, config.seed)
         record = metadata["splits"].setdefault(split, {"count": len(utterances), "shards": []})
         for number, start in enumerate(range(0, len(utterances), config.shard_size)):
             if number < len(record["shards"]) and (out / record["shards"][number]["file"]).is_file():
                 continue
-            shard = write_shard(
-                out / f"{split}-{number:05d}.npz", utterances[start : start + config.shard_size], config.frontend
-            )
-            record["shards"][number:] = [shard]
+            jobs.append((split, number, (out / f"{split}-{number:05d}.npz",
+                                         utterances[start : start + config.shard_size], config.frontend)))
+    work = [job for *_, job in jobs]
+    with contextlib.ExitStack() as stack:
+        pool = stack.enter_context(multiprocessing.Pool(workers)) if workers > 1 else None
+        shards = pool.imap(_write_job, work) if pool else map(_write_job, work)
+        for (split, number, _), shard in zip(jobs, shards, strict=True):
+            metadata["splits"][split]["shards"][number:] = [shard]
             _write_metadata(out, metadata)
             report(
                 f"{split} shard {number}: {shard['count']} utterances in {shard['seconds']} s "
@@ -286,6 +295,10 @@ def make_speech_data(
     return metadata
 
 
+def _write_job(job: tuple[Path, Sequence[Utterance], WhisperLogMel]) -> dict[str, Any]:
+    return write_shard(*job)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m s2s_deploy.train.speech_data", description=__doc__.split("\n")[0])
     parser.add_argument("out", type=Path, help="dataset folder (created; a rerun resumes)")
@@ -293,6 +306,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for split, size in defaults.sizes.items():
         parser.add_argument(f"--{split}", type=int, default=size, help=f"{split} utterances (default {size})")
     parser.add_argument("--seed", type=int, default=defaults.seed)
+    parser.add_argument("--workers", type=int, default=1, help="processes synthesising shards side by side")
     parser.add_argument("--shard-size", type=int, default=defaults.shard_size)
     parser.add_argument(
         "--window",
@@ -308,7 +322,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         frontend=WhisperLogMel(chunk_length=args.window),
     )
     try:
-        make_speech_data(args.out, config, report=lambda line: print(line, flush=True))
+        make_speech_data(args.out, config, report=lambda line: print(line, flush=True), workers=max(args.workers, 1))
     except S2SError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -23,12 +23,23 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from babel.dates import format_date
-from num2words import num2words
-
 from s2s_deploy.errors import S2SError, UnknownNameError
 
 FIRST_YEAR, LAST_YEAR = 1000, 9999
+
+
+def _format_date(date: datetime.date, pattern: str, locale: str) -> str:
+    """babel's ``format_date``, imported when a built-in task is generated: reading a task's pairs
+    (a speech dataset's, on a machine without babel) needs none of it."""
+    from babel.dates import format_date
+
+    return format_date(date, pattern, locale=locale)
+
+
+def _num2words(n: int, lang: str) -> str:
+    from num2words import num2words
+
+    return num2words(n, lang=lang)
 
 
 @dataclass(frozen=True)
@@ -186,7 +197,7 @@ OUT_OF_DISTRIBUTION = _Ranges(ood=True)
 
 
 def _en_quantity(n: int, unit: Unit) -> str:
-    return f"{num2words(n, lang='en')} {unit.en if n == 1 else unit.en_plural}"
+    return f"{_num2words(n, lang='en')} {unit.en if n == 1 else unit.en_plural}"
 
 
 class _Language:
@@ -214,11 +225,11 @@ class _French(_Language):
     units = _FR_UNITS
 
     def date(self, date: datetime.date, weekday: bool) -> str:
-        text = format_date(date, "full" if weekday else "long", locale=self.locale)
+        text = _format_date(date, "full" if weekday else "long", locale=self.locale)
         return re.sub(r"(?<!\d)1 ", "1er ", text, count=1) if date.day == 1 else text
 
     def number(self, n: int) -> str:
-        return num2words(n, lang="fr")
+        return _num2words(n, lang="fr")
 
     def quantity(self, n: int, unit: Unit) -> str:
         words = self.number(n)
@@ -228,7 +239,7 @@ class _French(_Language):
         return f"{words} {unit.target if n <= 1 else unit.target_plural}"
 
     def relative(self, quantity: str, after: bool, date: datetime.date) -> str:
-        month = format_date(date, "MMMM", locale=self.locale)
+        month = _format_date(date, "MMMM", locale=self.locale)
         return f"{quantity} {'après' if after else 'avant'} le {_fr_day(date.day)} {month}"
 
 
@@ -238,7 +249,7 @@ class _Chinese(_Language):
     bleu_tokenize = "zh"
 
     def date(self, date: datetime.date, weekday: bool) -> str:
-        return format_date(date, "full" if weekday else "long", locale=self.locale)
+        return _format_date(date, "full" if weekday else "long", locale=self.locale)
 
     def number(self, n: int) -> str:
         return zh_number(n)
@@ -248,13 +259,13 @@ class _Chinese(_Language):
         return f"{'两' if n == 2 else zh_number(n)}{unit.target}"
 
     def relative(self, quantity: str, after: bool, date: datetime.date) -> str:
-        return f"{format_date(date, 'M月d日', locale=self.locale)}{'后' if after else '前'}{quantity}"
+        return f"{_format_date(date, 'M月d日', locale=self.locale)}{'后' if after else '前'}{quantity}"
 
 
 def _gen_date(lang: _Language, rng: random.Random, ranges: _Ranges) -> Pair:
     date = ranges.date(rng)
     pattern, weekday = rng.choice(_EN_DATE_FORMATS)
-    return Pair(format_date(date, pattern, locale="en"), lang.date(date, weekday))
+    return Pair(_format_date(date, pattern, locale="en"), lang.date(date, weekday))
 
 
 def _gen_number(lang: _Language, rng: random.Random, ranges: _Ranges) -> Pair:
@@ -262,7 +273,7 @@ def _gen_number(lang: _Language, rng: random.Random, ranges: _Ranges) -> Pair:
         n = ranges.value(rng, 1000, 9999)
     else:
         n = ranges.value(rng, 0, 9999) if rng.random() < 0.7 else ranges.value(rng, 0, 199)
-    return Pair(num2words(n, lang="en"), lang.number(n))
+    return Pair(_num2words(n, lang="en"), lang.number(n))
 
 
 def _gen_quantity(lang: _Language, rng: random.Random, ranges: _Ranges) -> Pair:
@@ -273,7 +284,7 @@ def _gen_quantity(lang: _Language, rng: random.Random, ranges: _Ranges) -> Pair:
 def _gen_relative(lang: _Language, rng: random.Random, ranges: _Ranges) -> Pair:
     n, unit = ranges.relative(rng), rng.choice(lang.units[:4])
     date, after = ranges.date(rng), rng.random() < 0.5
-    source = f"{_en_quantity(n, unit)} {'after' if after else 'before'} {format_date(date, 'MMMM d', locale='en')}"
+    source = f"{_en_quantity(n, unit)} {'after' if after else 'before'} {_format_date(date, 'MMMM d', locale='en')}"
     return Pair(source, lang.relative(lang.quantity(n, unit), after, date))
 
 

@@ -1,0 +1,223 @@
+"""Train the bundled speech model (``plugins/speech.py``) on a lent GPU machine, from this repository alone.
+
+The device machine has Python 3.12 with torch and CUDA, 16 cores and no network, and no
+espeak-ng. So ``prepare`` (run here, once, with network) fills ``.speechdebs/`` (kept out of git by
+.git/info/exclude): the espeak-ng .deb files, a stub ``libpcaudio.so.0`` (espeak-ng links the
+PulseAudio/ALSA player library, whose dependencies pull in X11 and D-Bus; ``--stdout`` never
+plays sound, so a stub that opens no device stands in), and cp312 wheels of the few Python
+packages the data path needs besides torch (numpy, soundfile, soxr, safetensors, tqdm), unpacked
+on the device only where the module is missing. ``run`` (on the device) unpacks espeak-ng into a
+private prefix, synthesises the en-fr task's English with ``make_speech_data`` in 16 processes,
+trains on CUDA within a wall-clock budget, scores the held-out voices, and writes the checkpoint
+and the log to ``--out``.
+
+    python benchmarks/train_speech_gpu.py prepare                      # here
+    python3 benchmarks/train_speech_gpu.py run --out "$OUT"            # on the device, carry .speechdebs
+    python benchmarks/train_speech_gpu.py prepare --task /tmp/tiny --utterances 200 --valid 50 --test 50
+    python benchmarks/train_speech_gpu.py run --task /tmp/tiny --out /tmp/sp --data /tmp/spdata --epochs 1 \\
+        --device cpu --workers 2 --shard-size 50                       # the same path, tiny, on a CPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+KIT = ROOT / ".speechdebs"
+DEBS = ("espeak-ng", "espeak-ng-data", "libespeak-ng1", "libsonic0")
+"""espeak-ng's dependencies (``apt-cache depends``) but libpcaudio0, which the stub replaces."""
+WHEELS = {"numpy": "numpy", "soundfile": "soundfile", "_cffi_backend": "cffi", "pycparser": "pycparser",
+          "soxr": "soxr", "safetensors": "safetensors", "tqdm": "tqdm"}
+"""Module → the wheel that brings it, unpacked on the device only when the module is missing."""
+PCAUDIO_STUB = r"""
+/* libpcaudio's API with no device behind it: espeak-ng --stdout links it but never opens audio. */
+#include <stddef.h>
+#include <stdint.h>
+struct audio_object;
+struct audio_object *create_audio_device_object(const char *d, const char *a, const char *s) { return NULL; }
+int audio_object_open(struct audio_object *o, int format, uint32_t rate, uint8_t channels) { return -1; }
+void audio_object_close(struct audio_object *o) {}
+void audio_object_destroy(struct audio_object *o) {}
+int audio_object_write(struct audio_object *o, const void *data, size_t bytes) { return -1; }
+int audio_object_drain(struct audio_object *o) { return 0; }
+int audio_object_flush(struct audio_object *o) { return 0; }
+const char *audio_object_strerror(struct audio_object *o, int error) { return "no audio device (stub)"; }
+"""
+
+
+def prepare(args: argparse.Namespace) -> None:
+    """Fill .speechdebs/ here: the task's pairs as TSV files (generating them needs babel and num2words,
+    which the device lacks), .deb files, the stub library, cp312 wheels."""
+    from s2s_deploy.train.tasks import SplitSizes, load_task
+
+    splits = load_task("en-fr", 0, SplitSizes(train=args.utterances, valid=args.valid, test=args.test))
+    task = Path(args.task)
+    task.mkdir(parents=True, exist_ok=True)
+    for split in ("train", "valid", "test"):
+        rows = "".join(f"{pair.source}\t{pair.target}\n" for pair in getattr(splits, split))
+        (task / f"{split}.tsv").write_text(rows, encoding="utf-8")
+    (KIT / "debs").mkdir(parents=True, exist_ok=True)
+    subprocess.run(["apt-get", "download", *DEBS], cwd=KIT / "debs", check=True)
+    (KIT / "lib").mkdir(exist_ok=True)
+    source = KIT / "lib" / "pcaudio_stub.c"
+    source.write_text(PCAUDIO_STUB)
+    subprocess.run(["gcc", "-shared", "-fPIC", "-O2", "-Wl,-soname,libpcaudio.so.0", "-o",
+                    str(KIT / "lib" / "libpcaudio.so.0"), str(source)], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "--no-deps",
+                    "--python-version", "3.12", "--implementation", "cp", "--abi", "cp312", "--abi", "abi3",
+                    "--abi", "none", "--platform", "manylinux2014_x86_64", "--platform", "manylinux_2_28_x86_64",
+                    "--platform", "any", "-d", str(KIT / "wheels"), *sorted(set(WHEELS.values()))], check=True)
+    size = sum(p.stat().st_size for p in KIT.rglob("*") if p.is_file())
+    print(f"{KIT}: {size / 2**20:.1f} MiB")
+
+
+def _extract_deb(deb: Path, prefix: Path) -> None:
+    """``dpkg -x``, or the same by hand (an ar archive holding data.tar.*) where dpkg is missing."""
+    if shutil.which("dpkg"):
+        subprocess.run(["dpkg", "-x", str(deb), str(prefix)], check=True)
+        return
+    data = deb.read_bytes()
+    offset = 8  # "!<arch>\n", then 60-byte member headers
+    while offset < len(data):
+        name, size = data[offset:offset + 16].decode().strip().rstrip("/"), int(data[offset + 48:offset + 58])
+        body = data[offset + 60:offset + 60 + size]
+        if name.startswith("data.tar"):
+            import io
+
+            with tarfile.open(fileobj=io.BytesIO(body)) as tar:
+                tar.extractall(prefix, filter="tar")
+            return
+        offset += 60 + size + size % 2
+    raise SystemExit(f"error: {deb} holds no data.tar")
+
+
+def setup_espeak(prefix: Path) -> None:
+    """espeak-ng from the .deb files in a private prefix (even where one is installed: the same build
+    everywhere); PATH, LD_LIBRARY_PATH and ESPEAK_DATA_PATH set."""
+    debs = sorted((KIT / "debs").glob("*.deb"))
+    if not debs:
+        raise SystemExit(f"error: no .deb files in {KIT / 'debs'}: run `python {__file__} prepare` first")
+    for deb in debs:
+        _extract_deb(deb, prefix)
+    lib = prefix / "usr" / "lib" / "x86_64-linux-gnu"
+    shutil.copy(KIT / "lib" / "libpcaudio.so.0", lib / "libpcaudio.so.0")
+    os.environ["PATH"] = f"{prefix / 'usr' / 'bin'}:{os.environ['PATH']}"
+    os.environ["LD_LIBRARY_PATH"] = f"{lib}:{os.environ.get('LD_LIBRARY_PATH', '')}"
+    os.environ["ESPEAK_DATA_PATH"] = str(lib / "espeak-ng-data")
+
+
+def setup_python(prefix: Path) -> None:
+    """Missing modules from the carried wheels; the repository and its plugins on the path."""
+    import importlib.util
+
+    site = prefix / "python"
+    site.mkdir(parents=True, exist_ok=True)
+    for module, wheel in WHEELS.items():
+        if importlib.util.find_spec(module) is None:
+            found = sorted((KIT / "wheels").glob(f"{wheel}-*.whl"))
+            if not found:
+                raise SystemExit(f"error: {module} is missing and .speechdebs/wheels has no {wheel} wheel")
+            with zipfile.ZipFile(found[-1]) as archive:
+                archive.extractall(site)
+            print(f"unpacked {found[-1].name}", flush=True)
+    plugins = site / "s2s_deploy_plugins"
+    if not plugins.exists():
+        plugins.symlink_to(ROOT / "plugins")
+    sys.path[:0] = [str(ROOT), str(site)]
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(site), os.environ.get("PYTHONPATH", "")])
+
+
+def run(args: argparse.Namespace) -> None:
+    began = time.perf_counter()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    log_file = open(out / "train_speech.log", "a", encoding="utf-8")  # noqa: SIM115 (open for the whole run)
+
+    def log(line: str) -> None:
+        line = f"[{time.perf_counter() - began:6.0f} s] {line}"
+        print(line, flush=True)
+        log_file.write(line + "\n")
+        log_file.flush()
+
+    global KIT
+    KIT = Path(args.kit)
+    prefix = Path(args.prefix)
+    setup_espeak(prefix)
+    setup_python(prefix)
+    import torch
+
+    from s2s_deploy.export.registry import REGISTRY
+    from s2s_deploy.train.speech import train_speech
+    from s2s_deploy.train.speech_data import SpeechDataConfig, espeak_version, make_speech_data
+    from s2s_deploy.train.tasks import load_task
+    from s2s_deploy.train.trainer import TrainConfig
+    from s2s_deploy_plugins.speech import PLUGIN
+
+    REGISTRY.register(PLUGIN, "entry point s2s_deploy_plugins.speech:PLUGIN")
+    log(f"{espeak_version()}; torch {torch.__version__}, cuda {torch.cuda.is_available()}; {os.cpu_count()} cores")
+    data = Path(args.data)
+    task = Path(args.task)
+    if not (task / "train.tsv").is_file():
+        raise SystemExit(f"error: no {task}/train.tsv: run `python {__file__} prepare` first")
+    splits = load_task(str(task))
+    sizes = {split: len(getattr(splits, split)) for split in ("train", "valid", "test")}
+    config = SpeechDataConfig(task=str(task), sizes=sizes, shard_size=args.shard_size)
+    make_speech_data(data, config, report=log, workers=args.workers)
+    log("speech data ready")
+    cfg = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, warmup_steps=args.warmup,
+                      seed=0, threads=min(os.cpu_count() or 1, 16), device=args.device)
+    command = " ".join(sys.argv)
+    budget = args.total_minutes * 60 - (time.perf_counter() - began) - args.reserve
+    if budget < 30:
+        raise SystemExit(f"error: {budget:.0f} s left to train; give more --total-minutes or fewer --utterances")
+    log(f"training for at most {budget:.0f} s")
+    result = train_speech(PLUGIN, PLUGIN.preset(args.preset), data, cfg, out / "speech.safetensors",
+                          info={"command": command, "preset": args.preset}, time_limit=budget, log=log)
+    size = (out / "speech.safetensors").stat().st_size
+    log(f"wrote speech.safetensors ({size / 2**20:.2f} MiB), epoch {result.best_epoch}: valid {result.best.summary()}")
+    if result.test is not None:
+        log(f"held-out voices: {result.test.summary()}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    ready = commands.add_parser("prepare", help="fill .speechdebs/ (here, with network)")
+    ready.add_argument("--utterances", type=int, default=16000, help="training utterances")
+    ready.add_argument("--valid", type=int, default=500)
+    ready.add_argument("--test", type=int, default=1000, help="held-out-voice utterances scored at the end")
+    go = commands.add_parser("run", help="synthesise, train and score (on the device)")
+    go.add_argument("--out", required=True, help="folder for speech.safetensors and train_speech.log")
+    go.add_argument("--data", default="/tmp/s2s-speechdata", help="dataset folder (a rerun resumes it)")
+    go.add_argument("--prefix", default="/tmp/s2s-speechkit", help="where espeak-ng and missing wheels unpack")
+    go.add_argument("--shard-size", type=int, default=250)
+    go.add_argument("--workers", type=int, default=16, help="synthesis processes")
+    go.add_argument("--preset", default="small")
+    go.add_argument("--epochs", type=int, default=60)
+    go.add_argument("--total-minutes", type=float, default=9.0,
+                    help="wall-clock budget of the whole run; training gets what synthesis leaves")
+    go.add_argument("--reserve", type=float, default=75.0,
+                    help="seconds kept for the last validation and the held-out test after training")
+    go.add_argument("--batch-size", type=int, default=64)
+    go.add_argument("--lr", type=float, default=1.5e-3)
+    go.add_argument("--warmup", type=int, default=400)
+    go.add_argument("--device", default="cuda")
+    go.add_argument("--kit", default=str(KIT), help="the folder prepare filled [default: ROOT/.speechdebs]")
+    for command in (ready, go):
+        command.add_argument("--task", default=None,
+                             help="train/valid/test.tsv, written by prepare, read by run [default: KIT/task-en-fr]")
+    args = parser.parse_args()
+    args.task = args.task or str(Path(getattr(args, "kit", KIT)) / "task-en-fr")
+    prepare(args) if args.command == "prepare" else run(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,31 @@
+"""Blenderbot (Hugging Face ``BlenderbotForConditionalGeneration``), from ``transformers``' arithmetic.
+
+``s2s_deploy.export.parts.EncoderDecoder`` with learned positions read from row 0 (no spare
+rows), pre-norm layers with a final LayerNorm after each stack, no LayerNorm on the embeddings,
+and ``final_logits_bias``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from s2s_deploy.export.parts import EncoderDecoderConfig, EncoderDecoderPlugin, hf_encoder_decoder_config
+
+FAMILY = {"positions": "learned_from_zero", "layernorm_embedding": False, "normalize_before": True,
+          "final_layer_norm": True}
+
+
+class BlenderbotPlugin(EncoderDecoderPlugin):
+    name = "blenderbot"
+    version = "1.0"
+    description = "Hugging Face Blenderbot: learned positions from 0, pre-norm with final norms"
+    presets: ClassVar[dict[str, EncoderDecoderConfig]] = {"tiny": EncoderDecoderConfig(**FAMILY)}
+    default_preset = "tiny"
+    hf_model_types = ("blenderbot",)
+
+    def config_from_hf(self, hf: Mapping[str, Any]) -> EncoderDecoderConfig:
+        return hf_encoder_decoder_config(hf, **FAMILY)
+
+
+PLUGIN = BlenderbotPlugin()

@@ -1,0 +1,72 @@
+"""``s2s-deploy transcribe``: audio files in, one line of text each out."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from s2s_deploy.cli.group import (
+    decoding_options,
+    device_option,
+    echo_device,
+    given_decoding,
+    main,
+    threads_option,
+)
+
+OUTPUT_KINDS = (".txt", ".json")
+
+
+@main.command("transcribe")
+@click.argument("export_dir", type=click.Path())
+@click.argument("audio", nargs=-1, required=True, type=click.Path())
+@click.option("--batch-size", type=click.IntRange(1), default=16, show_default=True, help="Files decoded together.")
+@click.option("--scores", is_flag=True, help="Print each hypothesis's score before it, tab-separated.")
+@click.option("--output", "output_path", type=click.Path(dir_okay=False), default=None,
+              help="Write out.txt (one line per file) or out.json (file, text, score, hypotheses) instead.")
+@click.option("--quiet", is_flag=True, help="No device notice.")
+@decoding_options
+@device_option
+@threads_option
+def transcribe_command(export_dir: str, audio: tuple[str, ...], batch_size: int, scores: bool,
+                       output_path: str | None, quiet: bool, device: str, threads: int | None,
+                       **decoding: object) -> None:
+    """Transcribe (or speech-translate) audio files with an export whose encoder reads audio.
+
+    AUDIO: WAV, FLAC, OGG or any file soundfile reads, at any sampling rate (resampled to the
+    model's). One line per file, in order; no PyTorch needed.
+    """
+    from s2s_deploy.errors import S2SError
+    from s2s_deploy.format.manifest import not_an_export
+    from s2s_deploy.runtime.transcriber import Transcriber
+
+    if not Path(export_dir).is_dir():
+        raise S2SError(not_an_export(Path(export_dir)))
+    if output_path is not None and Path(output_path).suffix not in OUTPUT_KINDS:
+        raise S2SError(f"--output {output_path}: write a {' or a '.join(OUTPUT_KINDS)} file")
+    for path in audio:
+        if not Path(path).is_file():
+            raise S2SError(f"audio file not found: {path}")
+    options = given_decoding(decoding)
+    transcriber = Transcriber(export_dir, device=device, threads=threads)
+    transcriber.translator.search_config(**options)  # bad options before any work
+    if not quiet:
+        echo_device(transcriber.notice, transcriber.provider)
+    found = transcriber(list(audio), batch_size=batch_size, **options)
+    lines = [f"{score:.4f}\t{text}" if scores else text for t in found for text, score in t.hypotheses]
+    if output_path is None:
+        for line in lines:
+            click.echo(line)
+        return
+    if output_path.endswith(".json"):
+        rows = [{"file": t.source, "text": t.text, "score": t.score,
+                 "hypotheses": [{"text": text, "score": score} for text, score in t.hypotheses]} for t in found]
+        data = json.dumps(rows, ensure_ascii=False, indent=1) + "\n"
+    else:
+        data = "".join(line + "\n" for line in lines)
+    try:
+        Path(output_path).write_text(data, encoding="utf-8")
+    except OSError as exc:
+        raise S2SError(f"cannot write {output_path}: {exc.strerror}") from exc
