@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import shutil
 import subprocess
 import sys
@@ -13,6 +14,8 @@ import pytest
 from click.testing import CliRunner
 
 from s2s_deploy.cli import main
+from s2s_deploy.export.checkpoint import content_digest
+from s2s_deploy.format.manifest import sha256_of
 
 
 def run(*args: str) -> tuple[int, str, str]:
@@ -28,6 +31,41 @@ def test_unchanged_re_export_is_up_to_date(exports) -> None:
     assert code == 0, err
     assert "up to date" in out
     assert (manifest.directory / "manifest.json").read_bytes() == before
+
+
+def _relaid(checkpoint: Path, out: Path) -> Path:
+    """``checkpoint`` with its metadata in the opposite order: what safetensors' hash-map order
+    does to two saves of the same weights."""
+    data = checkpoint.read_bytes()
+    size = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8 : 8 + size])
+    header["__metadata__"] = dict(reversed(header["__metadata__"].items()))
+    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+    assert len(text) <= size
+    out.write_bytes(data[:8] + text.ljust(size) + data[8 + size :])
+    return out
+
+
+def test_re_export_of_the_same_weights_laid_out_otherwise_is_up_to_date(exports, tmp_path) -> None:
+    """Seeded random weights are saved again on every export, in other bytes: the content decides."""
+    source, manifest = exports.get("gru")
+    relaid = _relaid(source.checkpoint_path, tmp_path / "relaid.safetensors")
+    assert sha256_of(relaid) != sha256_of(source.checkpoint_path)
+    assert content_digest(relaid) == content_digest(source.checkpoint_path)
+    before = (manifest.directory / "manifest.json").read_bytes()
+    code, out, err = run("export", "--arch", "gru", "--checkpoint", str(relaid), "--out", str(manifest.directory))
+    assert code == 0, err
+    assert "up to date" in out
+    assert (manifest.directory / "manifest.json").read_bytes() == before
+
+
+def test_content_digest_sees_a_changed_weight(exports, tmp_path) -> None:
+    source, _ = exports.get("gru")
+    data = bytearray(source.checkpoint_path.read_bytes())
+    data[-1] ^= 1
+    changed = tmp_path / "changed.safetensors"
+    changed.write_bytes(bytes(data))
+    assert content_digest(changed) != content_digest(source.checkpoint_path)
 
 
 def test_manifest_names_the_checkpoint_without_its_path(exports) -> None:
