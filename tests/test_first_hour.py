@@ -110,8 +110,32 @@ def test_list_reads_plugins_without_importing_torch(tmp_path: Path) -> None:
            "s2s_deploy_plugins.gru:PLUGIN" in out
 
 
-def test_list_falls_back_to_importing_what_it_cannot_read(tmp_path: Path, monkeypatch) -> None:
-    from s2s_deploy.export.registry import REGISTRY
+def test_list_works_where_torch_is_missing(tmp_path: Path) -> None:
+    """The runtime-only install: every built-in lists from its declaration, a --plugin file that
+    subclasses one does too, and a one-file plugin whose model needs torch is one line naming the extra."""
+    from importlib.metadata import entry_points
+
+    subclass = tmp_path / "sub_arch.py"
+    subclass.write_text("from s2s_deploy_plugins.gru import GRUPlugin\n"
+                        "class Sub(GRUPlugin):\n    name = 'sub_arch'\nPLUGIN = Sub()\n")
+    with_torch = tmp_path / "with_torch.py"
+    with_torch.write_text("import torch\nPLUGIN = None\n")
+    code = ("import sys\nsys.modules['torch'] = None\nfrom click.testing import CliRunner\n"
+            "from s2s_deploy.cli import main\n"
+            f"for extra in ([], ['--plugin', {str(subclass)!r}], ['--plugin', {str(with_torch)!r}]):\n"
+            "    result = CliRunner().invoke(main, ['list', *extra])\n"
+            "    print('exit', result.exit_code)\n    print(result.stdout)\n    print(result.stderr)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True).stdout
+    plain, subclassed, refused = out.split("exit ")[1:]
+    for ep in entry_points(group="s2s_deploy.plugins"):
+        assert plain.startswith("0") and f"from entry point {ep.value}" in plain, ep.value
+    assert subclassed.startswith("0") and "sub_arch     v1.0   GRU encoder-decoder" in subclassed
+    assert refused.startswith("1")
+    assert 'error: `s2s-deploy list` needs torch, which is not installed: pip install "s2s-deploy[export]"' in refused
+
+
+def test_list_shows_a_plugin_file_with_computed_attributes(tmp_path: Path, monkeypatch) -> None:
+    from s2s_deploy.architecture.registry import REGISTRY
 
     monkeypatch.setattr(REGISTRY, "_plugins", dict(REGISTRY._plugins))  # the plugin registers for this test only
     monkeypatch.setattr(REGISTRY, "_entry_points_loaded", REGISTRY._entry_points_loaded)

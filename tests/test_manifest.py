@@ -18,10 +18,10 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from s2s_deploy.architecture.registry import get_plugin
 from s2s_deploy.cli import main
 from s2s_deploy.errors import S2SError
 from s2s_deploy.export.exporter import export_model
-from s2s_deploy.export.registry import get_plugin
 from s2s_deploy.export.sources import load_source
 from s2s_deploy.format.files import sha256_of
 from s2s_deploy.format.manifest import MANIFEST_NAME, load_manifest

@@ -42,9 +42,9 @@ def export_command(arch: str | None, checkpoint: str | None, hf_dir: str | None,
     Exporting the same checkpoint with the same options over an earlier export says it is up to date.
     """
     require("export", "export")
+    from s2s_deploy.architecture.registry import get_plugin
     from s2s_deploy.errors import S2SError
     from s2s_deploy.export.exporter import export_model
-    from s2s_deploy.export.registry import get_plugin
     from s2s_deploy.export.sources import load_source
     from s2s_deploy.format.files import check_replaceable, remove_leftovers
     from s2s_deploy.format.manifest import sha256_of

@@ -15,9 +15,9 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from s2s_deploy.architecture.registry import get_plugin
 from s2s_deploy.errors import CheckpointError, S2SError
 from s2s_deploy.export.contract import ArchitecturePlugin, Seq2SeqModel
-from s2s_deploy.export.registry import get_plugin
 from s2s_deploy.format.files import atomic_path
 from s2s_deploy.format.vocab import FileReader, Vocabulary
 

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import numpy as np
 
+from s2s_deploy.architecture.registry import exported_plugin
 from s2s_deploy.errors import CheckpointError
 from s2s_deploy.export.checkpoint import build_model, load_checkpoint
 from s2s_deploy.export.checks import forward_step_comparison
 from s2s_deploy.export.contract import Seq2SeqModel
-from s2s_deploy.export.registry import exported_plugin
 from s2s_deploy.export.tolerance import NO_DIFF, StepDiff, StepTolerance, plugin_tolerance
 from s2s_deploy.export.torch_backend import TorchBackend
 from s2s_deploy.format.manifest import Manifest, sha256_of
