@@ -23,11 +23,12 @@ import onnxruntime as ort
 import torch
 from onnx import numpy_helper
 
-from s2s_deploy.export.checks import forced_tokens, forward_step_comparison
+from s2s_deploy.export.checks import forward_step_comparison
 from s2s_deploy.export.parity import torch_backend_for
 from s2s_deploy.export.tolerance import NO_DIFF, StepDiff, StepTolerance
 from s2s_deploy.format.manifest import load_manifest
 from s2s_deploy.runtime.ort import backend as ort_backend
+from s2s_deploy.runtime.scoring import forced_tokens, teacher_forced
 from s2s_deploy.runtime.search import SearchConfig, greedy
 from s2s_deploy.runtime.translator import encode_batch
 
@@ -49,15 +50,11 @@ def with_mode(mode: ort.ExecutionMode):
 
 
 def compare(reference, candidate, src, src_len, targets) -> tuple[StepDiff, float]:
-    forced = forced_tokens(reference.decoder_start_id, reference.eos_id, targets)
-    reorder = np.arange(len(targets), dtype=np.int64)
     worst, whole = NO_DIFF, 0.0
-    with reference.start(src, src_len) as a, candidate.start(src, src_len) as b:
-        for t in range(forced.shape[1]):
-            x, y = a.step(forced[:, t], reorder), b.step(forced[:, t], reorder)
-            rows = [i for i, tokens in enumerate(targets) if t <= len(tokens)]
-            worst = worst.merge(TOL.compare(x[rows], y[rows]))
-            whole = max(whole, float(np.nanmax(np.abs(x[rows].astype(np.float64) - y[rows]))))
+    for step in teacher_forced([reference, candidate], src, src_len, targets):
+        x, y = (values[step.live] for values in step.log_probs)
+        worst = worst.merge(TOL.compare(x, y))
+        whole = max(whole, float(np.nanmax(np.abs(x.astype(np.float64) - y))))
     return worst, whole
 
 

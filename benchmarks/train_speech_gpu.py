@@ -154,7 +154,7 @@ def run(args: argparse.Namespace) -> None:
     setup_python(prefix)
     import torch
 
-    from s2s_deploy.export.registry import REGISTRY
+    from s2s_deploy.architecture.registry import REGISTRY
     from s2s_deploy.train.speech import train_speech
     from s2s_deploy.train.speech_data import SpeechDataConfig, espeak_version, make_speech_data
     from s2s_deploy.train.tasks import load_task

@@ -1,8 +1,9 @@
 """BART and mBART (Hugging Face ``BartForConditionalGeneration``, ``MBartForConditionalGeneration``),
 written from ``transformers``' arithmetic without importing it.
 
-Both are ``s2s_deploy.export.parts.EncoderDecoder``: learned positions read at ``position + 2``
-(the table has two spare rows), an optional ``sqrt(d)`` embedding scale, a LayerNorm on the
+Both are ``s2s_deploy.export.parts.EncoderDecoder`` (declared by
+``s2s_deploy.architecture.encoder_decoder``): learned positions read at ``position + 2`` (the
+table has two spare rows), an optional ``sqrt(d)`` embedding scale, a LayerNorm on the
 embeddings. BART's layers are post-norm; mBART's pre-norm, with a final LayerNorm after each
 stack. The output projection is tied to the one shared embedding, and ``final_logits_bias`` is
 added to the logits as Hugging Face does.
@@ -13,7 +14,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from s2s_deploy.export.parts import EncoderDecoderConfig, EncoderDecoderPlugin, hf_encoder_decoder_config
+from s2s_deploy.architecture.encoder_decoder import (
+    EncoderDecoderConfig,
+    EncoderDecoderPlugin,
+    hf_encoder_decoder_config,
+)
 
 
 class BartPlugin(EncoderDecoderPlugin):

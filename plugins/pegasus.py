@@ -10,7 +10,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
-from s2s_deploy.export.parts import EncoderDecoderConfig, EncoderDecoderPlugin, hf_encoder_decoder_config
+from s2s_deploy.architecture.encoder_decoder import (
+    EncoderDecoderConfig,
+    EncoderDecoderPlugin,
+    hf_encoder_decoder_config,
+)
 
 FAMILY = {"positions": "sinusoidal", "layernorm_embedding": False, "normalize_before": True, "final_layer_norm": True}
 

@@ -1,39 +1,22 @@
 """A small Whisper-style speech model: log-mel features in, text out (the bundled English speech →
 French text demo, trained by ``s2s-deploy train --arch speech --task speech:DIR``).
 
-The encoder reads ``(batch, n_mels, frames)`` Whisper log-mel features (the manifest names the
-front end, ``WhisperLogMel`` with this config's window), downsamples them with two strided
-convolutions (GELU after each), adds sinusoidal positions and runs pre-norm Transformer layers.
-The decoder is ``s2s_deploy.export.parts``' pre-norm Transformer with learned positions, a
-self-attention KV cache per layer and cross-attention keys and values that the encoder computes
-once. Frames past a clip's length are zeroed before and between the convolutions, so a clip
-decodes alike alone or padded in a batch.
-"""
+The declaration, torch-free: config, presets and specs; the model is ``models/speech.py``,
+imported only when one is built."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import ClassVar
 
-import torch
-from torch import Tensor, nn
-
-from s2s_deploy.export.contract import MemorySpec, SourceSpec, StateSpec
-from s2s_deploy.export.parts import (
-    DecoderLayer,
-    EncoderDecoder,
-    EncoderDecoderConfig,
-    EncoderDecoderPlugin,
-    EncoderLayer,
-    Stack,
-    erf_gelu,
-    sinusoids_split,
-    split_denominators,
+from s2s_deploy.architecture.declaration import (
+    MemorySpec,
+    SourceSpec,
+    StateSpec,
 )
+from s2s_deploy.architecture.encoder_decoder import EncoderDecoderConfig, EncoderDecoderPlugin
 from s2s_deploy.format.source import FEATURES, FRAMES
 from s2s_deploy.frontends import WhisperLogMel
-
-MASK = torch.finfo(torch.float32).min
 
 
 @dataclass(frozen=True)
@@ -77,77 +60,12 @@ class SpeechConfig:
             tie_word_embeddings=True, dropout=self.dropout)
 
 
-def _after_conv(lengths: Tensor, stride: int) -> Tensor:
-    """Positions a kernel-3, padding-1 convolution of ``stride`` keeps from ``lengths`` frames."""
-    return torch.div(lengths - 1, stride, rounding_mode="floor") + 1
-
-
-def _masked(x: Tensor, masks: int, width: int, axis: int) -> Tensor:
-    """``x`` ``(B, mels, frames)`` with ``masks`` random bands along ``axis`` (1: mels, 2: frames) set to 0."""
-    size = x.shape[axis]
-    positions = torch.arange(size, device=x.device)[None, :]
-    for _ in range(masks):
-        widths = torch.randint(0, width + 1, (x.shape[0], 1), device=x.device)
-        starts = (torch.rand(x.shape[0], 1, device=x.device) * (size - widths).clamp(min=1)).long()
-        band = (positions >= starts) & (positions < starts + widths)
-        x = x.masked_fill(band[:, :, None] if axis == 1 else band[:, None, :], 0.0)
-    return x
-
-
-def _zero_past(x: Tensor, lengths: Tensor) -> Tensor:
-    """``x`` ``(B, C, T)`` with the frames at or past each row's length set to zero."""
-    valid = torch.arange(x.shape[2], device=x.device)[None, :] < lengths[:, None]
-    return x * valid[:, None, :].to(x.dtype)
-
-
-class SpeechModel(EncoderDecoder):
-    """``EncoderDecoder``'s decoder, step and training forward, with an audio encoder in front."""
-
-    def __init__(self, config: SpeechConfig, tgt_vocab_size: int) -> None:
-        nn.Module.__init__(self)
-        cfg = config.layers()
-        self.cfg, self.speech, self.embed_scale = cfg, config, 1.0
-        self.conv1 = nn.Conv1d(config.n_mels, cfg.d_model, 3, stride=config.conv1_stride, padding=1)
-        self.conv2 = nn.Conv1d(cfg.d_model, cfg.d_model, 3, stride=config.conv2_stride, padding=1)
-        self.register_buffer("denominators", split_denominators(cfg.d_model), persistent=False)
-        self.encoder_layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
-        self.encoder_norm = nn.LayerNorm(cfg.d_model)
-        self.decoder = Stack(cfg, DecoderLayer, cfg.decoder_layers, True, tgt_vocab_size)
-        self.lm_head = nn.Linear(cfg.d_model, tgt_vocab_size, bias=False)
-        self.register_buffer("final_logits_bias", torch.zeros(1, tgt_vocab_size))
-        self.lm_head.weight = self.decoder.embed_tokens.weight
-        self.dropout = nn.Dropout(config.dropout)
-        for module in self.modules():  # Whisper's initialisation: N(0, 0.02), zero biases
-            if isinstance(module, nn.Linear | nn.Conv1d | nn.Embedding):
-                nn.init.normal_(module.weight, std=0.02)
-                if getattr(module, "bias", None) is not None:
-                    nn.init.zeros_(module.bias)
-
-    def run_encoder(self, src: Tensor, src_len: Tensor) -> tuple[Tensor, Tensor]:
-        config = self.speech
-        if self.training:  # SpecAugment; the exported graphs are traced in eval mode and never hold it
-            src = _masked(_masked(src, config.freq_masks, config.freq_mask_width, 1),
-                          config.time_masks, config.time_mask_width, 2)
-        x = erf_gelu(self.conv1(_zero_past(src, src_len)))
-        lengths = _after_conv(src_len, config.conv1_stride)
-        x = erf_gelu(self.conv2(_zero_past(x, lengths)))
-        lengths = _after_conv(lengths, config.conv2_stride)
-        x = x.transpose(1, 2)
-        positions = torch.arange(x.shape[1], device=x.device)[None, :]
-        x = self.dropout(x + sinusoids_split(positions, self.denominators, self.cfg.d_model))
-        valid = positions < lengths[:, None]
-        bias = torch.zeros(valid.shape, dtype=torch.float32, device=x.device).masked_fill(~valid, MASK)
-        bias = bias[:, None, None, :]
-        for layer in self.encoder_layers:
-            x = self.dropout(layer(x, bias))
-        return self.encoder_norm(x), bias
-
-
 class SpeechPlugin(EncoderDecoderPlugin):
     name = "speech"
     version = "1.0"
     description = "Whisper-style speech model: log-mel features, strided convolutions, pre-norm Transformer"
     config_type = SpeechConfig
+    model = "s2s_deploy_plugins.models.speech:SpeechModel"
     has_attention = False  # the attention pictures label source tokens; this source is frames
     presets: ClassVar[dict[str, SpeechConfig]] = {
         "small": SpeechConfig(freq_masks=2, time_masks=2),
@@ -155,9 +73,6 @@ class SpeechPlugin(EncoderDecoderPlugin):
                              attention_heads=2, ffn_dim=64, max_target_positions=32, dropout=0.0),
     }
     default_preset = "small"
-
-    def build(self, config: SpeechConfig, src_vocab_size: int, tgt_vocab_size: int) -> SpeechModel:
-        return SpeechModel(config, tgt_vocab_size)
 
     def source_spec(self, config: SpeechConfig) -> SourceSpec:
         """``(n_mels, frames)`` log-mel features; padding frames are masked, so their value is moot."""

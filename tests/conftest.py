@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from s2s_deploy.architecture.registry import get_plugin
 from s2s_deploy.export.exporter import export_model
-from s2s_deploy.export.registry import get_plugin
 from s2s_deploy.export.sources import ModelSource, load_source
 from s2s_deploy.format.manifest import Manifest, load_manifest
 
@@ -33,7 +33,7 @@ class ExportCache:
 @pytest.fixture(autouse=True)
 def registry_unchanged():
     """A test that registers a plugin (``--plugin FILE``) must not leak it into the next test."""
-    from s2s_deploy.export.registry import REGISTRY
+    from s2s_deploy.architecture.registry import REGISTRY
 
     before = dict(REGISTRY._plugins), REGISTRY._entry_points_loaded
     yield

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from s2s_deploy.architecture.registry import REGISTRY
 from s2s_deploy.cli import main
-from s2s_deploy.export.registry import REGISTRY
 
 
 def run(*args: str) -> tuple[int, str, str]:

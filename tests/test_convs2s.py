@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from s2s_deploy.export.contract import validate_plugin
-from s2s_deploy_plugins.convs2s import PLUGIN, ConvS2S, ConvS2SConfig
+from s2s_deploy_plugins.convs2s import PLUGIN, ConvS2SConfig
+from s2s_deploy_plugins.models.convs2s import ConvS2S
 
 SRC_VOCAB, TGT_VOCAB = 11, 13
 

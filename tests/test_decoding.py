@@ -182,7 +182,7 @@ def test_output_takes_every_decoding_option(gru, tmp_path: Path) -> None:
 
 def test_preset_with_a_bundled_checkpoint_is_honoured_and_said(tmp_path: Path) -> None:
     pytest.importorskip("torch")
-    from s2s_deploy.export.registry import get_plugin
+    from s2s_deploy.architecture.registry import get_plugin
     from s2s_deploy.export.sources import bundled_checkpoint, load_source
 
     plugin = get_plugin("gru")

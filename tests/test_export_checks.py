@@ -16,7 +16,8 @@ from s2s_deploy.export.contract import MemorySpec, StateSpec
 from s2s_deploy.export.exporter import export_model
 from s2s_deploy.export.sources import load_source
 from s2s_deploy_plugins.gru import GRUConfig, GRUPlugin
-from s2s_deploy_plugins.transformer import Transformer, TransformerConfig, TransformerPlugin
+from s2s_deploy_plugins.models.transformer import Transformer
+from s2s_deploy_plugins.transformer import TransformerConfig, TransformerPlugin
 
 TINY = TransformerConfig(d_model=32, num_heads=2, ffn_hidden=64, encoder_layers=1, decoder_layers=1, max_len=64)
 

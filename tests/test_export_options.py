@@ -6,9 +6,9 @@ from pathlib import Path
 
 import onnx
 
+from s2s_deploy.architecture.registry import get_plugin
 from s2s_deploy.export.exporter import export_model
 from s2s_deploy.export.parity import check_parity, torch_backend_for
-from s2s_deploy.export.registry import get_plugin
 from s2s_deploy.export.sources import load_source
 from s2s_deploy.format.manifest import load_manifest
 from s2s_deploy.runtime.ort.backend import OrtBackend

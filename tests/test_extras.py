@@ -29,7 +29,8 @@ def imported_modules(path: Path) -> set[str]:
     return names
 
 
-TORCH_FREE = ("format", "runtime", "frontends", "transforms", "jobs", "pictures", "serve", "web")  # cli: lazily
+TORCH_FREE = ("architecture", "format", "runtime", "frontends", "transforms", "jobs", "pictures", "serve",
+              "web")  # cli: lazily
 
 
 @pytest.mark.parametrize("folder", TORCH_FREE)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import shutil
 import subprocess
 import sys
@@ -13,6 +14,8 @@ import pytest
 from click.testing import CliRunner
 
 from s2s_deploy.cli import main
+from s2s_deploy.export.checkpoint import content_digest
+from s2s_deploy.format.manifest import sha256_of
 
 
 def run(*args: str) -> tuple[int, str, str]:
@@ -28,6 +31,41 @@ def test_unchanged_re_export_is_up_to_date(exports) -> None:
     assert code == 0, err
     assert "up to date" in out
     assert (manifest.directory / "manifest.json").read_bytes() == before
+
+
+def _relaid(checkpoint: Path, out: Path) -> Path:
+    """``checkpoint`` with its metadata in the opposite order: what safetensors' hash-map order
+    does to two saves of the same weights."""
+    data = checkpoint.read_bytes()
+    size = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8 : 8 + size])
+    header["__metadata__"] = dict(reversed(header["__metadata__"].items()))
+    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+    assert len(text) <= size
+    out.write_bytes(data[:8] + text.ljust(size) + data[8 + size :])
+    return out
+
+
+def test_re_export_of_the_same_weights_laid_out_otherwise_is_up_to_date(exports, tmp_path) -> None:
+    """Seeded random weights are saved again on every export, in other bytes: the content decides."""
+    source, manifest = exports.get("gru")
+    relaid = _relaid(source.checkpoint_path, tmp_path / "relaid.safetensors")
+    assert sha256_of(relaid) != sha256_of(source.checkpoint_path)
+    assert content_digest(relaid) == content_digest(source.checkpoint_path)
+    before = (manifest.directory / "manifest.json").read_bytes()
+    code, out, err = run("export", "--arch", "gru", "--checkpoint", str(relaid), "--out", str(manifest.directory))
+    assert code == 0, err
+    assert "up to date" in out
+    assert (manifest.directory / "manifest.json").read_bytes() == before
+
+
+def test_content_digest_sees_a_changed_weight(exports, tmp_path) -> None:
+    source, _ = exports.get("gru")
+    data = bytearray(source.checkpoint_path.read_bytes())
+    data[-1] ^= 1
+    changed = tmp_path / "changed.safetensors"
+    changed.write_bytes(bytes(data))
+    assert content_digest(changed) != content_digest(source.checkpoint_path)
 
 
 def test_manifest_names_the_checkpoint_without_its_path(exports) -> None:
@@ -72,8 +110,32 @@ def test_list_reads_plugins_without_importing_torch(tmp_path: Path) -> None:
            "s2s_deploy_plugins.gru:PLUGIN" in out
 
 
-def test_list_falls_back_to_importing_what_it_cannot_read(tmp_path: Path, monkeypatch) -> None:
-    from s2s_deploy.export.registry import REGISTRY
+def test_list_works_where_torch_is_missing(tmp_path: Path) -> None:
+    """The runtime-only install: every built-in lists from its declaration, a --plugin file that
+    subclasses one does too, and a one-file plugin whose model needs torch is one line naming the extra."""
+    from importlib.metadata import entry_points
+
+    subclass = tmp_path / "sub_arch.py"
+    subclass.write_text("from s2s_deploy_plugins.gru import GRUPlugin\n"
+                        "class Sub(GRUPlugin):\n    name = 'sub_arch'\nPLUGIN = Sub()\n")
+    with_torch = tmp_path / "with_torch.py"
+    with_torch.write_text("import torch\nPLUGIN = None\n")
+    code = ("import sys\nsys.modules['torch'] = None\nfrom click.testing import CliRunner\n"
+            "from s2s_deploy.cli import main\n"
+            f"for extra in ([], ['--plugin', {str(subclass)!r}], ['--plugin', {str(with_torch)!r}]):\n"
+            "    result = CliRunner().invoke(main, ['list', *extra])\n"
+            "    print('exit', result.exit_code)\n    print(result.stdout)\n    print(result.stderr)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True).stdout
+    plain, subclassed, refused = out.split("exit ")[1:]
+    for ep in entry_points(group="s2s_deploy.plugins"):
+        assert plain.startswith("0") and f"from entry point {ep.value}" in plain, ep.value
+    assert subclassed.startswith("0") and "sub_arch     v1.0   GRU encoder-decoder" in subclassed
+    assert refused.startswith("1")
+    assert 'error: `s2s-deploy list` needs torch, which is not installed: pip install "s2s-deploy[export]"' in refused
+
+
+def test_list_shows_a_plugin_file_with_computed_attributes(tmp_path: Path, monkeypatch) -> None:
+    from s2s_deploy.architecture.registry import REGISTRY
 
     monkeypatch.setattr(REGISTRY, "_plugins", dict(REGISTRY._plugins))  # the plugin registers for this test only
     monkeypatch.setattr(REGISTRY, "_entry_points_loaded", REGISTRY._entry_points_loaded)

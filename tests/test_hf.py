@@ -211,8 +211,8 @@ def test_t5_is_transformers_arithmetic(hf_exports: HFExports, monkeypatch: pytes
     float32 whatever the model's dtype; that one cast is lifted here."""
     from transformers.models.t5 import modeling_t5
 
+    from s2s_deploy.architecture.registry import get_plugin
     from s2s_deploy.export.hf import load_hf
-    from s2s_deploy.export.registry import get_plugin
 
     def norm(self: object, hidden: torch.Tensor) -> torch.Tensor:
         variance = hidden.pow(2).mean(-1, keepdim=True)

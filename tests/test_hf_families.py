@@ -370,7 +370,7 @@ def test_marian_prints_a_source_only_piece_as_marian_tokenizer_does(family_expor
 
 
 def test_every_hf_plugin_has_a_row() -> None:
-    from s2s_deploy.export.registry import REGISTRY
+    from s2s_deploy.architecture.registry import REGISTRY
 
     served = {t for entry in REGISTRY.entries() for t in entry.plugin.hf_model_types}
     assert served <= set(BY_TYPE), sorted(served - set(BY_TYPE))

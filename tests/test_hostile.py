@@ -20,11 +20,11 @@ from click.testing import CliRunner
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from s2s_deploy.architecture.registry import Registry
 from s2s_deploy.cli import main
 from s2s_deploy.errors import ContractError, S2SError
 from s2s_deploy.export.checkpoint import load_checkpoint
 from s2s_deploy.export.exporter import _record, export_model
-from s2s_deploy.export.registry import Registry
 from s2s_deploy.export.tolerance import StepTolerance
 from s2s_deploy.format import files as staging
 from s2s_deploy.format.manifest import load_manifest, sha256_of
@@ -519,7 +519,7 @@ def test_wrong_state_batch_axis(tmp_path: Path) -> None:
 
 
 def test_unsupported_op_is_one_line_and_debug_shows_the_trace(tmp_path: Path, monkeypatch) -> None:
-    from s2s_deploy_plugins.gru import GRUSeq2Seq
+    from s2s_deploy_plugins.models.gru import GRUSeq2Seq
 
     class Bessel(GRUSeq2Seq):
         def encode(self, src, src_len):  # type: ignore[no-untyped-def]
@@ -545,7 +545,7 @@ def test_debug_flag_prints_the_trace_before_the_line(tmp_path: Path) -> None:
 def test_third_party_reusing_a_builtin_name_disables_only_itself(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     from importlib.metadata import EntryPoint, entry_points
 
-    import s2s_deploy.export.registry as registry
+    import s2s_deploy.architecture.registry as registry
 
     module = type(sys)("fake_third_party")
     module.PLUGIN = type("Impostor", (GRUPlugin,), {"description": "not ours"})()

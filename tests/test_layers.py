@@ -12,7 +12,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "s2s_deploy"
 FLOORS: tuple[tuple[str, ...], ...] = (
     ("errors",),
     ("format",),
-    ("frontends", "runtime"),
+    ("frontends", "runtime", "architecture"),
     ("transforms", "jobs", "pictures"),
     ("export", "train"),
     ("bench",),

@@ -18,10 +18,10 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from s2s_deploy.architecture.registry import get_plugin
 from s2s_deploy.cli import main
 from s2s_deploy.errors import S2SError
 from s2s_deploy.export.exporter import export_model
-from s2s_deploy.export.registry import get_plugin
 from s2s_deploy.export.sources import load_source
 from s2s_deploy.format.files import sha256_of
 from s2s_deploy.format.manifest import MANIFEST_NAME, load_manifest
@@ -162,6 +162,34 @@ def whole(gru: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     path, data = external(folder)
     manifest.with_graph("encoder", path, {data: sha256_of(folder / data)}).write()
     return folder
+
+
+def untyped_keys(node: Any, schema: dict[str, Any], where: str = "") -> list[str]:
+    """Keys of ``node`` that ``schema`` gives no type, at every level where the schema lists its keys."""
+    if isinstance(node, dict) and ("properties" in schema or isinstance(schema.get("additionalProperties"), dict)):
+        extra = schema.get("additionalProperties")
+        found = []
+        for key, value in node.items():
+            sub = schema.get("properties", {}).get(key, extra if isinstance(extra, dict) else None)
+            found += [f"{where}.{key}"] if sub is None else untyped_keys(value, sub, f"{where}.{key}")
+        return found
+    if isinstance(node, list) and isinstance(schema.get("items"), dict):
+        return [k for i, value in enumerate(node) for k in untyped_keys(value, schema["items"], f"{where}.{i}")]
+    return []
+
+
+def test_the_schema_types_every_key_the_manifest_writes(whole: Path) -> None:
+    """The schema is held to the typed manifest: whatever export, fuse, external weights, quantize and a
+    features source write is typed by it, and every top-level key it types is one the manifest writes."""
+    from s2s_deploy.format.schema import PROPERTIES, SCHEMA
+
+    manifest = load_manifest(whole)
+    quantized = manifest.with_quantization("int8", "per-row", 0.9, 17).to_dict()
+    features = {"encoder_input": get_plugin("speech").source_spec(get_plugin("speech").preset()).to_json()}
+    for document in (manifest.to_dict(), quantized, features):
+        assert untyped_keys(document, SCHEMA) == []
+    assert set(PROPERTIES) == set(manifest.to_dict()) | set(quantized)
+    assert untyped_keys({"vocab": {"target": {"extra": 1}}}, SCHEMA) == [".vocab.target.extra"]
 
 
 def test_inspect_verify_reports_every_listed_file(whole: Path) -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from s2s_deploy.export.parts import EncoderDecoderConfig, Stack, sinusoids_tensor2tensor, tensor2tensor_frequencies
+from s2s_deploy.architecture.encoder_decoder import EncoderDecoderConfig
+from s2s_deploy.export.parts import Stack, sinusoids_tensor2tensor, tensor2tensor_frequencies
 
 transformers = pytest.importorskip("transformers")
 

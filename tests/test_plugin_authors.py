@@ -168,7 +168,7 @@ def test_torch_dumps_wait_for_debug(tmp_path: Path, capfd: pytest.CaptureFixture
     line = one_line(*run(*args)[::2])
     assert "torchscript export of the encoder failed (UnsupportedOperatorError" in line
     assert "graph(" not in capfd.readouterr().err + capfd.readouterr().out
-    from s2s_deploy.export.registry import REGISTRY
+    from s2s_deploy.architecture.registry import REGISTRY
 
     REGISTRY._plugins.pop("bessel")  # the same file again, in this process
     code, _, err = run("--debug", *args)
@@ -187,13 +187,11 @@ def test_a_moved_import_names_the_new_module(tmp_path: Path) -> None:
 def test_list_fails_when_a_third_party_entry_point_is_disabled(monkeypatch: pytest.MonkeyPatch) -> None:
     from importlib.metadata import EntryPoint, entry_points
 
-    import s2s_deploy.cli.listing as listing
-    import s2s_deploy.export.registry as registry
+    import s2s_deploy.architecture.registry as registry
 
     broken = EntryPoint("broken", "no_such_module_x:PLUGIN", registry.ENTRY_POINT_GROUP)
     real = list(entry_points(group=registry.ENTRY_POINT_GROUP))
-    for module in (registry, listing):
-        monkeypatch.setattr(module, "entry_points", lambda group: [broken, *real])
+    monkeypatch.setattr(registry, "entry_points", lambda group: [broken, *real])
     monkeypatch.setattr(registry, "REGISTRY", registry.Registry())
     code, out, err = run("list")
     assert "transformer" in out
@@ -201,7 +199,7 @@ def test_list_fails_when_a_third_party_entry_point_is_disabled(monkeypatch: pyte
 
 
 def test_a_forgotten_plugin_names_the_file_to_pass(tmp_path: Path) -> None:
-    from s2s_deploy.export.registry import REGISTRY
+    from s2s_deploy.architecture.registry import REGISTRY
 
     path = plugin_file(tmp_path)
     out = tmp_path / "out"
@@ -217,7 +215,7 @@ def test_a_forgotten_plugin_names_the_file_to_pass(tmp_path: Path) -> None:
 
 
 def test_random_weights_use_different_source_and_target_sizes(tmp_path: Path) -> None:
-    from s2s_deploy.export.registry import REGISTRY, get_plugin
+    from s2s_deploy.architecture.registry import REGISTRY, get_plugin
     from s2s_deploy.export.sources import load_source
 
     REGISTRY.load_file(plugin_file(tmp_path))

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from s2s_deploy.architecture.registry import REGISTRY, Registry
 from s2s_deploy.errors import ContractError, S2SError, UnknownNameError
 from s2s_deploy.export.contract import BATCH, ArchitecturePlugin, MemorySpec, StateSpec, validate_plugin
-from s2s_deploy.export.registry import REGISTRY, Registry
 from s2s_deploy_plugins.transformer import TransformerPlugin
 
 
@@ -58,11 +58,28 @@ class MutableConfig:
         ({"state_specs": lambda self, c: (StateSpec("h", 1, "zeros", (2, 3)),)}, "batch"),
         ({"state_specs": lambda self, c: (StateSpec("h", 1, "zeros", (2, BATCH), grow_axis=1),)}, "grow_axis"),
         ({"state_specs": lambda self, c: (StateSpec("h", 1, "later"),)}, "bad state spec"),
+        ({"model": None}, "set model = 'module:Class'"),
+        ({"model": "no_colon_here"}, "set model = 'module:Class'"),
     ],
 )
 def test_contract_violations_fail_at_registration(overrides: dict, fragment: str) -> None:
     with pytest.raises(ContractError, match=fragment):
         Registry().register(make_plugin(**overrides), "test")
+
+
+def test_a_model_that_does_not_import_is_one_line_at_build() -> None:
+    config = TransformerPlugin.presets["small"]
+    for model in ("s2s_deploy_plugins.models.no_such_module:Transformer", "s2s_deploy_plugins.models.transformer:Nope"):
+        plugin = make_plugin(model=model)
+        validate_plugin(plugin)
+        with pytest.raises(ContractError, match=f"plugin tiny: model '{model}' cannot be imported"):
+            plugin.build(config, 10, 10)
+
+
+def test_registering_imports_no_model() -> None:
+    """A declaration names its model; only ``build`` imports it (here a module that cannot exist)."""
+    plugin = Registry().register(make_plugin(model="s2s_deploy_plugins.models.never_imported:X"), "test")
+    assert plugin.name == "tiny"
 
 
 def test_not_a_plugin_is_rejected() -> None:

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from s2s_deploy.architecture.registry import get_plugin
 from s2s_deploy.export.checkpoint import build_model, load_checkpoint, save_checkpoint
 from s2s_deploy.export.exporter import export_model
 from s2s_deploy.export.parity import check_parity, torch_backend_for
-from s2s_deploy.export.registry import get_plugin
 from s2s_deploy.export.sources import bundled_checkpoint
 from s2s_deploy.format.manifest import load_manifest
 from s2s_deploy.format.vocab import Vocabulary

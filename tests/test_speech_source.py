@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
+from s2s_deploy.architecture.registry import get_plugin
 from s2s_deploy.cli import main
 from s2s_deploy.errors import ContractError, ManifestError, S2SError
 from s2s_deploy.export.contract import validate_plugin
 from s2s_deploy.export.exporter import export_model
-from s2s_deploy.export.registry import get_plugin
 from s2s_deploy.export.sources import load_source
 from s2s_deploy.export.torch_backend import TorchBackend
 from s2s_deploy.format.manifest import FORMAT, load_manifest

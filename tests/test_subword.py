@@ -16,12 +16,12 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from s2s_deploy.architecture.registry import get_plugin
 from s2s_deploy.cli import main
 from s2s_deploy.errors import ManifestError
 from s2s_deploy.export.checkpoint import load_checkpoint, save_checkpoint
 from s2s_deploy.export.exporter import export_model
 from s2s_deploy.export.parity import check_parity, torch_backend_for
-from s2s_deploy.export.registry import get_plugin
 from s2s_deploy.format.manifest import load_manifest
 from s2s_deploy.format.vocab import Vocabulary, VocabularyError
 from s2s_deploy.runtime.ort.backend import OrtBackend

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from s2s_deploy.architecture.registry import REGISTRY
 from s2s_deploy.errors import S2SError
-from s2s_deploy.export.registry import REGISTRY
 from s2s_deploy.runtime.translator import Translator
 from s2s_deploy.web.bundle import ORT_DIR, ORT_FILES, PAGE_FILES, write_web_bundle
 

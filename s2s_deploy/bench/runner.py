@@ -127,9 +127,9 @@ def synthetic_export(spec: str, vocab_size: int, workdir: Path) -> Path:
     """Export ``ARCH:PRESET`` with seeded random weights and a word vocabulary of ``vocab_size``."""
     import torch
 
+    from s2s_deploy.architecture.registry import get_plugin
     from s2s_deploy.export.checkpoint import save_checkpoint
     from s2s_deploy.export.exporter import export_model
-    from s2s_deploy.export.registry import get_plugin
     from s2s_deploy.format.vocab import SPECIALS, Vocabulary
 
     arch, _, preset = spec.partition(":")

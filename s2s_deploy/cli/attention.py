@@ -67,7 +67,7 @@ def _explain_missing_attention(architecture: str, export_dir: str, missing: list
     from s2s_deploy.errors import S2SError
 
     if not missing_extras("export"):  # the plugin can say whether the architecture has attention at all
-        from s2s_deploy.export.registry import get_plugin
+        from s2s_deploy.architecture.registry import get_plugin
 
         try:
             has_attention = get_plugin(architecture).has_attention

@@ -42,9 +42,9 @@ def export_command(arch: str | None, checkpoint: str | None, hf_dir: str | None,
     Exporting the same checkpoint with the same options over an earlier export says it is up to date.
     """
     require("export", "export")
+    from s2s_deploy.architecture.registry import get_plugin
     from s2s_deploy.errors import S2SError
     from s2s_deploy.export.exporter import export_model
-    from s2s_deploy.export.registry import get_plugin
     from s2s_deploy.export.sources import load_source
     from s2s_deploy.format.files import check_replaceable, remove_leftovers
     from s2s_deploy.format.manifest import sha256_of
@@ -75,7 +75,7 @@ def export_command(arch: str | None, checkpoint: str | None, hf_dir: str | None,
                       "checkpoint sha256": sha256_of(source.checkpoint_path),
                       "exporter": exporter or plugin.exporter, "opset": opset, "with-attention": with_attention,
                       "optimize": optimize, "ort-format": ort_format, "checkpoint included": not no_checkpoint}
-            difference = _difference(destination, wanted)
+            difference = _difference(destination, wanted, source.checkpoint_path)
             if difference is None:
                 click.echo(f"{destination} is up to date: same {plugin.name} export of the same checkpoint "
                            f"(sha256 {wanted['checkpoint sha256'][:12]}) and options; nothing to do")
@@ -97,10 +97,13 @@ def export_command(arch: str | None, checkpoint: str | None, hf_dir: str | None,
                f"({worst[0]}; atol {plugin.parity_atol:g})")
 
 
-def _difference(folder: Path, wanted: dict[str, object]) -> str | None:
+def _difference(folder: Path, wanted: dict[str, object], checkpoint_path: Path) -> str | None:
     """What differs between the export in ``folder`` and the one asked for; None when nothing does.
-    A folder that is not a valid, intact export differs in every way."""
+    A folder that is not a valid, intact export differs in every way. A checkpoint copy whose
+    bytes differ from ``checkpoint_path``'s but whose content does not (seeded random weights,
+    saved again) is the same checkpoint."""
     from s2s_deploy.errors import S2SError
+    from s2s_deploy.export.checkpoint import content_digest
     from s2s_deploy.format.manifest import load_manifest
 
     try:
@@ -114,6 +117,9 @@ def _difference(folder: Path, wanted: dict[str, object]) -> str | None:
                  "checkpoint sha256": checkpoint.sha256, "exporter": manifest.exporter,
                  "opset": manifest.opset, "with-attention": manifest.has_attention_output,
                  "optimize": manifest.ort_optimized, "ort-format": manifest.encoder.ort_file is not None}
+        if (checkpoint.included and checkpoint.sha256 != wanted["checkpoint sha256"]
+                and content_digest(folder / checkpoint.file) == content_digest(checkpoint_path)):
+            found["checkpoint sha256"] = wanted["checkpoint sha256"]
     except S2SError as exc:
         return f"not a valid export: {exc}"
     for key, value in wanted.items():

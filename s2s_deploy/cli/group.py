@@ -51,10 +51,10 @@ def _one_line(message: str) -> str:
 
 
 def load_plugin_files(paths: tuple[str, ...]) -> None:
-    """Register ``--plugin`` files; without any, import nothing (the registry needs torch)."""
+    """Register ``--plugin`` files; without any, import nothing."""
     if not paths:
         return
-    from s2s_deploy.export.registry import REGISTRY
+    from s2s_deploy.architecture.registry import REGISTRY
 
     for path in paths:
         REGISTRY.load_file(path)

@@ -57,8 +57,8 @@ def train_command(arch: str, task: str, preset: str | None, epochs: int, seed: i
     Teacher forcing; keeps the checkpoint with the best valid exact match.
     """
     require("train", "export", "eval", bundle="train")
+    from s2s_deploy.architecture.registry import get_plugin
     from s2s_deploy.errors import S2SError
-    from s2s_deploy.export.registry import get_plugin
     from s2s_deploy.train.speech import train_speech
     from s2s_deploy.train.speech_data import dataset_folder
     from s2s_deploy.train.tasks import SplitSizes, load_task

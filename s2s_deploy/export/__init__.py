@@ -1,1 +1,1 @@
-"""The torch side: the plugin contract, registry, checkpoints, export, the PyTorch backend and parity."""
+"""The torch side: the model half of the plugin contract, checkpoints, export, the PyTorch backend and parity."""

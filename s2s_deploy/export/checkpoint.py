@@ -5,6 +5,7 @@ sha256 (no size limit, unlike the metadata header). Loading never unpickles anyt
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,9 +15,9 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from s2s_deploy.architecture.registry import get_plugin
 from s2s_deploy.errors import CheckpointError, S2SError
 from s2s_deploy.export.contract import ArchitecturePlugin, Seq2SeqModel
-from s2s_deploy.export.registry import get_plugin
 from s2s_deploy.format.files import atomic_path
 from s2s_deploy.format.vocab import FileReader, Vocabulary
 
@@ -89,6 +90,40 @@ def _header_size(path: Path) -> int:
         raise CheckpointError(f"{path} is not a readable safetensors checkpoint: its header ({size:,} bytes) is over "
                               f"the {MAX_HEADER_BYTES:,} allowed or past the end of the file")
     return size
+
+
+_CHUNK = 1 << 20
+
+
+def content_digest(path: str | Path) -> str:
+    """sha256 of what a checkpoint holds (metadata, tensor names, dtypes, shapes and bytes), not of
+    its layout: safetensors writes the metadata in hash-map order, so two saves of the same weights
+    differ in bytes. The up-to-date check compares this; the manifest keeps the file's own sha256."""
+    path = Path(path)
+    size = _header_size(path)
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        handle.seek(8)
+        try:
+            header = json.loads(handle.read(size))
+            tensors = {name: (entry["dtype"], entry["shape"], entry["data_offsets"])
+                       for name, entry in header.items() if name != "__metadata__"}
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise CheckpointError(f"{path} is not a readable safetensors checkpoint: {exc}") from exc
+        described = {name: (dtype, shape) for name, (dtype, shape, _) in tensors.items()}
+        digest.update(json.dumps([header.get("__metadata__"), described], sort_keys=True).encode())
+        for name in sorted(tensors):
+            start, end = tensors[name][2]
+            handle.seek(8 + size + start)
+            remaining = end - start
+            while remaining > 0:
+                chunk = handle.read(min(_CHUNK, remaining))
+                if not chunk:
+                    raise CheckpointError(f"{path} is not a readable safetensors checkpoint: {name!r} runs past "
+                                          "the end of the file")
+                digest.update(chunk)
+                remaining -= len(chunk)
+    return digest.hexdigest()
 
 
 def load_checkpoint(path: str | Path) -> Checkpoint:

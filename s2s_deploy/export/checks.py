@@ -26,6 +26,7 @@ from s2s_deploy.format.names import TOP_K, init_name, past_name, present_name
 from s2s_deploy.format.source import TOKEN_SOURCE, SourceSpec
 from s2s_deploy.format.vocab import Vocabulary
 from s2s_deploy.runtime.backend import Backend
+from s2s_deploy.runtime.scoring import forced_tokens, teacher_forced
 
 _ORT_ERRORS = (ort.capi.onnxruntime_pybind11_state.Fail, ort.capi.onnxruntime_pybind11_state.InvalidArgument,
                ort.capi.onnxruntime_pybind11_state.RuntimeException)
@@ -41,16 +42,6 @@ class ExportStepError(S2SError):
     pass
 
 
-def forced_tokens(start: int, eos: int, targets: Sequence[Sequence[int]]) -> np.ndarray:
-    """``(batch, steps)``: the start token, each target, then EOS (and EOS padding)."""
-    steps = max(len(t) for t in targets) + 1
-    forced = np.full((len(targets), steps), eos, dtype=np.int64)
-    forced[:, 0] = start
-    for row, tokens in enumerate(targets):
-        forced[row, 1 : 1 + len(tokens)] = tokens
-    return forced
-
-
 @torch.no_grad()
 def forward_step_comparison(
     model: Seq2SeqModel, stepper: Backend, src: np.ndarray, src_len: np.ndarray,
@@ -63,13 +54,10 @@ def forward_step_comparison(
     logits = model(torch.from_numpy(src).to(device), torch.from_numpy(src_len).to(device),
                    torch.from_numpy(forced).to(device))
     whole = torch.log_softmax(logits.float(), dim=-1).cpu().numpy()
-    reorder = np.arange(len(targets), dtype=np.int64)
     worst = NO_DIFF
-    with stepper.start(src, src_len) as run:
-        for t in range(forced.shape[1]):
-            stepped = run.step(forced[:, t], reorder)
-            rows = [i for i, tokens in enumerate(targets) if t <= len(tokens)]
-            worst = worst.merge(tolerance.compare(whole[rows, t], stepped[rows]))
+    for step in teacher_forced([stepper], src, src_len, targets):
+        live = step.live
+        worst = worst.merge(tolerance.compare(whole[live, step.position], step.log_probs[0][live]))
     return worst
 
 

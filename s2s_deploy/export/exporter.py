@@ -21,12 +21,12 @@ import numpy as np
 import onnx
 import torch
 
+from s2s_deploy.architecture.registry import REGISTRY
 from s2s_deploy.errors import S2SError
 from s2s_deploy.export.checks import check_encoder_axes_torch, check_model_torch, run_export_checks
 from s2s_deploy.export.contract import ArchitecturePlugin, Seq2SeqModel, StateSpec
 from s2s_deploy.export.graphs import EncoderGraph, GraphIO, StepGraph, io_names
 from s2s_deploy.export.plugin_errors import check_batch_axes, check_encoded, plugin_errors
-from s2s_deploy.export.registry import REGISTRY
 from s2s_deploy.export.tolerance import DEFAULT_RTOL, NO_DIFF, StepTolerance, plugin_tolerance
 from s2s_deploy.format.files import sha256_of, staged_directory
 from s2s_deploy.format.manifest import CheckpointEntry, IOEntry, Manifest

@@ -17,10 +17,10 @@ from typing import Any
 
 import torch
 
+from s2s_deploy.architecture.registry import REGISTRY
 from s2s_deploy.errors import CheckpointError, UnknownNameError
 from s2s_deploy.export.checkpoint import Checkpoint, build_model, save_checkpoint
 from s2s_deploy.export.contract import ArchitecturePlugin, HFWeights
-from s2s_deploy.export.registry import REGISTRY
 from s2s_deploy.format.files import inside as contained
 from s2s_deploy.format.subword import HF, SENTENCEPIECE, HFTokenizer, TokenizerFile
 from s2s_deploy.format.vocab import Vocabulary

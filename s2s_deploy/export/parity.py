@@ -11,16 +11,17 @@ from pathlib import Path
 
 import numpy as np
 
+from s2s_deploy.architecture.registry import exported_plugin
 from s2s_deploy.errors import CheckpointError
 from s2s_deploy.export.checkpoint import build_model, load_checkpoint
 from s2s_deploy.export.checks import forward_step_comparison
 from s2s_deploy.export.contract import Seq2SeqModel
-from s2s_deploy.export.registry import exported_plugin
 from s2s_deploy.export.tolerance import NO_DIFF, StepDiff, StepTolerance, plugin_tolerance
 from s2s_deploy.export.torch_backend import TorchBackend
 from s2s_deploy.format.manifest import Manifest, sha256_of
 from s2s_deploy.runtime.backend import Backend
 from s2s_deploy.runtime.decoding import SearchConfig, resolve
+from s2s_deploy.runtime.scoring import teacher_forced
 from s2s_deploy.runtime.search import SearchEngine, StepLoop, search
 from s2s_deploy.runtime.translator import encode_batch
 from s2s_deploy.transforms.quantize import MIN_TOKEN_AGREEMENT
@@ -190,16 +191,7 @@ def forced_step_comparison(
 ) -> StepDiff:
     """Teacher-force the same tokens through both backends; compare every step's log-probs
     where a search can act (``StepTolerance``)."""
-    batch = src.shape[0]
-    steps = max(len(t) for t in targets) + 1
-    forced = np.full((batch, steps), reference.eos_id, dtype=np.int64)
-    forced[:, 0] = reference.decoder_start_id
-    for row, tokens in enumerate(targets):
-        forced[row, 1 : 1 + len(tokens)] = tokens
-    reorder = np.arange(batch, dtype=np.int64)
     worst = NO_DIFF
-    with reference.start(src, src_len) as first, candidate.start(src, src_len) as second:
-        for t in range(steps):
-            a, b = first.step(forced[:, t], reorder), second.step(forced[:, t], reorder)
-            worst = worst.merge(tolerance.compare(a, b))
+    for step in teacher_forced([reference, candidate], src, src_len, targets):
+        worst = worst.merge(tolerance.compare(*step.log_probs))
     return worst

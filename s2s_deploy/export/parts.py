@@ -3,13 +3,10 @@
 A plugin that loads a Hugging Face family names its modules as ``transformers`` does, so a state
 dict maps across by name; these parts take the names they need as arguments. What is here:
 
-* **Specs and names**, from the contract (format/specs.py): ``layer_name(kind, i)`` names one
-  layer's tensor (``self_k0``, ``cross_v1``); ``self_attention_cache(layers, heads, head_dim)``:
-  each layer's self-attention key and value caches, ``(B, H, T, head_dim)`` growing on axis 2,
-  zeros at the start. ``cross_memory_specs(layers)`` here: the encoder's per-sentence memory,
-  ``src_bias`` and each decoder layer's cross-attention keys (stored transposed,
-  ``(B, H, head_dim, S)``) and values (the contract's ``cross_attention_memory``). The step contract of
-  ``Seq2SeqModel.decode_step`` reads and writes exactly these names.
+* **Specs and names** are declarations, torch-free (format/specs.py, which the contract
+  re-exports): ``layer_name(kind, i)`` names one layer's tensor (``self_k0``, ``cross_v1``);
+  ``self_attention_cache`` the self-attention caches, ``cross_memory_specs`` the encoder's
+  ``src_bias`` and cross-attention K/V. ``Seq2SeqModel.decode_step`` reads and writes exactly these names.
 * **Masks.** ``padding_bias(src, src_len)`` ``(B, 1, 1, S)`` and ``causal_bias(length)`` ``(T, T)``,
   additive, with the float minimum where a key is hidden (Hugging Face's mask value).
 * **Attention.** ``Attention``: multi-head attention with or without projection biases, scores
@@ -25,45 +22,28 @@ dict maps across by name; these parts take the names they need as arguments. Wha
   zero), learned tables (``LearnedPositions``, read at ``index + offset``), and the relative
   position bias of ``relative_bucket`` / ``RelativeBias`` (a bucket per distance, a table per
   stack or per layer). Embedding scales (``sqrt(d)`` or 1) are a plain factor at the call site.
-* **A whole model.** ``EncoderDecoder`` with ``EncoderDecoderConfig``: the layer stack most
-  families are (learned or sinusoidal positions, optional embedding LayerNorm, pre- or post-norm
-  layers, optional final LayerNorms, one shared or two embeddings, tied or separate output
-  projection, a logits bias), and ``EncoderDecoderPlugin``: its specs, limits and Hugging Face
-  weight mapping. A family then is a ``config_from_hf`` mapping plus what is truly its own.
+* **A whole model.** ``EncoderDecoder``, built from an ``EncoderDecoderConfig``: the layer stack
+  most families are (learned or sinusoidal positions, optional embedding LayerNorm, pre- or
+  post-norm layers, optional final LayerNorms, one shared or two embeddings, tied or separate
+  output projection, a logits bias). Its config and ``EncoderDecoderPlugin`` (specs, limits,
+  Hugging Face weight mapping) are declarations, torch-free: ``architecture/encoder_decoder.py``.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor, nn
 
+from s2s_deploy.architecture.encoder_decoder import EncoderDecoderConfig
 from s2s_deploy.errors import CheckpointError
-from s2s_deploy.export.contract import (
-    ArchitecturePlugin,
-    HFWeights,
-    MemorySpec,
-    Seq2SeqModel,
-    StateSpec,
-    StepOutput,
-    cross_attention_memory,
-    layer_name,
-    self_attention_cache,
-)
+from s2s_deploy.export.contract import Seq2SeqModel, StepOutput, layer_name
 
 SQRT_2 = math.sqrt(2.0)
-
-
-def cross_memory_specs(layers: int) -> tuple[MemorySpec, ...]:
-    """``src_bias`` and every decoder layer's cross-attention K/V (``cross_attention_memory``), as
-    the encoder outputs them."""
-    return (MemorySpec("src_bias", 0, description="(B, 1, 1, S) additive source padding mask"),
-            *cross_attention_memory(layers))
 
 
 def padding_bias(src: Tensor, src_len: Tensor) -> Tensor:
@@ -293,42 +273,6 @@ class LearnedPositions(nn.Embedding):
         return nn.functional.embedding(indices, self.weight[self.offset:])
 
 
-PositionKind = Literal["learned", "learned_from_zero", "sinusoidal", "tensor2tensor"]
-
-
-@dataclass(frozen=True)
-class EncoderDecoderConfig:
-    """The encoder-decoder most families are. ``positions``: ``learned`` (a table read at
-    ``index + 2``), ``learned_from_zero`` (read at ``index``), ``sinusoidal`` (``sinusoids_split``,
-    from 0), ``tensor2tensor`` (``sinusoids_tensor2tensor`` at ``index + pad_token_id + 1``, a
-    padding token taking the zero row). ``layernorm_embedding``: a LayerNorm on the embeddings
-    (after positions are added, or in the decoder before when ``decoder_layernorm_tokens``).
-    ``normalize_before``: pre-norm layers; ``final_layer_norm``: a LayerNorm after each stack.
-    ``shared_embeddings``: one table for both sides (else ``encoder.embed_tokens`` and
-    ``decoder.embed_tokens``); ``tie_word_embeddings``: the output projection is the target table."""
-
-    d_model: int = 128
-    encoder_layers: int = 2
-    decoder_layers: int = 2
-    encoder_attention_heads: int = 4
-    decoder_attention_heads: int = 4
-    encoder_ffn_dim: int = 512
-    decoder_ffn_dim: int = 512
-    max_position_embeddings: int = 128
-    activation_function: str = "gelu"
-    scale_embedding: bool = False
-    normalize_before: bool = False
-    final_layer_norm: bool = False
-    layernorm_embedding: bool = True
-    positions: PositionKind = "learned"
-    tie_word_embeddings: bool = True
-    dropout: float = 0.0
-    decoder_layernorm_tokens: bool = False
-    pad_token_id: int = 0
-    shared_embeddings: bool = True
-    layer_norm_eps: float = 1e-5
-
-
 LEARNED_OFFSET = 2  # BART's learned table: positions are read at index + 2
 
 
@@ -491,80 +435,3 @@ class EncoderDecoder(Seq2SeqModel):
             attention.append(weights)
         log_probs = torch.log_softmax(self.logits(x[:, 0]), dim=-1)
         return StepOutput(log_probs, new_state, torch.cat(attention, dim=2).transpose(1, 2))
-
-
-class EncoderDecoderPlugin(ArchitecturePlugin):
-    """A family built on ``EncoderDecoder``: subclass it, set the class attributes and write
-    ``config_from_hf`` (a ``config.json`` → ``EncoderDecoderConfig`` mapping). ``hf_renames``
-    maps a Hugging Face weight name (after ``model.`` is removed) to the plugin's, for the families
-    whose names differ."""
-
-    config_type = EncoderDecoderConfig
-    exporter = "dynamo"
-    parity_atol = 1e-4
-    has_attention = True
-    hf_renames: Mapping[str, str] = {}
-
-    def build(self, config: EncoderDecoderConfig, src_vocab_size: int, tgt_vocab_size: int) -> EncoderDecoder:
-        return EncoderDecoder(config, src_vocab_size, tgt_vocab_size)
-
-    def memory_specs(self, config: EncoderDecoderConfig) -> tuple[MemorySpec, ...]:
-        return cross_memory_specs(config.decoder_layers)
-
-    def state_specs(self, config: EncoderDecoderConfig) -> tuple[StateSpec, ...]:
-        heads = config.decoder_attention_heads
-        return self_attention_cache(config.decoder_layers, heads, config.d_model // heads)
-
-    def max_target_length(self, config: EncoderDecoderConfig) -> int | None:
-        """A stored or fixed-size table bounds the positions; the tensor2tensor rows are computed
-        for any position, as Hugging Face grows that table on demand."""
-        return None if config.positions == "tensor2tensor" else config.max_position_embeddings
-
-    def max_source_length(self, config: EncoderDecoderConfig) -> int | None:
-        return self.max_target_length(config)
-
-    def config_from_hf(self, hf: Mapping[str, Any]) -> EncoderDecoderConfig:
-        raise NotImplementedError
-
-    def vocab_sizes(self, hf: Mapping[str, Any]) -> tuple[int, int]:
-        """Source and target vocabulary sizes; one shared ``vocab_size`` unless overridden."""
-        if hf.get("decoder_vocab_size") not in (None, hf["vocab_size"]) or hf.get(
-                "share_encoder_decoder_embeddings", True) is False:
-            raise CheckpointError(f"{self.name}: separate source and target embeddings are not supported")
-        return int(hf["vocab_size"]), int(hf["vocab_size"])
-
-    def from_hf(self, hf: Mapping[str, Any], tensors: Mapping[str, Tensor]) -> HFWeights:
-        """Hugging Face names minus ``model.`` (and through ``hf_renames``); the tied copies
-        (per-stack ``embed_tokens`` of a shared table, ``lm_head`` when tied) and stored sinusoid
-        tables are dropped."""
-        config = self.config_from_hf(hf)
-        src_size, tgt_size = self.vocab_sizes(hf)
-        weights: dict[str, Tensor] = {}
-        for name, tensor in tensors.items():
-            key = self.hf_renames.get(name.removeprefix("model."), name.removeprefix("model."))
-            if config.shared_embeddings and key in ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight"):
-                weights.setdefault("shared.weight", tensor)
-                continue
-            if key == "lm_head.weight" and config.tie_word_embeddings:
-                weights.setdefault("shared.weight" if config.shared_embeddings else "decoder.embed_tokens.weight",
-                                   tensor)
-                continue
-            if not config.positions.startswith("learned") and key.endswith("embed_positions.weight"):
-                continue
-            weights[key] = tensor
-        weights.setdefault("final_logits_bias", torch.zeros(1, tgt_size))
-        return HFWeights(config, weights, src_size, tgt_size)
-
-
-def hf_encoder_decoder_config(hf: Mapping[str, Any], **family: Any) -> EncoderDecoderConfig:
-    """The ``config.json`` keys every BART-style family writes alike, then the family's own settings."""
-    common = dict(
-        d_model=hf["d_model"], encoder_layers=hf["encoder_layers"], decoder_layers=hf["decoder_layers"],
-        encoder_attention_heads=hf["encoder_attention_heads"], decoder_attention_heads=hf["decoder_attention_heads"],
-        encoder_ffn_dim=hf["encoder_ffn_dim"], decoder_ffn_dim=hf["decoder_ffn_dim"],
-        max_position_embeddings=hf["max_position_embeddings"],
-        activation_function=hf.get("activation_function", "gelu"),
-        scale_embedding=bool(hf.get("scale_embedding", False)),
-        tie_word_embeddings=hf.get("tie_word_embeddings", True) is not False,
-    )
-    return EncoderDecoderConfig(**{**common, **family})

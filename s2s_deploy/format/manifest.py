@@ -21,17 +21,7 @@ from typing import Any
 
 from s2s_deploy.errors import ManifestError, S2SError
 from s2s_deploy.format.files import MANIFEST_NAME, inside, sha256_of, write_atomically
-from s2s_deploy.format.schema import (
-    FORMAT,
-    FORMATS,
-    all_files,
-    check_graph,
-    check_ids,
-    check_specs,
-    check_vocab_sizes,
-    read_manifest_json,
-    validate_manifest,
-)
+from s2s_deploy.format.schema import FORMAT, FORMATS, check_graph, graph_dim, read_manifest_json, validate_manifest
 from s2s_deploy.format.source import TOKEN_SOURCE, SourceSpec
 from s2s_deploy.format.specs import BATCH, DTYPES, MemorySpec, StateSpec, zeros_shape
 from s2s_deploy.format.vocab import FileReader, Vocabulary
@@ -361,6 +351,7 @@ class Manifest:
         """Validate, then replace ``manifest.json`` in the folder atomically."""
         path = self.directory / MANIFEST_NAME
         validate_manifest(self._document, path)
+        _check_paths(path, self)
         return write_atomically(path, manifest_text(self._document).encode("utf-8"))
 
 
@@ -369,13 +360,18 @@ def _typed(directory: Path, doc: dict[str, Any], vocabs: tuple[Vocabulary, Vocab
     limits = doc.get("limits", {})
     if vocabs is None:
         read = _folder_reader(directory)
+        special = _special_ids(doc)
         src_vocab = Vocabulary.from_dict(doc["vocab"]["source"], read_file=read)
         # format 2 kept the decoder start apart from the vocabulary, whose specials sat at 0..3
-        tgt_vocab = Vocabulary.from_dict(doc["vocab"]["target"], int(doc["special_tokens"]["decoder_start"]), read)
-        if doc["special_tokens"] != tgt_vocab.special_ids():
-            raise ValueError(f"special_tokens {doc['special_tokens']} disagree with the target vocabulary's")
+        tgt_vocab = Vocabulary.from_dict(doc["vocab"]["target"], int(special["decoder_start"]), read)
+        differing = sorted(key for key, value in tgt_vocab.special_ids().items() if special.get(key) != value)
+        if differing:
+            key = differing[0]
+            raise S2SError(f"key special_tokens.{key}: id {special.get(key)} disagrees with the target "
+                           f"vocabulary's {tgt_vocab.special_ids()[key]}")
     else:
         src_vocab, tgt_vocab = vocabs
+    encoder, decoder = _graph(graphs["encoder"]), _graph(graphs["decoder"])
     plugin = doc["plugin"]
     generate = graphs.get("generate")
     checkpoint = doc.get("checkpoint")
@@ -388,8 +384,8 @@ def _typed(directory: Path, doc: dict[str, Any], vocabs: tuple[Vocabulary, Vocab
         plugin_description=plugin.get("description", ""),
         plugin_origin=plugin.get("origin"),
         format=doc["format"],
-        encoder=_graph(graphs["encoder"]),
-        decoder=_graph(graphs["decoder"]),
+        encoder=encoder,
+        decoder=decoder,
         generate=None if generate is None else GenerateEntry(
             generate["file"], generate["sha256"], generate.get("search", "beam") == "beam",
             tuple(generate.get("options", ()))),
@@ -403,7 +399,7 @@ def _typed(directory: Path, doc: dict[str, Any], vocabs: tuple[Vocabulary, Vocab
         eos_id=tgt_vocab.eos_id,
         max_source_length=limits.get("max_source_length"),
         max_target_length=limits.get("max_target_length"),
-        has_attention_output=any(io["name"] == "attention" for io in graphs["decoder"]["outputs"]),
+        has_attention_output="attention" in decoder.outputs,
         samples=tuple(doc.get("samples", ())),
         search=SearchDefaults(doc["search"]),
         checkpoint=None if checkpoint is None else CheckpointEntry(
@@ -418,23 +414,32 @@ def _typed(directory: Path, doc: dict[str, Any], vocabs: tuple[Vocabulary, Vocab
         exporter=doc.get("exporter", ""),
         opset=doc.get("opset"),
         ort_optimized=bool(doc.get("ort_optimized", False)),
-        encoder_input=_encoder_input(doc, graphs["encoder"]),
+        encoder_input=_encoder_input(doc, encoder),
         _document=doc,
     )
 
 
-def _encoder_input(doc: dict[str, Any], encoder: dict[str, Any]) -> SourceSpec:
+def _special_ids(doc: dict[str, Any]) -> dict[str, int | None]:
+    """``special_tokens``, each id inside the target vocabulary (before the vocabulary is read)."""
+    special, size = doc["special_tokens"], len(doc["vocab"]["target"]["tokens"])
+    for key, value in special.items():
+        if isinstance(value, int) and value >= size:
+            raise S2SError(f"key special_tokens.{key}: id {value} is outside the target vocabulary of {size} tokens")
+    return special
+
+
+def _encoder_input(doc: dict[str, Any], encoder: GraphEntry) -> SourceSpec:
     """The manifest's ``encoder_input`` (token ids when absent, as formats 2 and 3 are), held
     against the encoder's listed ``src``: its dtype and its rank."""
     spec = SourceSpec.from_json(doc["encoder_input"]) if "encoder_input" in doc else TOKEN_SOURCE
-    src = next((io for io in encoder["inputs"] if io["name"] == "src"), None)
+    src = next((io for io in encoder.input_io if io.name == "src"), None)
     if src is None:
         raise S2SError("graphs.encoder lists no input 'src'")
-    if "dtype" in src and src["dtype"] != spec.dtype:
-        raise S2SError(f"encoder_input is {spec.kind} of {spec.dtype}, but the encoder's src is {src['dtype']}")
+    if src.dtype is not None and src.dtype != spec.dtype:
+        raise S2SError(f"encoder_input is {spec.kind} of {spec.dtype}, but the encoder's src is {src.dtype}")
     rank = 1 + (len(spec.shape) if spec.is_features else 1)
-    if "shape" in src and len(src["shape"]) != rank:
-        raise S2SError(f"encoder_input declares {rank} axes for src, but the encoder's src has {len(src['shape'])}")
+    if src.shape is not None and len(src.shape) != rank:
+        raise S2SError(f"encoder_input declares {rank} axes for src, but the encoder's src has {len(src.shape)}")
     return spec
 
 
@@ -483,9 +488,6 @@ def load_manifest(directory: str | Path, verify_hashes: bool = True) -> Manifest
         raise ManifestError(f"no {MANIFEST_NAME} in {directory}: is it an s2s-deploy export?")
     raw = read_manifest_json(path)
     validate_manifest(raw, path)
-    for name in all_files(raw):
-        inside(directory, name, ManifestError)
-    check_ids(raw, path)
     try:
         manifest = _typed(directory, raw)
     except ManifestError:
@@ -494,6 +496,7 @@ def load_manifest(directory: str | Path, verify_hashes: bool = True) -> Manifest
         raise ManifestError(f"{path}: {exc}") from exc
     except (KeyError, TypeError, ValueError) as exc:
         raise ManifestError(f"{path} is incomplete or corrupt: {exc!r}") from exc
+    _check_paths(path, manifest)
     for graph in (manifest.encoder, manifest.decoder):
         if not manifest.graph_path(graph).is_file():
             raise ManifestError(f"{manifest.graph_path(graph)} is missing")
@@ -511,10 +514,63 @@ def load_manifest(directory: str | Path, verify_hashes: bool = True) -> Manifest
         model = check_graph(manifest.graph_path(graph), directory, graph.inputs, graph.outputs)
         _check_external_data_listed(path, graph, model.graph)
         models.append(model)
-    check_specs(path, raw, manifest.memory, manifest.state, manifest.encoder, manifest.decoder)
-    check_vocab_sizes(raw, path, *(model.graph for model in models))
+    _check_roles(path, manifest)
+    _check_vocab_sizes(path, manifest, *(model.graph for model in models))
     _check_against_graphs(path, manifest, *models)
     return manifest
+
+
+def _check_paths(path: Path, manifest: Manifest) -> None:
+    """Every file the manifest names is a relative path that resolves inside the folder."""
+    for name in manifest.listed_files():
+        if not name or name.startswith("/") or "\\" in name or "\x00" in name:
+            raise ManifestError(f"{path}: file {name!r} must be a relative path inside the export folder")
+        inside(manifest.directory, name, ManifestError)
+
+
+def _check_roles(path: Path, manifest: Manifest) -> None:
+    """Each memory and state entry must be wired through the graphs as its role says, and each
+    graph input or output with a memory or state role must belong to an entry."""
+    memory, state, encoder, decoder = manifest.memory, manifest.state, manifest.encoder, manifest.decoder
+    owners = {"memory": {m.name for m in memory}, "state_in": {s.decoder_input for s in state},
+              "state_out": {s.decoder_output for s in state},
+              "state_init": {s.encoder_output for s in state if s.encoder_output}}
+    for role_graph, graph in (("encoder", encoder), ("decoder", decoder)):
+        for kind, ios in (("inputs", graph.input_io), ("outputs", graph.output_io)):
+            for io in ios:
+                if io.role in owners and io.name not in owners[io.role]:
+                    raise ManifestError(f"{path}: key graphs.{role_graph}.{kind}: {io.name!r} has role "
+                                        f"{io.role!r} but no memory/state entry owns it")
+    wanted = [(m.name, encoder.outputs, "encoder output") for m in memory]
+    wanted += [(m.name, decoder.inputs, "decoder input") for m in memory]
+    for s in state:
+        wanted += [(s.decoder_input, decoder.inputs, "decoder input"),
+                   (s.decoder_output, decoder.outputs, "decoder output")]
+        if s.encoder_output is not None:
+            wanted.append((s.encoder_output, encoder.outputs, "encoder output"))
+        if s.grow_axis is not None and not 0 <= s.grow_axis < len(s.shape):
+            raise ManifestError(f"{path}: key state: {s.name!r} grows along axis {s.grow_axis} of a "
+                                f"{len(s.shape)}-axis shape")
+    for name, names, what in wanted:
+        if name not in names:
+            raise ManifestError(f"{path}: key graphs: the {what} {name!r} is not listed (memory/state and graphs "
+                                "disagree)")
+
+
+def _check_vocab_sizes(path: Path, manifest: Manifest, encoder: Any, decoder: Any) -> None:
+    """The target vocabulary must match the decoder's log-prob width, and the source vocabulary an
+    embedding table read straight from ``src`` (when the graph has one as a plain initializer)."""
+    target = len(manifest.tgt_vocab)
+    width = graph_dim(decoder, "log_probs", 1)
+    if width is not None and width != target:
+        raise ManifestError(f"{path}: key vocab.target: {target} tokens, but the decoder scores {width}")
+    source = len(manifest.src_vocab)
+    tables = {t.name: tuple(t.dims) for t in encoder.initializer}
+    for node in encoder.node:
+        if node.op_type == "Gather" and len(node.input) == 2 and node.input[1] == "src" and node.input[0] in tables:
+            rows = tables[node.input[0]][0]
+            if rows != source:
+                raise ManifestError(f"{path}: key vocab.source: {source} tokens, but the encoder embeds {rows}")
 
 
 def _check_external_data_listed(path: Path, graph: GraphEntry, proto: Any) -> None:

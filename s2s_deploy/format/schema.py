@@ -1,11 +1,13 @@
-"""What a manifest may hold, checked before anything reads it: an export folder is untrusted input.
+"""The shape a manifest may have, checked before anything reads it: an export folder is untrusted input.
 
-One JSON Schema (``SCHEMA``) validated with ``jsonschema``, then the checks a schema cannot say:
-every path it names stays inside the folder, and the vocabularies, special ids and I/O names agree
-with the graphs. Known keys are strict; unknown keys are allowed at the top level and in
-``search`` so that newer writers stay readable. To add a key, add it to ``PROPERTIES`` (a decoding
-default: a row of format/decoding.py); a new format version goes in ``FORMATS`` (the format id is
-defined here only).
+One JSON Schema (``SCHEMA``) validated with ``jsonschema``: types, bounds and required keys, and a
+bounded read. Nothing here reads a key: the typed manifest (``format/manifest.py``) parses the
+document, and the checks a schema cannot say (paths inside the folder, special ids, roles and
+vocabularies against the graphs) run on its typed fields; ``check_graph`` reads a graph for them.
+``tests/test_manifest.py`` holds the schema to what the manifest writes. Known keys are strict;
+unknown keys are allowed at the top level and in ``search`` so that newer writers stay readable.
+To add a key, add it to ``PROPERTIES`` (a decoding default: a row of format/decoding.py) and to
+the manifest's parsing; a new format version goes in ``FORMATS`` (the format id is defined here only).
 """
 
 from __future__ import annotations
@@ -44,13 +46,23 @@ _IO = {
 _GRAPH = {
     "type": "object", "required": ["file", "sha256", "inputs", "outputs"],
     "properties": {"file": _FILE, "sha256": _SHA, "ort_file": _FILE, "ort_sha256": _SHA,
+                   "external_data": {"type": "object", "maxProperties": 4096, "additionalProperties": _SHA},
                    "inputs": {"type": "array", "minItems": 1, "maxItems": 4096, "items": _IO},
                    "outputs": {"type": "array", "minItems": 1, "maxItems": 4096, "items": _IO}},
 }
+_GENERATE_IO = {"type": "object", "required": ["name", "role"], "properties": {**_IO["properties"], "role": _NAME}}
+_ID_OR_NULL = {"anyOf": [_ID, {"type": "null"}]}
+_IDS = {"type": "array", "maxItems": 4096, "items": _ID}
 _VOCAB = {
     "type": "object", "required": ["tokens"],
     "properties": {"level": {"enum": ["char", "word", "sentencepiece", "hf"]},
-                   "tokens": {"type": "array", "minItems": 5, "maxItems": MAX_VOCAB, "items": {"type": "string"}}},
+                   "tokens": {"type": "array", "minItems": 5, "maxItems": MAX_VOCAB, "items": {"type": "string"}},
+                   "special": {"type": "object", "required": ["pad", "eos"],
+                               "properties": {"pad": _ID, "bos": _ID_OR_NULL, "eos": _ID, "unk": _ID_OR_NULL,
+                                              "decoder_start": _ID_OR_NULL}},
+                   "prefix": _IDS, "suffix": _IDS, "hidden": _IDS,
+                   "tokenizer": {"type": "object", "required": ["file", "sha256"],
+                                 "properties": {"file": _FILE, "sha256": _SHA}}},
 }
 _LIMIT = {"anyOf": [{"type": "integer", "minimum": 1, "maximum": 1 << 20}, {"type": "null"}]}
 _DTYPE = {"enum": list(DTYPES)}
@@ -67,15 +79,18 @@ PROPERTIES: dict[str, Any] = {
                "properties": {"encoder": _GRAPH, "decoder": _GRAPH},
                "additionalProperties": {"type": "object", "required": ["file", "sha256"], "properties": {
                    "file": _FILE, "sha256": _SHA, "search": {"enum": ["beam", "greedy"]},
-                   "options": {"type": "array", "items": {"type": "string"}}}}},
+                   "options": {"type": "array", "items": {"type": "string"}},
+                   "inputs": {"type": "array", "maxItems": 64, "items": _GENERATE_IO},
+                   "outputs": {"type": "array", "maxItems": 64, "items": _GENERATE_IO}}}},
     "memory": {"type": "array", "maxItems": 4096, "items": {
         "type": "object", "required": ["name", "batch_axis", "dtype"],
-        "properties": {"name": _NAME, "batch_axis": _AXIS, "dtype": _DTYPE}}},
+        "properties": {"name": _NAME, "batch_axis": _AXIS, "dtype": _DTYPE, "description": {"type": "string"}}}},
     "state": {"type": "array", "maxItems": 4096, "items": {
         "type": "object", "required": ["name", "batch_axis", "init", "shape", "grow_axis", "dtype"],
         "properties": {"name": _NAME, "batch_axis": _AXIS, "init": {"enum": ["encoder", "zeros"]},
                        "shape": {"type": "array", "maxItems": 16, "items": _DIM},
-                       "grow_axis": {"anyOf": [_AXIS, {"type": "null"}]}, "dtype": _DTYPE}}},
+                       "grow_axis": {"anyOf": [_AXIS, {"type": "null"}]}, "dtype": _DTYPE,
+                       "description": {"type": "string"}}}},
     "special_tokens": {"type": "object", "required": ["eos", "decoder_start"],
                        "additionalProperties": {"anyOf": [_ID, {"type": "null"}]}},  # bos and unk may be absent
     "vocab": {"type": "object", "required": ["source", "target"],
@@ -89,13 +104,17 @@ PROPERTIES: dict[str, Any] = {
                                     "activations": {"enum": ["per-row", "per-tensor"]}}},
     "validation": {"type": "object", "properties": {
         "atol": _NUMBER_OR_NULL, "rtol": _NUMBER_OR_NULL, "min_token_agreement": _NUMBER_OR_NULL,
-        "max_abs_diff": {"type": "object", "additionalProperties": {"type": "number"}}}},
+        "forward_step_max_abs_diff": _NUMBER_OR_NULL,
+        "max_abs_diff": {"type": "object", "additionalProperties": {"type": "number"}},
+        "fp32_max_abs_diff": {"type": "object", "additionalProperties": {"type": "number"}}}},
     "training": {"type": "object"},
     "config": {"type": "object"},
     "source": {"type": "string"},
     "ort_optimized": {"type": "boolean"},
     "encoder_input": {"type": "object", "required": ["kind"],
-                      "properties": {"kind": {"enum": ["tokens", "features"]}}},
+                      "properties": {"kind": {"enum": ["tokens", "features"]}, "dtype": _DTYPE,
+                                     "shape": {"type": "array", "maxItems": 16, "items": _DIM},
+                                     "pad_value": {"type": "number"}, "frontend": {"type": "object"}}},
     "samples": {"type": "array", "maxItems": 100_000, "items": {"type": "string", "maxLength": 100_000}},
 }
 SCHEMA: dict[str, Any] = {
@@ -157,31 +176,6 @@ def validate_manifest(raw: Any, path: Path) -> None:
         where = ".".join(str(part) for part in error.absolute_path) or "(top level)"
         message = error.message if len(error.message) < 200 else error.message[:200] + "..."
         raise ManifestError(f"{path} is incomplete or corrupt: key {where}: {message}")
-    for entry in all_files(raw):
-        if not entry or entry.startswith("/") or "\\" in entry or "\x00" in entry:
-            raise ManifestError(f"{path}: file {entry!r} must be a relative path inside the export folder")
-
-
-def all_files(raw: dict[str, Any]) -> list[str]:
-    """Every path the manifest names: graph files, the checkpoint, and any ``file``/``files``
-    string anywhere under ``tokenizers`` (whatever shape its entries take)."""
-    files = []
-    for graph in raw["graphs"].values():
-        files += [graph[key] for key in ("file", "ort_file") if isinstance(graph.get(key), str)]
-    if isinstance(raw.get("checkpoint"), dict) and isinstance(raw["checkpoint"].get("file"), str):
-        files.append(raw["checkpoint"]["file"])
-    files += _named_files(raw.get("tokenizers"), False)
-    return files
-
-
-def _named_files(node: Any, named: bool) -> list[str]:
-    if isinstance(node, str):
-        return [node] if named else []
-    if isinstance(node, dict):
-        return [f for key, value in node.items() for f in _named_files(value, key in ("file", "files"))]
-    if isinstance(node, list):
-        return [f for value in node for f in _named_files(value, named)]
-    return []
 
 
 def check_graph(path: Path, directory: Path, inputs: tuple[str, ...], outputs: tuple[str, ...]) -> Any:
@@ -215,34 +209,6 @@ def check_graph(path: Path, directory: Path, inputs: tuple[str, ...], outputs: t
     return model
 
 
-def check_specs(path: Path, raw: dict[str, Any], memory: Any, state: Any, encoder: Any, decoder: Any) -> None:
-    """Each memory and state entry must be wired through the graphs as its role says, and each
-    graph input or output with a memory or state role must belong to an entry."""
-    owners = {"memory": {m.name for m in memory}, "state_in": {s.decoder_input for s in state},
-              "state_out": {s.decoder_output for s in state},
-              "state_init": {s.encoder_output for s in state if s.encoder_output}}
-    for role_graph in ("encoder", "decoder"):
-        for kind in ("inputs", "outputs"):
-            for io in raw["graphs"][role_graph][kind]:
-                if io["role"] in owners and io["name"] not in owners[io["role"]]:
-                    raise ManifestError(f"{path}: key graphs.{role_graph}.{kind}: {io['name']!r} has role "
-                                        f"{io['role']!r} but no memory/state entry owns it")
-    wanted = [(m.name, encoder.outputs, "encoder output") for m in memory]
-    wanted += [(m.name, decoder.inputs, "decoder input") for m in memory]
-    for s in state:
-        wanted += [(s.decoder_input, decoder.inputs, "decoder input"),
-                   (s.decoder_output, decoder.outputs, "decoder output")]
-        if s.encoder_output is not None:
-            wanted.append((s.encoder_output, encoder.outputs, "encoder output"))
-        if s.grow_axis is not None and not 0 <= s.grow_axis < len(s.shape):
-            raise ManifestError(f"{path}: key state: {s.name!r} grows along axis {s.grow_axis} of a "
-                                f"{len(s.shape)}-axis shape")
-    for name, names, what in wanted:
-        if name not in names:
-            raise ManifestError(f"{path}: key graphs: the {what} {name!r} is not listed (memory/state and graphs "
-                                "disagree)")
-
-
 def graph_dim(graph: Any, name: str, axis: int, kind: str = "output") -> int | None:
     """A static dimension of a named graph input or output, or None when it is symbolic or absent."""
     for value in getattr(graph, kind):
@@ -251,28 +217,3 @@ def graph_dim(graph: Any, name: str, axis: int, kind: str = "output") -> int | N
             if axis < len(dims) and dims[axis].HasField("dim_value"):
                 return dims[axis].dim_value
     return None
-
-
-def check_ids(raw: dict[str, Any], path: Path) -> None:
-    """Special ids must index the target vocabulary."""
-    size = len(raw["vocab"]["target"]["tokens"])
-    for key, value in raw["special_tokens"].items():
-        if isinstance(value, int) and value >= size:
-            raise ManifestError(f"{path}: key special_tokens.{key}: id {value} is outside the target "
-                                f"vocabulary of {size} tokens")
-
-
-def check_vocab_sizes(raw: dict[str, Any], path: Path, encoder: Any, decoder: Any) -> None:
-    """The target vocabulary must match the decoder's log-prob width, and the source vocabulary an
-    embedding table read straight from ``src`` (when the graph has one as a plain initializer)."""
-    target = len(raw["vocab"]["target"]["tokens"])
-    width = graph_dim(decoder, "log_probs", 1)
-    if width is not None and width != target:
-        raise ManifestError(f"{path}: key vocab.target: {target} tokens, but the decoder scores {width}")
-    source = len(raw["vocab"]["source"]["tokens"])
-    tables = {t.name: tuple(t.dims) for t in encoder.initializer}
-    for node in encoder.node:
-        if node.op_type == "Gather" and len(node.input) == 2 and node.input[1] == "src" and node.input[0] in tables:
-            rows = tables[node.input[0]][0]
-            if rows != source:
-                raise ManifestError(f"{path}: key vocab.source: {source} tokens, but the encoder embeds {rows}")

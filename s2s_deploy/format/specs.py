@@ -99,3 +99,10 @@ def cross_attention_memory(layers: int, dtype: str = "float32") -> tuple[MemoryS
                        description=f"(B, heads, S, head_dim) layer {i} cross-attention values"),
         )
     )
+
+
+def cross_memory_specs(layers: int) -> tuple[MemorySpec, ...]:
+    """``src_bias`` and every decoder layer's cross-attention K/V (``cross_attention_memory``), as
+    the encoder outputs them."""
+    return (MemorySpec("src_bias", 0, description="(B, 1, 1, S) additive source padding mask"),
+            *cross_attention_memory(layers))

@@ -21,19 +21,26 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, fields, replace
 from itertools import islice
 from pathlib import Path
 from typing import IO, Any
 
-import numpy as np
-
 from s2s_deploy.errors import S2SError
+from s2s_deploy.format.files import write_atomically
 from s2s_deploy.format.manifest import MANIFEST_NAME, Manifest, sha256_of
 from s2s_deploy.format.vocab import Vocabulary
 from s2s_deploy.runtime.decoding import SearchConfig, resolve
-from s2s_deploy.runtime.translator import Translator, check_ids, length_groups, parse_ids, unknown_tokens, unpadded
+from s2s_deploy.runtime.translator import (
+    Translator,
+    check_ids,
+    length_groups,
+    pad_ids,
+    parse_ids,
+    unknown_tokens,
+    unpadded,
+)
 
 CHUNK_LINES = 10_000
 SAVE_SECONDS = 30.0  # a chunk's finished batches are saved this often, so Ctrl-C keeps them too
@@ -176,7 +183,7 @@ def translate_chunk(translator: Translator, data: bytes, first_line: int, option
     for number, batch in enumerate(batches):
         if number < done.batches:
             continue
-        src, src_len = _pad([ids for _, ids in batch], vocab.pad_id)
+        src, src_len = pad_ids([ids for _, ids in batch], vocab.pad_id)
         for (offset, _), hyps in zip(batch, translator.engine.search(src, src_len, config), strict=True):
             best = hyps[0]
             if options.ids:
@@ -207,14 +214,6 @@ def _decode(line: bytes, number: int, errors: str) -> str:
     except UnicodeDecodeError as exc:
         raise S2SError(f"input line {number} is not valid UTF-8 (byte {exc.start + 1} of the line): "
                        "pass --errors replace to substitute U+FFFD") from exc
-
-
-def _pad(ids: Sequence[list[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
-    lengths = np.array([len(seq) for seq in ids], dtype=np.int64)
-    batch = np.full((len(ids), int(lengths.max())), pad_id, dtype=np.int64)
-    for row, seq in enumerate(ids):
-        batch[row, : len(seq)] = seq
-    return batch, lengths
 
 
 def count_lines(path: str | Path) -> int:
@@ -425,9 +424,7 @@ class FileJob:
         if pending is not None:
             state["pending"] = pending
         self.saved_at = time.monotonic()
-        temporary = self.sidecar.with_name(self.sidecar.name + ".tmp")
-        temporary.write_text(json.dumps(state, indent=1) + "\n", encoding="utf-8")
-        os.replace(temporary, self.sidecar)
+        write_atomically(self.sidecar, (json.dumps(state, indent=1) + "\n").encode("utf-8"))
 
 
 _COUNT = {"type": "integer", "minimum": 0}

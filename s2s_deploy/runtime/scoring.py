@@ -8,6 +8,7 @@ need a third exported graph per plugin; docs/decoding.md says why it is not one.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,27 +30,57 @@ class Scored:
         return float(sum(self.token_log_probs))
 
 
-def score(backend: Backend, src: np.ndarray, src_len: np.ndarray, targets: Sequence[Sequence[int]]) -> list[Scored]:
-    """Every target (ids without EOS) teacher-forced after its source, one step per position;
-    a finished row is fed EOS until the longest target ends, its values ignored."""
-    batch, eos = len(targets), backend.eos_id
-    if batch != src.shape[0]:
-        raise ValueError(f"{batch} targets for {src.shape[0]} sources")
+def forced_tokens(start: int, eos: int, targets: Sequence[Sequence[int]]) -> np.ndarray:
+    """``(batch, longest + 1)``: the start token, each target, then EOS (and EOS padding): what
+    each teacher-forced step is fed."""
+    forced = np.full((len(targets), max(len(t) for t in targets) + 1), eos, dtype=np.int64)
+    forced[:, 0] = start
+    for row, tokens in enumerate(targets):
+        forced[row, 1 : 1 + len(tokens)] = tokens
+    return forced
+
+
+@dataclass(frozen=True)
+class ForcedStep:
+    """One teacher-forced position: ``gold`` the token each row is scored on, ``live`` the rows
+    whose target (EOS included) reaches this far, ``log_probs`` each backend's (rows, V), valid
+    until the next step."""
+
+    position: int
+    gold: np.ndarray
+    live: np.ndarray
+    log_probs: tuple[np.ndarray, ...]
+
+
+def teacher_forced(backends: Sequence[Backend], src: np.ndarray, src_len: np.ndarray,
+                   targets: Sequence[Sequence[int]]) -> Iterator[ForcedStep]:
+    """Every target (ids without EOS) fed after its source through each backend in step, one
+    position at a time up to the longest target's EOS; a finished row is fed EOS. The one
+    teacher-forced loop: scoring and the export's parity and forward/step checks all use it."""
+    if len(targets) != src.shape[0]:
+        raise ValueError(f"{len(targets)} targets for {src.shape[0]} sources")
+    first = backends[0]
+    forced = forced_tokens(first.decoder_start_id, first.eos_id, targets)
+    gold = np.concatenate([forced[:, 1:], np.full((len(targets), 1), first.eos_id, dtype=np.int64)], axis=1)
     lengths = np.array([len(t) for t in targets], dtype=np.int64)
-    padded = np.full((batch, int(lengths.max()) + 1), eos, dtype=np.int64)
-    for row, target in enumerate(targets):
-        padded[row, : len(target)] = target
-    rows = np.arange(batch)
-    reorder = rows.astype(np.int64)
-    tokens = np.full(batch, backend.decoder_start_id, dtype=np.int64)
-    found = np.zeros(padded.shape, dtype=np.float64)
-    with backend.start(src, src_len) as run:
-        for t in range(padded.shape[1]):
-            log_probs = run.step(tokens, reorder)
-            found[:, t] = log_probs[rows, padded[:, t]]
-            tokens = padded[:, t].copy()
-    return [Scored(tuple(int(x) for x in targets[i]), tuple(found[i, : lengths[i] + 1].tolist()))
-            for i in range(batch)]
+    reorder = np.arange(len(targets), dtype=np.int64)
+    with ExitStack() as stack:
+        runs = [stack.enter_context(backend.start(src, src_len)) for backend in backends]
+        for t in range(forced.shape[1]):
+            fed = forced[:, t].copy()
+            yield ForcedStep(t, gold[:, t], t <= lengths, tuple(run.step(fed, reorder) for run in runs))
+
+
+def score(backend: Backend, src: np.ndarray, src_len: np.ndarray, targets: Sequence[Sequence[int]]) -> list[Scored]:
+    """Every target (ids without EOS) teacher-forced after its source; a finished row's later
+    values are ignored."""
+    rows = np.arange(len(targets))
+    found = [[] for _ in targets]
+    for step in teacher_forced([backend], src, src_len, targets):
+        picked = step.log_probs[0][rows, step.gold]
+        for row in rows[step.live]:
+            found[row].append(float(picked[row]))
+    return [Scored(tuple(int(x) for x in target), tuple(values)) for target, values in zip(targets, found, strict=True)]
 
 
 def stream_tokens(backend: Backend, src: np.ndarray, src_len: np.ndarray,

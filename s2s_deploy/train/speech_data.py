@@ -21,7 +21,6 @@ import contextlib
 import io
 import json
 import multiprocessing
-import os
 import random
 import shutil
 import subprocess
@@ -35,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from s2s_deploy.errors import S2SError
+from s2s_deploy.format.files import atomic_path, write_atomically
 from s2s_deploy.frontends import WhisperLogMel, resample
 from s2s_deploy.frontends.optional import optional_module
 from s2s_deploy.train.tasks import DEFAULT_TASK, Pair, SplitSizes, load_task
@@ -178,16 +178,15 @@ def write_shard(path: Path, utterances: Sequence[Utterance], frontend: WhisperLo
         samples.append(len(audio))
     lengths = np.array([len(part) for part in parts], dtype=np.int64)
     columns = {name: np.array([getattr(u, name) for u in utterances]) for name in UTTERANCE_FIELDS}
-    staging = path.with_name(f".{path.name}.tmp-{os.getpid()}.npz")
-    np.savez(
-        staging,
-        features=np.concatenate(parts).astype(np.float32),
-        offsets=np.concatenate([[0], np.cumsum(lengths)]),
-        floor=np.array(floors, dtype=np.float32),
-        samples=np.array(samples, dtype=np.int64),
-        **columns,
-    )
-    os.replace(staging, path)
+    with atomic_path(path) as staging, open(staging, "wb") as handle:  # a handle: np.savez names no .npz
+        np.savez(
+            handle,
+            features=np.concatenate(parts).astype(np.float32),
+            offsets=np.concatenate([[0], np.cumsum(lengths)]),
+            floor=np.array(floors, dtype=np.float32),
+            samples=np.array(samples, dtype=np.int64),
+            **columns,
+        )
     truncated = int(sum(n > frontend.n_samples for n in samples))
     return {
         "file": path.name,
@@ -273,9 +272,7 @@ def dataset_folder(task: str) -> Path | None:
 
 
 def _write_metadata(out: Path, metadata: dict[str, Any]) -> None:
-    staging = out / f".metadata.json.tmp-{os.getpid()}"
-    staging.write_text(json.dumps(metadata, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
-    os.replace(staging, out / "metadata.json")
+    write_atomically(out / "metadata.json", (json.dumps(metadata, indent=1, ensure_ascii=False) + "\n").encode("utf-8"))
 
 
 def make_speech_data(

@@ -30,6 +30,7 @@ from s2s_deploy.errors import CheckpointError, ContractError, S2SError
 from s2s_deploy.export.checkpoint import build_model, load_checkpoint, save_checkpoint
 from s2s_deploy.export.contract import ArchitecturePlugin, Seq2SeqModel
 from s2s_deploy.export.plugin_errors import plugin_errors
+from s2s_deploy.format.files import atomic_path
 from s2s_deploy.format.vocab import BUILT_LEVELS, Vocabulary
 from s2s_deploy.train.metrics import Scores, score
 from s2s_deploy.train.tasks import Pair, TaskSplits
@@ -416,9 +417,8 @@ def _save_train_state(path: Path, plugin: ArchitecturePlugin, model: Seq2SeqMode
             tensors[f"optim.{index}.{key}"] = value.detach().contiguous().cpu()
     metadata = {"format": STATE_FORMAT, "arch": plugin.name,
                 "meta": json.dumps({**meta, "param_groups": state["param_groups"]})}
-    tmp = path.with_name(path.name + ".tmp")
-    save_file(tensors, str(tmp), metadata=metadata)
-    tmp.replace(path)
+    with atomic_path(path) as temporary:
+        save_file(tensors, str(temporary), metadata=metadata)
 
 
 def _load_train_state(path: Path, arch: str) -> tuple[dict[str, Any], dict[str, Tensor]] | None:

@@ -1,5 +1,8 @@
 """One loading path for every plugin: built-ins and third parties both arrive as entry points
-(group ``s2s_deploy.plugins``) or as a ``--plugin file.py``, and both go through ``register``."""
+(group ``s2s_deploy.plugins``) or as a ``--plugin file.py``, and both go through ``register``.
+
+Torch-free: registering imports a plugin's declaration, and a plugin that keeps its torch model in
+another module (``model = "module:Class"``, as the built-ins do) registers and lists without torch."""
 
 from __future__ import annotations
 
@@ -9,8 +12,8 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
 
+from s2s_deploy.architecture.declaration import ArchitecturePlugin, validate_plugin
 from s2s_deploy.errors import ContractError, S2SError, UnknownNameError
-from s2s_deploy.export.contract import ArchitecturePlugin, validate_plugin
 
 ENTRY_POINT_GROUP = "s2s_deploy.plugins"
 BUILTIN_MODULE = "s2s_deploy_plugins."
@@ -81,6 +84,10 @@ class Registry:
         sys.modules[module_name] = module
         try:
             spec.loader.exec_module(module)
+        except ModuleNotFoundError as exc:
+            if (exc.name or "").split(".")[0] not in ("", "s2s_deploy", "s2s_deploy_plugins"):
+                raise  # a dependency (torch, for a plugin with its model beside it): the CLI names its extra
+            raise S2SError(f"plugin file {path} failed to import: {exc}{moved_module_hint(exc)}") from exc
         except Exception as exc:
             raise S2SError(f"plugin file {path} failed to import: {exc}{moved_module_hint(exc)}") from exc
         if not hasattr(module, "PLUGIN"):

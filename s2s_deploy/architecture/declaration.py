@@ -1,0 +1,235 @@
+"""The declarative half of the plugin contract: everything generic code may know about an
+architecture without building it.
+
+Export, the engine, parity and benchmarks read these specs and nothing else, so a new
+architecture is one plugin. If generic code ever needs to branch on an architecture, the
+contract is missing a field: add it here instead. Nothing here imports torch, so the registry and
+``s2s-deploy list`` read a plugin (name, version, description, presets, exporter) by importing its
+declaration alone, as transformers reads a configuration without its modeling module. The model
+is named by ``model = "module:Class"`` and imported only by ``build``; the torch half of the
+contract (``Seq2SeqModel``, ``StepOutput``) is ``s2s_deploy/export/contract.py``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import math
+import re
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from s2s_deploy.errors import ContractError, S2SError, UnknownNameError
+from s2s_deploy.format.names import TOP_K, TOP_OUTPUTS
+from s2s_deploy.format.source import TOKEN_SOURCE, SourceSpec
+from s2s_deploy.format.specs import (  # noqa: F401  re-exported: plugins import the specs from the contract
+    BATCH,
+    MemorySpec,
+    StateSpec,
+    cross_attention_memory,
+    cross_memory_specs,
+    layer_name,
+    self_attention_cache,
+)
+
+EXPORTERS = ("dynamo", "torchscript")
+RESERVED_NAMES = frozenset(
+    {"src", "src_len", "tokens", "step", "reorder", "log_probs", "attention", TOP_K, *TOP_OUTPUTS}
+)
+_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class SpecialTokens:
+    """Names of the special tokens where a vocabulary is built from text (train, seeded random
+    weights); a vocabulary from a checkpoint or manifest carries its own special ids."""
+
+    pad: str = "<pad>"
+    bos: str = "<bos>"
+    eos: str = "<eos>"
+    unk: str = "<unk>"
+    decoder_start: str = "<bos>"
+
+
+@dataclass(frozen=True)
+class HFWeights:
+    """A Hugging Face checkpoint translated by a plugin: its config, and the torch tensors named as
+    the plugin's model names them (each tied weight once)."""
+
+    config: Any
+    tensors: dict[str, Any]
+    src_vocab_size: int
+    tgt_vocab_size: int
+
+
+class ArchitecturePlugin(ABC):
+    """One architecture. Subclass it, set the class attributes, and expose an instance."""
+
+    name: ClassVar[str]
+    version: ClassVar[str]
+    description: ClassVar[str]
+    config_type: ClassVar[type]
+    presets: ClassVar[Mapping[str, Any]]
+    default_preset: ClassVar[str] = "small"
+    exporter: ClassVar[str] = "dynamo"
+    parity_atol: ClassVar[float] = 1e-4
+    parity_rtol: ClassVar[float] = 1e-5
+    """Per-step log-probs agree within ``parity_atol + parity_rtol * |log p|`` where a search can
+    act (``export/tolerance.py``; the margins behind the defaults are in docs/parity.md)."""
+    special_tokens: ClassVar[SpecialTokens] = SpecialTokens()
+    has_attention: ClassVar[bool] = False
+    hf_model_types: ClassVar[tuple[str, ...]] = ()
+    """``model_type`` values of Hugging Face ``config.json`` files this plugin loads (``from_hf``)."""
+    hf_sentencepiece_files: ClassVar[tuple[str, str, str] | None] = None
+    """The family's own tokenizer files in a Hugging Face folder, when it ships SentencePiece models
+    rather than a ``tokenizer.json``: (source model, target model, JSON mapping piece to model id)."""
+
+    model: ClassVar[str | None] = None
+    """``"module:Class"``: the ``Seq2SeqModel`` (export/contract.py), called as
+    ``Class(config, src_vocab_size, tgt_vocab_size)``. Imported only by ``build``, so a declaration
+    whose module leaves torch to this one lists and registers without torch."""
+
+    def build(self, config: Any, src_vocab_size: int, tgt_vocab_size: int) -> Any:
+        """A freshly initialised ``Seq2SeqModel``; weights are loaded into it afterwards. Imports
+        ``model``; a one-file plugin whose model sits beside it may override this instead."""
+        module, _, attr = str(self.model).partition(":")
+        try:
+            model = getattr(importlib.import_module(module), attr)
+        except (ModuleNotFoundError, AttributeError) as exc:
+            missing = f"{exc.name}." if isinstance(exc, ModuleNotFoundError) else ""
+            if missing and not f"{module}.".startswith(missing):
+                raise  # torch or another dependency of the model: the command names the missing extra
+            raise ContractError(f"plugin {self.name}: model {self.model!r} cannot be imported: {exc}") from exc
+        return model(config, src_vocab_size, tgt_vocab_size)
+
+    @abstractmethod
+    def memory_specs(self, config: Any) -> tuple[MemorySpec, ...]: ...
+
+    @abstractmethod
+    def state_specs(self, config: Any) -> tuple[StateSpec, ...]: ...
+
+    def source_spec(self, config: Any) -> SourceSpec:
+        """What ``encode`` reads as ``src``: token ids unless the plugin declares float features
+        (their shape, dtype and the front end that makes them from audio or an image)."""
+        return TOKEN_SOURCE
+
+    def max_target_length(self, config: Any) -> int | None:
+        """The longest target the model can decode (e.g. its position table), or None."""
+        return None
+
+    def max_source_length(self, config: Any) -> int | None:
+        return None
+
+    def from_hf(self, hf_config: Mapping[str, Any], tensors: Mapping[str, Any]) -> HFWeights:
+        """Map a Hugging Face ``config.json`` and state dict onto this plugin's config and names."""
+        raise ContractError(f"plugin {self.name} does not load Hugging Face checkpoints")
+
+    def config_from_dict(self, data: Mapping[str, Any]) -> Any:
+        fields = {f.name for f in dataclasses.fields(self.config_type)}
+        unknown = sorted(set(data) - fields)
+        if unknown:
+            raise ContractError(f"{self.name}: unknown config fields {', '.join(unknown)}")
+        for f in dataclasses.fields(self.config_type):
+            if f.name in data:
+                check_config_value(self.name, f.name, data[f.name], f.default)
+        try:
+            return self.config_type(**data)
+        except (TypeError, ValueError) as exc:
+            raise ContractError(f"{self.name}: invalid config: {exc}") from exc
+
+    def preset(self, name: str | None = None) -> Any:
+        name = name or self.default_preset
+        if name not in self.presets:
+            raise UnknownNameError(f"preset of {self.name}", name, list(self.presets))
+        return self.presets[name]
+
+
+MAX_CONFIG_INT = 1 << 24
+
+
+def check_config_value(plugin: str, name: str, value: Any, default: Any) -> None:
+    """A config from a checkpoint is untrusted: each value must have its default's type, counts
+    at least 1 (0 where the default is 0), floats finite; sizes stay below what a model could hold."""
+    where = f"{plugin}: config {name}={value!r:.40}"
+    if isinstance(default, bool):
+        if not isinstance(value, bool):
+            raise ContractError(f"{where} must be true or false")
+    elif isinstance(default, int):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ContractError(f"{where} must be a whole number")
+        if not min(default, 1) <= value <= MAX_CONFIG_INT:
+            raise ContractError(f"{where} is out of range [{min(default, 1)}, {MAX_CONFIG_INT}]")
+    elif isinstance(default, float):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise ContractError(f"{where} must be a finite number >= 0")
+    elif isinstance(default, str) and not isinstance(value, str):
+        raise ContractError(f"{where} must be a string")
+
+
+def validate_plugin(plugin: object) -> None:
+    """Fail at registration rather than halfway through an export."""
+    if not isinstance(plugin, ArchitecturePlugin):
+        raise ContractError(f"{plugin!r} is not an ArchitecturePlugin instance")
+    label = getattr(plugin, "name", type(plugin).__name__)
+    for attr in ("name", "version", "description", "config_type", "presets"):
+        if not hasattr(plugin, attr):
+            raise ContractError(f"plugin {label}: missing class attribute {attr!r}")
+    if not isinstance(plugin.name, str) or not _NAME.match(plugin.name):
+        raise ContractError(f"plugin name {plugin.name!r} must match {_NAME.pattern}")
+    config_type = plugin.config_type
+    if not dataclasses.is_dataclass(config_type) or not config_type.__dataclass_params__.frozen:
+        raise ContractError(f"plugin {label}: config_type must be a frozen dataclass")
+    if not plugin.presets or plugin.default_preset not in plugin.presets:
+        raise ContractError(f"plugin {label}: default_preset {plugin.default_preset!r} is not a preset")
+    for preset_name, config in plugin.presets.items():
+        if not isinstance(config, config_type):
+            raise ContractError(f"plugin {label}: preset {preset_name!r} is not a {config_type.__name__}")
+    if type(plugin).build is ArchitecturePlugin.build and not (
+            isinstance(plugin.model, str) and ":" in plugin.model):
+        raise ContractError(f"plugin {label}: set model = 'module:Class' (its Seq2SeqModel) or override build()")
+    if plugin.exporter not in EXPORTERS:
+        raise ContractError(f"plugin {label}: exporter must be one of {', '.join(EXPORTERS)}")
+    if not (isinstance(plugin.parity_atol, float) and 0 < plugin.parity_atol < 1):
+        raise ContractError(f"plugin {label}: parity_atol must be a float in (0, 1)")
+    if not (isinstance(plugin.parity_rtol, float) and 0 <= plugin.parity_rtol < 1):
+        raise ContractError(f"plugin {label}: parity_rtol must be a float in [0, 1)")
+    for preset_name, config in plugin.presets.items():
+        source = plugin.source_spec(config)
+        if not isinstance(source, SourceSpec):
+            raise ContractError(f"plugin {label} (preset {preset_name}): source_spec() must return a SourceSpec")
+        try:
+            source.check()
+        except S2SError as exc:
+            raise ContractError(f"plugin {label} (preset {preset_name}): {exc}") from exc
+        _validate_specs(label, preset_name, plugin.memory_specs(config), plugin.state_specs(config))
+
+
+def _validate_specs(
+    label: str, preset: str, memory: tuple[MemorySpec, ...], state: tuple[StateSpec, ...]
+) -> None:
+    where = f"plugin {label} (preset {preset})"
+    names = [m.name for m in memory] + [s.name for s in state]
+    for name in names:
+        if not _NAME.match(name) or name in RESERVED_NAMES:
+            raise ContractError(f"{where}: invalid or reserved tensor name {name!r}")
+    if len(set(names)) != len(names):
+        raise ContractError(f"{where}: memory and state names must be unique, got {names}")
+    if not memory and not state:
+        raise ContractError(f"{where}: declares neither memory nor state")
+    for m in memory:
+        if not isinstance(m, MemorySpec) or m.batch_axis < 0:
+            raise ContractError(f"{where}: bad memory spec {m!r}")
+    for s in state:
+        if not isinstance(s, StateSpec) or s.init not in ("encoder", "zeros") or s.batch_axis < 0:
+            raise ContractError(f"{where}: bad state spec {s!r}")
+        if s.init == "zeros":
+            if s.shape.count(BATCH) != 1 or s.shape.index(BATCH) != s.batch_axis:
+                raise ContractError(f"{where}: state {s.name!r} shape needs {BATCH!r} at its batch axis")
+            if not all(isinstance(d, int) and d >= 0 for i, d in enumerate(s.shape) if i != s.batch_axis):
+                raise ContractError(f"{where}: state {s.name!r} shape must be non-negative ints besides batch")
+        if s.grow_axis is not None and (
+            s.grow_axis == s.batch_axis or (s.shape and not 0 <= s.grow_axis < len(s.shape))
+        ):
+            raise ContractError(f"{where}: state {s.name!r} has an invalid grow_axis")
