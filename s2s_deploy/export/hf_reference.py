@@ -23,15 +23,22 @@ from s2s_deploy.runtime.search import Hypothesis
 
 
 def load_transformers_model(directory: str | Path) -> Any:
-    """``AutoModelForSeq2SeqLM`` from a local folder; one line naming the extra if it is missing."""
+    """``AutoModelForSeq2SeqLM`` (else ``AutoModelForSpeechSeq2Seq``) from a local folder; one line
+    naming the extra if it is missing."""
     try:
-        from transformers import AutoModelForSeq2SeqLM
+        from transformers import AutoModelForSeq2SeqLM, AutoModelForSpeechSeq2Seq
     except ImportError as exc:
         raise S2SError('the Hugging Face reference needs transformers: pip install "s2s-deploy[hf]"') from exc
     if not Path(directory, "config.json").is_file():
         raise S2SError(f"{directory} is not a Hugging Face model folder (no config.json)")
     try:
-        return AutoModelForSeq2SeqLM.from_pretrained(str(directory), local_files_only=True, use_safetensors=None)
+        try:
+            return AutoModelForSeq2SeqLM.from_pretrained(str(directory), local_files_only=True, use_safetensors=None)
+        except ValueError as exc:  # a speech model (Whisper) is no text-to-text one: its own auto class
+            if "Unrecognized configuration class" not in str(exc):
+                raise
+            return AutoModelForSpeechSeq2Seq.from_pretrained(str(directory), local_files_only=True,
+                                                             use_safetensors=None)
     except (OSError, ValueError) as exc:
         raise S2SError(f"transformers cannot load {directory}: {str(exc).splitlines()[0]}") from exc
 

@@ -237,7 +237,8 @@ def beam_search(
     costs = np.empty(rows)
     # The K beams of a sentence start identical, so a large batch's first step runs one row per
     # sentence (as CTranslate2 does) and the next step's reorder tiles its K best into the beams.
-    narrow = k > 1 and batch >= NARROW_FIRST_STEP_FROM
+    # (not after a decoder prompt: a backend takes its own first step, a prompt token, as the narrow one)
+    narrow = k > 1 and batch >= NARROW_FIRST_STEP_FROM and not config.decoder_prompt
     tokens = np.full(batch if narrow else rows, backend.decoder_start_id, dtype=np.int64)
     reorder = np.arange(len(tokens), dtype=np.int64)
     if not narrow:
