@@ -103,10 +103,21 @@ def test_transcribe_command_lines_json_and_one_line_errors(speech, tmp_path: Pat
     not_audio.write_text("not audio")
     for args in (["transcribe", str(out), str(not_audio)], ["transcribe", str(out), str(tmp_path / "missing.flac")],
                  ["transcribe", str(out), CLIPS[0], "--output", str(tmp_path / "a.srt")],
-                 ["translate", str(out), "some text"], ["parity", str(out)]):
+                 ["translate", str(out), "some text"]):
         result = runner.invoke(main, args)
         assert result.exit_code == 1
         assert len(result.output.strip().splitlines()) == 1 and result.output.startswith("error:"), result.output
+
+
+def test_parity_runs_on_audio_files_and_synthetic_clips(speech, tmp_path: Path) -> None:
+    """A features export's parity: the clips through its front end, ONNX Runtime against PyTorch."""
+    _, _, out = speech
+    listing = tmp_path / "clips.txt"
+    listing.write_text("\n".join(CLIPS) + "\n")
+    for extra in ([], ["--input", str(listing)]):
+        result = CliRunner().invoke(main, ["parity", str(out), "--max-len", "8", "--beam", "2", *extra])
+        assert result.exit_code == 0 and "parity: PASS" in result.output, result.output
+        assert f"tokens identical {16 if not extra else len(CLIPS)}/" in result.output
 
 
 @pytest.mark.parametrize(("edit", "message"), [

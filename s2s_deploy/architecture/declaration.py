@@ -85,6 +85,9 @@ class ArchitecturePlugin(ABC):
     hf_sentencepiece_files: ClassVar[tuple[str, str, str] | None] = None
     """The family's own tokenizer files in a Hugging Face folder, when it ships SentencePiece models
     rather than a ``tokenizer.json``: (source model, target model, JSON mapping piece to model id)."""
+    hf_files: ClassVar[tuple[str, ...]] = ()
+    """JSON files of a Hugging Face folder that ``from_hf`` reads besides ``config.json`` (a speech
+    family's ``preprocessor_config.json``: its front end); each must be there, and is passed as ``files``."""
 
     model: ClassVar[str | None] = None
     """``"module:Class"``: the ``Seq2SeqModel`` (export/contract.py), called as
@@ -122,9 +125,19 @@ class ArchitecturePlugin(ABC):
     def max_source_length(self, config: Any) -> int | None:
         return None
 
-    def from_hf(self, hf_config: Mapping[str, Any], tensors: Mapping[str, Any]) -> HFWeights:
-        """Map a Hugging Face ``config.json`` and state dict onto this plugin's config and names."""
+    def from_hf(self, hf_config: Mapping[str, Any], tensors: Mapping[str, Any],
+                files: Mapping[str, Mapping[str, Any]] | None = None) -> HFWeights:
+        """Map a Hugging Face ``config.json`` and state dict onto this plugin's config and names;
+        ``files``: the ``hf_files`` it declares, by name (only passed when it declares some)."""
         raise ContractError(f"plugin {self.name} does not load Hugging Face checkpoints")
+
+    def hf_search(self, hf_config: Mapping[str, Any], generation: Mapping[str, Any],
+                  defaults: dict[str, Any]) -> dict[str, Any]:
+        """The search defaults this family's ``generate`` decodes with. ``defaults`` are what the
+        generic ``generate`` would use (export/hf.py ``search_defaults``); a family whose own
+        ``generate`` does more (a decoder prompt, its own length rules) returns them changed, or
+        refuses in one ``CheckpointError`` line what the runtime cannot reproduce."""
+        return defaults
 
     def config_from_dict(self, data: Mapping[str, Any]) -> Any:
         fields = {f.name for f in dataclasses.fields(self.config_type)}

@@ -13,7 +13,8 @@ from s2s_deploy.cli.group import device_option, echo_device, load_plugin_files, 
 @main.command("parity")
 @click.argument("export_dir", type=click.Path())
 @click.option("--input", "input_path", type=click.Path(dir_okay=False, allow_dash=True), default=None,
-              help="Sentences to check, one per line [default: the samples stored at export].")
+              help="Sentences to check, one per line, or audio files for an export that reads audio "
+                   "[default: the samples stored at export; for audio, seeded synthetic clips].")
 @click.option("--beam", type=click.IntRange(2), default=4, show_default=True, help="Beam size of the beam check.")
 @click.option("--max-len", type=click.IntRange(1), default=None,
               help="Most target tokens [default: 64; with --reference, the export's own, generate's max_new_tokens].")
@@ -50,10 +51,23 @@ def parity_command(export_dir: str, input_path: str | None, beam: int, max_len: 
     if atol is not None and not 0 <= atol < float("inf"):
         raise S2SError(f"--atol must be a finite number >= 0, not {atol}")
     manifest = load_manifest(export_dir)
-    if manifest.encoder_input.is_features:
-        raise S2SError(f"{export_dir} reads features, and parity compares text inputs; export compared its graphs "
-                       "with PyTorch on random features (validation.max_abs_diff in its manifest)")
+    features = manifest.encoder_input.is_features
     sources = read_lines(input_path) if input_path else list(manifest.samples)
+    encode = None
+    if features:  # --input lists audio files; without it, seeded synthetic clips
+        from s2s_deploy.export.parity import feature_encoder, synthetic_clips
+        from s2s_deploy.frontends.source import frontend_for
+
+        rate = getattr(frontend_for(manifest.encoder_input), "sampling_rate", None)
+        if rate is None:
+            raise S2SError(f"{export_dir} reads images; parity checks text and audio inputs")
+        if input_path:
+            from s2s_deploy.frontends import load_audio
+
+            clips = {path: load_audio(path, rate) for path in sources}
+        else:
+            clips = synthetic_clips(rate)
+        sources, encode = list(clips), feature_encoder(manifest, clips)
     if not sources:
         raise S2SError(f"{export_dir} stores no sample inputs; pass --input FILE")
     generate = None
@@ -64,15 +78,19 @@ def parity_command(export_dir: str, input_path: str | None, beam: int, max_len: 
         if checkpoint:
             raise S2SError("--reference and --checkpoint name two originals: give one")
         model = load_transformers_model(reference_dir)
-        reference = HFBackend(model, manifest.decoder_start_id, manifest.eos_id)
-        generate = GenerateEngine(model, manifest.src_vocab.pad_id, manifest.eos_id)
+        reference = HFBackend(model, manifest.decoder_start_id, manifest.eos_id, features)
+        generate = GenerateEngine(model, manifest.decoder_start_id, manifest.eos_id, features)
         max_len = max_len or resolve(manifest).max_len
     else:
         reference = torch_backend_for(manifest, checkpoint)
+        if manifest.search.get("decoder_prompt"):  # 64 tokens after the prompt may not fit the positions
+            from s2s_deploy.runtime.decoding import resolve
+
+            max_len = max_len or min(64, resolve(manifest).max_len)
     candidate = OrtBackend(manifest, device=device, graph_format="ort" if ort_format else "onnx")
     echo_device(candidate.choice.notice(), candidate.choice.provider)
     report = check_parity(manifest, reference, candidate, sources, beam_size=beam, max_len=max_len or 64, atol=atol,
-                          rtol=rtol, reference_search=generate)
+                          rtol=rtol, reference_search=generate, encode=encode)
     tol = report.forward_tolerance
     if as_json:
         click.echo(json.dumps({

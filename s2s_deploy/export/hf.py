@@ -142,7 +142,7 @@ its default, so most folders rely on these."""
 
 UNSUPPORTED = {  # generation_config.json settings whose effect the runtime does not reproduce, at their no-op
     "repetition_penalty": 1.0, "encoder_repetition_penalty": 1.0, "encoder_no_repeat_ngram_size": 0,
-    "exponential_decay_length_penalty": None, "begin_suppress_tokens": None, "sequence_bias": None,
+    "exponential_decay_length_penalty": None, "sequence_bias": None,
     "renormalize_logits": False, "num_beam_groups": 1, "diversity_penalty": 0.0, "constraints": None,
     "force_words_ids": None, "stop_strings": None, "typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0,
     "min_p": None, "guidance_scale": None, "watermarking_config": None,
@@ -179,7 +179,8 @@ def search_defaults(config: Mapping[str, Any], generation: Mapping[str, Any]) ->
             1, min(GENERATE_DEFAULTS["max_length"] + 1, int(positions)) - 1)
     min_new = _setting(config, generation, "min_new_tokens")
     defaults["min_len"] = int(min_new) if min_new is not None else max(0, int(setting("min_length")) - 1)
-    for theirs, ours in (("bad_words_ids", "bad_words_ids"), ("suppress_tokens", "suppress_tokens")):
+    for theirs, ours in (("bad_words_ids", "bad_words_ids"), ("suppress_tokens", "suppress_tokens"),
+                         ("begin_suppress_tokens", "begin_suppress_tokens")):
         if (value := _setting(config, generation, theirs)) is not None:
             defaults[ours] = value
     forced_bos = _setting(config, generation, "forced_bos_token_id")
@@ -305,13 +306,15 @@ def load_hf(plugin: ArchitecturePlugin, directory: str | Path) -> HFSource:
     if model_type not in plugin.hf_model_types:
         raise CheckpointError(f"{directory} holds a {model_type!r} model; {plugin.name} loads "
                               f"{', '.join(plugin.hf_model_types) or 'no Hugging Face models'}")
-    weights = plugin.from_hf(folder.config, folder.tensors)
+    files = {name: _json(Path(directory), name, True) for name in plugin.hf_files}
+    weights = plugin.from_hf(folder.config, folder.tensors, **({"files": files} if files else {}))
     ids = special_ids(folder.config, folder.generation)
     src_vocab, tgt_vocab = text_vocabularies(plugin, Path(directory), weights, ids)
     info = {"hf_model_type": model_type, "hf_folder": Path(directory).name}
     checkpoint = Checkpoint(plugin.name, plugin.version, weights.config, src_vocab, tgt_vocab, weights.tensors, info)
     model = build_model(checkpoint, plugin)
-    return HFSource(checkpoint, model, search_defaults(folder.config, folder.generation), sample_texts(src_vocab))
+    search = plugin.hf_search(folder.config, folder.generation, search_defaults(folder.config, folder.generation))
+    return HFSource(checkpoint, model, search, sample_texts(src_vocab))
 
 
 def save_hf_checkpoint(source: HFSource, plugin: ArchitecturePlugin, path: Path) -> Path:

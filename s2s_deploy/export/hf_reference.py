@@ -23,25 +23,46 @@ from s2s_deploy.runtime.search import Hypothesis
 
 
 def load_transformers_model(directory: str | Path) -> Any:
-    """``AutoModelForSeq2SeqLM`` from a local folder; one line naming the extra if it is missing."""
+    """``AutoModelForSeq2SeqLM`` (else ``AutoModelForSpeechSeq2Seq``) from a local folder; one line
+    naming the extra if it is missing."""
     try:
-        from transformers import AutoModelForSeq2SeqLM
+        from transformers import AutoModelForSeq2SeqLM, AutoModelForSpeechSeq2Seq
     except ImportError as exc:
         raise S2SError('the Hugging Face reference needs transformers: pip install "s2s-deploy[hf]"') from exc
     if not Path(directory, "config.json").is_file():
         raise S2SError(f"{directory} is not a Hugging Face model folder (no config.json)")
     try:
-        return AutoModelForSeq2SeqLM.from_pretrained(str(directory), local_files_only=True, use_safetensors=None)
+        try:
+            return AutoModelForSeq2SeqLM.from_pretrained(str(directory), local_files_only=True, use_safetensors=None)
+        except ValueError as exc:  # a speech model (Whisper) is no text-to-text one: its own auto class
+            if "Unrecognized configuration class" not in str(exc):
+                raise
+            return AutoModelForSpeechSeq2Seq.from_pretrained(str(directory), local_files_only=True,
+                                                             use_safetensors=None)
     except (OSError, ValueError) as exc:
         raise S2SError(f"transformers cannot load {directory}: {str(exc).splitlines()[0]}") from exc
+
+
+def encoder_inputs(src: np.ndarray, src_len: np.ndarray, features: bool) -> dict[str, torch.Tensor | None]:
+    """``src`` as transformers names it (``input_ids``, or ``input_features`` for a speech encoder)
+    and its ``attention_mask`` over the length axis; none for features that fill every row (a
+    fixed window such as Whisper's, whose encoder takes no mask)."""
+    lengths = torch.from_numpy(np.asarray(src_len, dtype=np.int64))
+    if features:
+        data = torch.from_numpy(np.ascontiguousarray(src, dtype=np.float32))
+        full = bool((lengths == data.shape[-1]).all())
+        mask = None if full else (torch.arange(data.shape[-1])[None, :] < lengths[:, None]).long()
+        return {"input_features": data, "attention_mask": mask}
+    ids = torch.from_numpy(np.asarray(src, dtype=np.int64))
+    return {"input_ids": ids, "attention_mask": (torch.arange(ids.shape[1])[None, :] < lengths[:, None]).long()}
 
 
 class HFBackend(Backend):
     name = "transformers"
 
-    def __init__(self, model: Any, decoder_start_id: int, eos_id: int) -> None:
+    def __init__(self, model: Any, decoder_start_id: int, eos_id: int, features: bool = False) -> None:
         self.model = model.float().eval()
-        self.decoder_start_id, self.eos_id = decoder_start_id, eos_id
+        self.decoder_start_id, self.eos_id, self.features = decoder_start_id, eos_id, features
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
 
     def describe(self) -> dict[str, Any]:
@@ -51,14 +72,13 @@ class HFBackend(Backend):
 
     @torch.no_grad()
     def start(self, src: np.ndarray, src_len: np.ndarray, expand: int = 1, keep_attention: bool = False) -> DecodeRun:
-        ids = torch.from_numpy(src)
-        mask = (torch.arange(ids.shape[1])[None, :] < torch.from_numpy(src_len)[:, None]).long()
-        encoded = self.model.get_encoder()(input_ids=ids, attention_mask=mask).last_hidden_state
-        return _HFRun(self.model, encoded, mask, expand)
+        inputs = encoder_inputs(src, src_len, self.features)
+        encoded = self.model.get_encoder()(**inputs).last_hidden_state
+        return _HFRun(self.model, encoded, inputs["attention_mask"], expand)
 
 
 class _HFRun(DecodeRun):
-    def __init__(self, model: Any, encoded: torch.Tensor, mask: torch.Tensor, expand: int) -> None:
+    def __init__(self, model: Any, encoded: torch.Tensor, mask: torch.Tensor | None, expand: int) -> None:
         self.model, self.expand = model, expand
         self.encoded, self.mask = encoded, mask
         self.history: torch.Tensor | None = None  # (rows, steps so far)
@@ -69,7 +89,7 @@ class _HFRun(DecodeRun):
         # a first step fed one row per sentence runs on the untiled memory, like our backends
         times = self.expand if self.history is not None or rows != self.encoded.shape[0] else 1
         encoded = self.encoded.repeat_interleave(times, dim=0) if times > 1 else self.encoded
-        mask = self.mask.repeat_interleave(times, dim=0) if times > 1 else self.mask
+        mask = self.mask.repeat_interleave(times, dim=0) if times > 1 and self.mask is not None else self.mask
         new = torch.from_numpy(np.asarray(tokens, dtype=np.int64))[:, None]
         self.history = new if self.history is None else torch.cat(
             [self.history[torch.from_numpy(np.asarray(reorder, dtype=np.int64))], new], dim=1)
@@ -90,23 +110,26 @@ class GenerateEngine:
     """``model.generate`` as a SearchEngine. Only ``beam_size`` and ``max_len`` (as
     ``num_beams`` and ``max_new_tokens``) are passed: everything else is the folder's own
     ``generation_config.json`` and ``generate``'s defaults, which the export must reproduce.
-    Scores are ``generate``'s for beam search, NaN for greedy (it reports none)."""
+    Scores are ``generate``'s for beam search, NaN for greedy (it reports none). Its sequences
+    start with the decoder start and the export's decoder prompt; a row that starts otherwise
+    (``generate`` built another prompt) is returned whole, so it differs from ours."""
 
     name = "transformers generate"
 
-    def __init__(self, model: Any, pad_id: int, eos_id: int) -> None:
+    def __init__(self, model: Any, decoder_start_id: int, eos_id: int, features: bool = False) -> None:
         self.model = model.float().eval()
-        self.pad_id, self.eos_id = pad_id, eos_id
+        self.decoder_start_id, self.eos_id, self.features = decoder_start_id, eos_id, features
 
     @torch.no_grad()
     def search(self, src: np.ndarray, src_len: np.ndarray, config: SearchConfig) -> list[list[Hypothesis]]:
-        ids = torch.from_numpy(np.asarray(src, dtype=np.int64))
-        mask = (torch.arange(ids.shape[1])[None, :] < torch.from_numpy(np.asarray(src_len))[:, None]).long()
-        out = self.model.generate(input_ids=ids, attention_mask=mask, num_beams=config.beam_size,
-                                  max_new_tokens=config.max_len, output_scores=True, return_dict_in_generate=True)
+        inputs = {k: v for k, v in encoder_inputs(src, src_len, self.features).items() if v is not None}
+        out = self.model.generate(**inputs, num_beams=config.beam_size, max_new_tokens=config.max_len,
+                                  output_scores=True, return_dict_in_generate=True)
         scores = getattr(out, "sequences_scores", None)
+        head = [self.decoder_start_id, *config.decoder_prompt]
         found = []
-        for i, row in enumerate(out.sequences[:, 1:].tolist()):  # after the decoder start
+        for i, full in enumerate(out.sequences.tolist()):
+            row = full[len(head):] if full[: len(head)] == head else full
             finished = self.eos_id in row
             tokens = tuple(row[: row.index(self.eos_id)] if finished else row)
             score = float(scores[i]) if scores is not None else float("nan")

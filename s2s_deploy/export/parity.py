@@ -5,7 +5,7 @@ Token disagreement is a failure, never a warning: it is what users would see.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,6 +23,7 @@ from s2s_deploy.runtime.backend import Backend
 from s2s_deploy.runtime.decoding import SearchConfig, resolve
 from s2s_deploy.runtime.scoring import teacher_forced
 from s2s_deploy.runtime.search import SearchEngine, StepLoop, search
+from s2s_deploy.runtime.transcriber import pad_features
 from s2s_deploy.runtime.translator import encode_batch
 from s2s_deploy.transforms.quantize import MIN_TOKEN_AGREEMENT
 
@@ -102,22 +103,58 @@ def torch_backend_for(
     return TorchBackend(plugin, model, loaded.config, loaded.tgt_vocab, device=device)
 
 
+Encode = Callable[[Sequence[str]], tuple[np.ndarray, np.ndarray]]
+"""Parity inputs (texts, or labels of audio clips) → the encoder's padded ``src`` and ``src_len``."""
+
+
+def text_encoder(manifest: Manifest) -> Encode:
+    return lambda texts: encode_batch(list(texts), manifest.src_vocab, manifest.max_source_length)
+
+
+def feature_encoder(manifest: Manifest, clips: dict[str, np.ndarray]) -> Encode:
+    """Clips by label, through the export's own front end (at its sampling rate), padded along the frames."""
+    from s2s_deploy.frontends.source import checked_features, frontend_for
+
+    source = manifest.encoder_input
+    frontend = frontend_for(source)
+    featurised = {label: checked_features(source, frontend(audio), label) for label, audio in clips.items()}
+    return lambda labels: pad_features([featurised[label] for label in labels], source)
+
+
+def synthetic_clips(sampling_rate: int, count: int = 16, seed: int = 0) -> dict[str, np.ndarray]:
+    """Seeded parity audio for an export that reads features and stores no samples: chirps of
+    0.3-1.5 s in noise of varied levels; shapes and decoding rules, not words, are what they test."""
+    rng = np.random.default_rng(seed)
+    clips = {}
+    for i in range(count):
+        t = np.arange(int(sampling_rate * rng.uniform(0.3, 1.5))) / sampling_rate
+        f0, f1 = rng.uniform(100, min(3000, sampling_rate / 3), 2)
+        chirp = 0.3 * np.sin(2 * np.pi * (f0 + (f1 - f0) * t / (2 * t[-1])) * t)
+        clips[f"synthetic clip {i + 1}"] = (chirp + rng.normal(0, rng.uniform(0.01, 0.2), len(t))).astype(np.float32)
+    return clips
+
+
 def check_parity(
     manifest: Manifest, reference: Backend, candidate: Backend, sources: Sequence[str], *,
     beam_size: int = 4, max_len: int = 64, atol: float | None = None, rtol: float | None = None,
-    batch_size: int = 16, reference_search: SearchEngine | None = None,
+    batch_size: int = 16, reference_search: SearchEngine | None = None, encode: Encode | None = None,
 ) -> ParityReport:
     """Tokens of ``reference_search`` (default: our search over ``reference``) against our search
     over ``candidate``, greedy and beam, and each step's log-probs of ``reference`` against
     ``candidate``'s. With a ``reference_search`` of its own (``generate``), both sides decode at the
-    export's own settings (the manifest's ``search`` block), but the beam size and ``max_len``."""
+    export's own settings (the manifest's ``search`` block), but the beam size and ``max_len``;
+    without one, plain searches from the export's decoder prompt. ``encode``: how ``sources``
+    become the encoder's input (default: texts through the source vocabulary)."""
     plugin = exported_plugin(manifest.plugin, manifest.plugin_origin)
     quantised = manifest.quantization is not None
     tolerance = None if quantised and atol is None and rtol is None else plugin_tolerance(plugin, atol, rtol)
     forward_tolerance = plugin_tolerance(plugin, atol, rtol)
+    encode = encode or text_encoder(manifest)
+    prompt = tuple(manifest.search.get("decoder_prompt", ()))
     if reference_search is None:
         reference_search = StepLoop(reference)
-        modes = [("greedy", SearchConfig(1, 1, max_len)), (f"beam{beam_size}", SearchConfig(beam_size, 1, max_len))]
+        modes = [(name, SearchConfig(beam, 1, max_len, decoder_prompt=prompt))
+                 for name, beam in (("greedy", 1), (f"beam{beam_size}", beam_size))]
     else:
         modes = [(name, resolve(manifest, {"beam_size": beam, "n_best": 1, "max_len": max_len}))
                  for name, beam in (("greedy", 1), (f"beam{beam_size}", beam_size))]
@@ -126,7 +163,7 @@ def check_parity(
     model = getattr(reference, "model", None)  # a PyTorch reference: check its step against its forward
     for start in range(0, len(sources), batch_size):
         chunk = list(sources[start : start + batch_size])
-        src, src_len = encode_batch(chunk, manifest.src_vocab, manifest.max_source_length)
+        src, src_len = encode(chunk)
         for name, config in modes:
             want, got = reference_search.search(src, src_len, config), search(candidate, src, src_len, config)
             tally = agreements[name]
@@ -138,8 +175,8 @@ def check_parity(
                 else:
                     decode = manifest.tgt_vocab.decode
                     tally[2].append((text, decode(w[0].tokens), decode(g[0].tokens)))
-            if name == "greedy":
-                forced = [h[0].tokens for h in want]
+            if name == "greedy":  # teacher-forced after the decoder prompt, which both were fed
+                forced = [(*config.decoder_prompt, *h[0].tokens) for h in want]
                 step_diff = step_diff.merge(
                     forced_step_comparison(reference, candidate, src, src_len, forced, tolerance or forward_tolerance))
                 if isinstance(model, Seq2SeqModel):
@@ -154,21 +191,24 @@ def check_parity(
     min_agreement = MIN_TOKEN_AGREEMENT[manifest.quantization.kind] if quantised else 1.0
     return ParityReport(tolerance, step_diff, searches, len(sources), min_agreement,
                         forward_diff if isinstance(model, Seq2SeqModel) else None, forward_tolerance,
-                        batch_agreement(manifest, candidate, sources, max_len), not per_tensor)
+                        batch_agreement(manifest, candidate, sources, max_len, encode), not per_tensor)
 
 
 BATCH_ROWS = 32
 
 
-def batch_agreement(manifest: Manifest, backend: Backend, sources: Sequence[str], max_len: int) -> SearchAgreement:
+def batch_agreement(manifest: Manifest, backend: Backend, sources: Sequence[str], max_len: int,
+                    encode: Encode | None = None) -> SearchAgreement:
     """Greedy tokens of ``backend`` in batches of 32 against one sentence at a time: a
     sentence's translation must not depend on its batchmates."""
-    config, identical, mismatches = SearchConfig(1, 1, max_len), 0, []
+    encode = encode or text_encoder(manifest)
+    prompt = tuple(manifest.search.get("decoder_prompt", ()))
+    config, identical, mismatches = SearchConfig(1, 1, max_len, decoder_prompt=prompt), 0, []
     for start in range(0, len(sources), BATCH_ROWS):
         chunk = list(sources[start : start + BATCH_ROWS])
-        together = search(backend, *encode_batch(chunk, manifest.src_vocab, manifest.max_source_length), config)
+        together = search(backend, *encode(chunk), config)
         for text, hyps in zip(chunk, together, strict=True):
-            alone = search(backend, *encode_batch([text], manifest.src_vocab, manifest.max_source_length), config)
+            alone = search(backend, *encode([text]), config)
             if alone[0][0].tokens == hyps[0].tokens:
                 identical += 1
             else:

@@ -178,6 +178,12 @@ OPTIONS: tuple[Option, ...] = (
            flag=None),
     Option("forced_bos", Whole(-1, MAX_ID), -1,
            "Hugging Face's forced_bos_token_id: this id first (unless a prefix), scored 0; -1: none.", flag=None),
+    Option("begin_suppress_tokens", Ids("token"), (),
+           "Never produce this target token as the first generated one (repeatable).", flag="--begin-suppress"),
+    Option("decoder_prompt", Ids("token"), (),
+           "Target tokens fed after the start token, before the first generated one: not scored, not counted in "
+           "max_len, not in the output (repeatable; Whisper's language, task and no-timestamps tokens).",
+           flag="--decoder-prompt"),
 )
 BY_NAME = {option.name: option for option in OPTIONS}
 

@@ -6,7 +6,7 @@ Ray all call ``resolve``; docs/manifest.md states its rules. Imports numpy only.
 The rules, in order:
 1. Each option is the caller's value (None: not given), else the manifest's ``search`` value under
    its name, else under an alias (``alpha``: ``length_penalty_alpha``), else the built-in default.
-   The built-in ``max_len`` is ``limits.max_target_length``, else 256.
+   The built-in ``max_len`` is ``limits.max_target_length`` (less a decoder prompt's tokens), else 256.
 2. A manifest ``min_len`` (never the caller's) yields to a shorter ``max_len``.
 3. Token options given as strings become target ids (format/decoding.py says how, per option).
 4. Every value is checked against its row, then the rules between options; then against the
@@ -116,6 +116,13 @@ def resolve(manifest: Manifest, given: Mapping[str, Any] | None = None) -> Searc
     limit = manifest.max_target_length
     stored = manifest_defaults(manifest)
     values = {o.name: o.default for o in OPTIONS} | {"max_len": limit or DEFAULT_MAX_LEN} | stored | given
+    prompt = len(values["decoder_prompt"])
+    if prompt and limit is not None:  # the prompt takes decoder positions too
+        if "max_len" not in given and "max_len" not in stored:
+            values["max_len"] = max(1, limit - prompt)
+        elif values["max_len"] + prompt > limit:
+            raise DecodingError(f"max_len {values['max_len']} and the decoder prompt's {prompt} tokens exceed the "
+                                f"model's limit of {limit} target positions")
     if "min_len" in stored and "min_len" not in given:
         values["min_len"] = min(stored["min_len"], values["max_len"])
     values = {name: float(value) if isinstance(BY_NAME[name].kind, Real) else value for name, value in values.items()}

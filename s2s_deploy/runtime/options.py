@@ -29,7 +29,8 @@ def options_on(config: SearchConfig) -> bool:
     masks EOS among the in-graph top-k)."""
     return (config.sampling_topk != 1 or config.repetition_penalty != 1.0 or config.no_repeat_ngram_size > 0
             or any(prefixes_of(config)) or bool(config.suppress_tokens) or config.disable_unk
-            or bool(config.bad_words_ids) or config.forced_eos or config.forced_bos >= 0)
+            or bool(config.bad_words_ids) or config.forced_eos or config.forced_bos >= 0
+            or bool(config.begin_suppress_tokens))
 
 
 def sentence_limits(config: SearchConfig, src_len: np.ndarray) -> np.ndarray:
@@ -76,6 +77,9 @@ class StepOptions:
         if any(not 0 <= i < vocab_size for i in banned | {i for w in config.bad_words_ids for i in w}):
             raise ValueError(f"a suppressed or bad-word id is outside the vocabulary (0..{vocab_size - 1})")
         self.suppressed = np.array(sorted(banned), dtype=np.int64)
+        self.begin_suppressed = np.array(sorted(set(config.begin_suppress_tokens)), dtype=np.int64)
+        if any(not 0 <= i < vocab_size for i in self.begin_suppressed.tolist()):
+            raise ValueError(f"a begin-suppressed id is outside the vocabulary (0..{vocab_size - 1})")
         self.single_bad = np.array(sorted({w[0] for w in config.bad_words_ids if len(w) == 1}), dtype=np.int64)
         self.long_bad = [w for w in config.bad_words_ids if len(w) > 1]
         self.sampling = config.sampling_topk != 1
@@ -113,7 +117,8 @@ class StepOptions:
                 if t >= n:
                     hit = (history[:, t - n:] == np.array(words[:-1])).all(axis=1)
                     out[hit, words[-1]] = -np.inf
-        for banned in (self.suppressed, self.single_bad):
+        at_begin = (self.begin_suppressed,) if t == 0 else ()  # the first generated token only
+        for banned in (self.suppressed, self.single_bad, *at_begin):
             if len(banned):
                 out[:, banned] = -np.inf
         if t < config.min_len:

@@ -16,6 +16,7 @@ import numpy as np
 from s2s_deploy.runtime.backend import Backend
 from s2s_deploy.runtime.decoding import SearchConfig
 from s2s_deploy.runtime.options import StepOptions
+from s2s_deploy.runtime.search import prompted
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,7 @@ def stream_tokens(backend: Backend, src: np.ndarray, src_len: np.ndarray,
     tokens = np.full(1, backend.decoder_start_id, dtype=np.int64)
     reorder = np.zeros(1, dtype=np.int64)
     with backend.start(src, src_len) as run:
-        step_top = options.bind(run)
+        step_top = options.bind(prompted(run, backend.decoder_start_id, config))
         for _ in range(options.max_len):
             values, ids = step_top(tokens, reorder, 1)
             token = int(ids[0, 0])

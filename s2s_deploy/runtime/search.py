@@ -23,7 +23,7 @@ from typing import Protocol
 import numpy as np
 
 from s2s_deploy.errors import S2SError
-from s2s_deploy.runtime.backend import Backend
+from s2s_deploy.runtime.backend import Backend, DecodeRun
 from s2s_deploy.runtime.decoding import SearchConfig
 from s2s_deploy.runtime.options import StepOptions, options_on
 
@@ -97,6 +97,45 @@ def step_options(backend: Backend, src: np.ndarray, src_len: np.ndarray, config:
     return StepOptions(config, src, src_len, backend.eos_id, backend.vocab_size, backend.unk_id)
 
 
+class PromptedRun(DecodeRun):
+    """A run whose first step is preceded by the decoder prompt (``decoder_prompt``): the start
+    token and every prompt token but the last are fed with their outputs dropped, and the first
+    step the search asks for is fed the last prompt token. So the prompt is neither scored, nor
+    counted in ``max_len``, nor output, as ``generate`` treats Whisper's
+    ``<|startoftranscript|> <|en|> <|transcribe|> <|notimestamps|>``; the search's own loop is unchanged."""
+
+    def __init__(self, run: DecodeRun, start_id: int, prompt: tuple[int, ...]) -> None:
+        self.run, self.fed, self.last = run, (start_id, *prompt[:-1]), prompt[-1]
+        self.pending = True
+
+    def _tokens(self, tokens: np.ndarray) -> np.ndarray:
+        if not self.pending:
+            return tokens
+        self.pending = False
+        rows = len(tokens)
+        identity = np.arange(rows, dtype=np.int64)
+        for token in self.fed:
+            self.run.step_top(np.full(rows, token, dtype=np.int64), identity, 1)
+        return np.full(rows, self.last, dtype=np.int64)
+
+    def step(self, tokens: np.ndarray, reorder: np.ndarray) -> np.ndarray:
+        return self.run.step(self._tokens(tokens), reorder)
+
+    def step_top(self, tokens: np.ndarray, reorder: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.run.step_top(self._tokens(tokens), reorder, k)
+
+    def attention(self) -> np.ndarray | None:
+        return self.run.attention()
+
+    def close(self) -> None:
+        self.run.close()
+
+
+def prompted(run: DecodeRun, start_id: int, config: SearchConfig) -> DecodeRun:
+    """``run`` itself without a decoder prompt (the common case costs nothing), else a ``PromptedRun``."""
+    return PromptedRun(run, start_id, tuple(config.decoder_prompt)) if config.decoder_prompt else run
+
+
 def greedy(backend: Backend, src: np.ndarray, src_len: np.ndarray, config: SearchConfig) -> list[Hypothesis]:
     batch, eos = src.shape[0], backend.eos_id
     rows = np.arange(batch)
@@ -113,7 +152,8 @@ def greedy(backend: Backend, src: np.ndarray, src_len: np.ndarray, config: Searc
     stops = _stops_by_step(limits)
     cut = np.zeros(batch, dtype=bool)
     steps = max_len
-    with backend.start(src, src_len) as run:
+    with backend.start(src, src_len) as started:
+        run = prompted(started, backend.decoder_start_id, config)
         step_top = run.step_top if options is None else options.bind(run)
         for t in range(steps):
             if t < min_len:  # EOS may rank first: take the runner-up there
@@ -200,7 +240,8 @@ def beam_search(
     costs = np.empty(rows)
     # The K beams of a sentence start identical, so a large batch's first step runs one row per
     # sentence (as CTranslate2 does) and the next step's reorder tiles its K best into the beams.
-    narrow = k > 1 and batch >= NARROW_FIRST_STEP_FROM
+    # (not after a decoder prompt: a backend takes its own first step, a prompt token, as the narrow one)
+    narrow = k > 1 and batch >= NARROW_FIRST_STEP_FROM and not config.decoder_prompt
     tokens = np.full(batch if narrow else rows, backend.decoder_start_id, dtype=np.int64)
     reorder = np.arange(len(tokens), dtype=np.int64)
     if not narrow:
@@ -227,7 +268,8 @@ def beam_search(
         """The length a live beam's score is judged at: its own, or ("never") its sentence's limit."""
         return t + 1 if ceiling is None else ceiling
 
-    with backend.start(src, src_len, expand=k) as run:
+    with backend.start(src, src_len, expand=k) as started:
+        run = prompted(started, backend.decoder_start_id, config)
         step_top = run.step_top if options is None else options.bind(run)
         for t in range(config.max_len if limits is None else int(limits.max())):
             # The best 2K of K*V candidates lie among each row's own best 2K: the graph ranks those.

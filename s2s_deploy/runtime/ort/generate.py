@@ -53,7 +53,7 @@ def option_feeds(config: SearchConfig, unk_id: int) -> dict[str, np.ndarray]:
         "sampling": config.sampling_topk != 1, "repetition_penalty": config.repetition_penalty != 1.0,
         "no_repeat_ngram_size": config.no_repeat_ngram_size > 0,
         "bad_words_ids of several tokens": any(len(w) > 1 for w in config.bad_words_ids),
-        "per-sentence prefixes": len(prefixes) > 1,
+        "per-sentence prefixes": len(prefixes) > 1, "begin_suppress_tokens": bool(config.begin_suppress_tokens),
     }
     asked = [name for name, on in loop_only.items() if on]
     if asked:
@@ -139,6 +139,9 @@ class GraphEngine:
     def _run(self, src: np.ndarray, src_len: np.ndarray, config: SearchConfig) -> list[list[Hypothesis]]:
         started = time.perf_counter()
         feeds = generate_feeds(src, src_len, config, self.beam)
+        if config.decoder_prompt:
+            raise S2SError(f"{self.path.name} starts from the start token alone, not a decoder prompt: use the step "
+                           "loop (engine 'loop')")
         if config.early_stopping is not False and config.beam_size > 1:
             raise S2SError(f"{self.path.name} stops beam search as early_stopping=false does, not "
                            f"{config.early_stopping!r}: use the step loop (engine 'loop')")

@@ -1,0 +1,219 @@
+"""Hugging Face Whisper against ``transformers``' own ``WhisperForConditionalGeneration.generate``.
+
+A tiny random Whisper (2+2 layers, d_model 64, 128 ids with Whisper's special tokens placed at
+100..107 and 127: ``<|notimestamps|>`` last, so no id is a timestamp; 80 mel bins; a 1-second window
+of 100 frames for ``max_source_positions`` 50) is saved with ``save_pretrained`` beside a
+``WhisperFeatureExtractor``'s ``preprocessor_config.json`` and a generation config that names the
+language, the task, ``suppress_tokens`` and ``begin_suppress_tokens``; no network. It is exported
+once with ``export --hf``, and 20 synthetic clips, featurised by the torch-free front end, must
+decode token-identically to ``generate`` on the same features, greedy and beam 4, 20 new tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+from s2s_deploy.cli import main
+
+transformers = pytest.importorskip("transformers")
+
+VOCAB = 128
+EOS = 100  # <|endoftext|>, also pad and bos, as in Whisper's own folders
+SOT = 101  # <|startoftranscript|>
+EN, FR = 102, 103
+TRANSLATE, TRANSCRIBE = 104, 105
+NO_SPEECH, PREV = 106, 107
+NO_TIMESTAMPS = VOCAB - 1  # last: generate reads every id above it as a timestamp and cuts segments there
+SUPPRESS = [1, 2, 7, SOT, EN, FR, TRANSLATE, TRANSCRIBE, NO_SPEECH, PREV]
+BEGIN_SUPPRESS = [5, EOS]
+MAX_NEW = 20
+INPUTS = 20
+RATE = 16000
+
+
+def whisper_config() -> Any:
+    return transformers.WhisperConfig(
+        vocab_size=VOCAB, num_mel_bins=80, d_model=64, encoder_layers=2, decoder_layers=2,
+        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128,
+        max_source_positions=50, max_target_positions=64, pad_token_id=EOS, bos_token_id=EOS, eos_token_id=EOS,
+        decoder_start_token_id=SOT, suppress_tokens=SUPPRESS, begin_suppress_tokens=BEGIN_SUPPRESS,
+        init_std=0.3)  # peaked, tie-free logits (0.02 gives near-uniform ones, where rounding picks)
+
+
+def favour_eos(model: Any, features: torch.Tensor, strength: float = 0.85) -> None:
+    """Random weights almost never pick EOS: point its output row along the mean state the output
+    layer reads, so its logit is ``strength`` times a typical best one and sentences end at varied lengths."""
+    head = model.get_output_embeddings()
+    seen = []
+    hook = head.register_forward_hook(lambda _m, args, out: seen.append((args[0], out)))
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        model(input_features=features[:8], decoder_input_ids=torch.randint(0, 100, (8, 12), generator=generator))
+    hook.remove()
+    states, logits = seen[0][0].reshape(-1, seen[0][0].shape[-1]), seen[0][1].reshape(-1, VOCAB)
+    mean = states.mean(0)
+    with torch.no_grad():
+        head.weight[EOS] = mean * (strength * logits.max(-1).values.median()) / mean.dot(mean)
+
+
+def clips(count: int = INPUTS) -> list[np.ndarray]:
+    """Seeded synthetic audio of 0.3 to 1.4 s (longer than the window is cut): chirps, tones and noise."""
+    rng = np.random.default_rng(0)
+    found = []
+    for _ in range(count):
+        t = np.arange(int(RATE * rng.uniform(0.3, 1.4))) / RATE
+        f0, f1 = rng.uniform(100, 3000, 2)
+        audio = 0.3 * np.sin(2 * np.pi * (f0 + (f1 - f0) * t / (2 * t[-1])) * t) + rng.normal(0, rng.uniform(0.01, 0.2),
+                                                                                                len(t))
+        found.append(audio.astype(np.float32))
+    return found
+
+
+@pytest.fixture(scope="module")
+def one_thread() -> Any:
+    """transformers' step-by-step generate on tiny tensors: torch's second thread only adds
+    synchronisation (30x slower on a loaded 2-core machine, measured), so this module runs on one."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def whisper(tmp_path_factory: pytest.TempPathFactory, one_thread: Any) -> dict[str, Any]:
+    from s2s_deploy.runtime.transcriber import Transcriber
+
+    root = tmp_path_factory.mktemp("whisper")
+    hf_dir, out = root / "whisper-hf", root / "whisper"
+    torch.manual_seed(0)
+    model = transformers.WhisperForConditionalGeneration(whisper_config()).eval()
+    extractor = transformers.WhisperFeatureExtractor(feature_size=80, sampling_rate=RATE, hop_length=160,
+                                                     chunk_length=1, n_fft=400)
+    audio = clips()
+    features = torch.from_numpy(np.stack([extractor(a, sampling_rate=RATE)["input_features"][0] for a in audio]))
+    favour_eos(model, features)
+    generation = model.generation_config
+    generation.lang_to_id = {"<|en|>": EN, "<|fr|>": FR}
+    generation.task_to_id = {"translate": TRANSLATE, "transcribe": TRANSCRIBE}
+    generation.no_timestamps_token_id = NO_TIMESTAMPS
+    generation.is_multilingual = True
+    generation.language, generation.task = "fr", "transcribe"
+    generation._from_model_config = False  # as a hub folder's: transformers drops these keys otherwise
+    model.save_pretrained(hf_dir)
+    extractor.save_pretrained(hf_dir)
+    result = CliRunner().invoke(main, ["export", "--hf", str(hf_dir), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    loaded = transformers.WhisperForConditionalGeneration.from_pretrained(hf_dir, local_files_only=True).eval()
+    transcriber = Transcriber(out, device="cpu")
+    ours = np.stack([transcriber.features(a) for a in audio])
+    return {"hf_dir": hf_dir, "out": out, "model": loaded, "transcriber": transcriber, "features": ours,
+            "hf_features": features}
+
+
+def generated(model: Any, features: np.ndarray, beams: int, **settings: Any) -> list[tuple[int, ...]]:
+    """``generate``'s new tokens up to the first EOS (it returns them after the prompt, EOS-padded)."""
+    with torch.no_grad():
+        out = model.generate(input_features=torch.from_numpy(features), num_beams=beams, max_new_tokens=MAX_NEW,
+                             **settings)
+    return [tuple(row[: row.index(EOS)] if EOS in row else row) for row in out.tolist()]
+
+
+def decoded(whisper: dict[str, Any], beams: int, rows: int = INPUTS, **options: Any) -> list[tuple[int, ...]]:
+    transcriber = whisper["transcriber"]
+    features = whisper["features"][:rows]
+    config = transcriber.translator.search_config(beams, 1, MAX_NEW, **options)
+    src_len = np.full(len(features), features.shape[-1], dtype=np.int64)
+    return [hyps[0].tokens for hyps in transcriber.translator.engine.search(features, src_len, config)]
+
+
+def test_manifest_holds_whisper_decoding_rules(whisper: dict[str, Any]) -> None:
+    from s2s_deploy.format.manifest import load_manifest
+
+    manifest = load_manifest(whisper["out"])
+    search = manifest.search
+    assert search["decoder_prompt"] == [FR, TRANSCRIBE, NO_TIMESTAMPS]
+    assert search["suppress_tokens"] == SUPPRESS and search["begin_suppress_tokens"] == BEGIN_SUPPRESS
+    assert manifest.decoder_start_id == SOT and manifest.eos_id == EOS
+    spec = manifest.encoder_input
+    assert spec.shape == (80, "frames") and dict(spec.frontend)["chunk_length"] == 1
+    assert not any(key.startswith("sampling") for key in search)
+
+
+def test_front_end_agrees_with_whisper_feature_extractor(whisper: dict[str, Any]) -> None:
+    assert whisper["features"].shape == (INPUTS, 80, 100)
+    np.testing.assert_allclose(whisper["features"], whisper["hf_features"].numpy(), atol=2e-3)
+
+
+@pytest.mark.parametrize("beams", [1, 4])
+def test_whisper_matches_generate(whisper: dict[str, Any], beams: int) -> None:
+    ours = decoded(whisper, beams)
+    theirs = generated(whisper["model"], whisper["features"], beams)
+    assert ours == theirs
+    assert decoded(whisper, beams, rows=5) == theirs[:5]  # beam search steps differently below 8 sentences
+    assert any(len(row) < MAX_NEW for row in theirs) and any(len(row) == MAX_NEW for row in theirs)
+    assert len(set(theirs)) > INPUTS // 2  # the clips decode differently: the encoder is read
+
+
+def test_the_prompt_and_suppression_are_what_generate_applies(whisper: dict[str, Any]) -> None:
+    """Without the export's rules, ours decodes differently: each rule is doing work here."""
+    theirs = generated(whisper["model"], whisper["features"], 1)
+    assert decoded(whisper, 1, decoder_prompt=[EN, TRANSCRIBE, NO_TIMESTAMPS]) != theirs
+    assert decoded(whisper, 1, decoder_prompt=[EN, TRANSCRIBE, NO_TIMESTAMPS]) == generated(
+        whisper["model"], whisper["features"], 1, language="en")
+    assert all(row[:1] not in ([5], [EOS]) for row in theirs)
+    assert not any(set(row) & set(SUPPRESS) for row in theirs)
+
+
+def test_parity_reference_runs_on_features(whisper: dict[str, Any]) -> None:
+    result = CliRunner().invoke(main, ["parity", str(whisper["out"]), "--reference", str(whisper["hf_dir"])])
+    assert result.exit_code == 0 and "parity: PASS" in result.output, result.output
+
+
+def test_transcribe_prints_ids_only_words(whisper: dict[str, Any], tmp_path: Path) -> None:
+    import soundfile
+
+    path = tmp_path / "clip.wav"
+    soundfile.write(path, clips(1)[0], RATE)
+    result = CliRunner().invoke(main, ["transcribe", str(whisper["out"]), str(path), "--quiet"])
+    assert result.exit_code == 0, result.output
+    want = generated(whisper["model"], whisper["transcriber"].features(str(path))[None], 1)[0]
+    assert result.output.split() == [f"t{i}" for i in want]
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"return_timestamps": True}, "timestamps"),
+    ({"language": None}, "detect"),
+    ({"no_speech_threshold": 0.6}, "no_speech_threshold"),
+    ({"sequence_bias": [[[3], 1.0]]}, "sequence_bias"),
+])
+def test_export_refuses_what_it_does_not_reproduce(whisper: dict[str, Any], tmp_path: Path,
+                                                   change: dict[str, Any], message: str) -> None:
+    folder = tmp_path / "hf"
+    shutil.copytree(whisper["hf_dir"], folder)
+    raw = json.loads((folder / "generation_config.json").read_text())
+    raw.update(change)
+    (folder / "generation_config.json").write_text(json.dumps(raw))
+    result = CliRunner().invoke(main, ["export", "--hf", str(folder), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 1 and message in result.output, result.output
+    assert len(result.output.strip().splitlines()) == 1 and result.output.startswith("error:")
+
+
+def test_export_refuses_a_window_the_encoder_does_not_read(whisper: dict[str, Any], tmp_path: Path) -> None:
+    folder = tmp_path / "hf"
+    shutil.copytree(whisper["hf_dir"], folder)
+    raw = json.loads((folder / "preprocessor_config.json").read_text())
+    raw["chunk_length"] = 2
+    (folder / "preprocessor_config.json").write_text(json.dumps(raw))
+    result = CliRunner().invoke(main, ["export", "--hf", str(folder), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 1 and "exactly 100" in result.output, result.output
+    (folder / "preprocessor_config.json").unlink()
+    result = CliRunner().invoke(main, ["export", "--hf", str(folder), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 1 and "preprocessor_config.json" in result.output, result.output
