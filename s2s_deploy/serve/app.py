@@ -28,7 +28,7 @@ from s2s_deploy.serve.batcher import Batcher, BatchLimits, QueueFullError, TooLa
 CONFIG_ENV = "S2S_DEPLOY_SERVE_CONFIG"
 """How ``--workers N`` hands the settings to each worker process (uvicorn imports the factory)."""
 
-OPTIONS = ("beam", "n_best", "alpha", "max_len")
+OPTIONS = ("beam", "n_best", "alpha", "max_len", "target_lang")
 MAX_BODY_BYTES = 1 << 20
 """A larger body is refused (413) before it is read."""
 
@@ -85,7 +85,11 @@ def parse_request(body: Any, translator: Translator, max_beam: int) -> tuple[lis
     if alpha is not None and (isinstance(alpha, bool) or not isinstance(alpha, (int, float))
                               or not math.isfinite(alpha) or alpha < 0):
         raise BadRequestError("'alpha' must be a finite number >= 0")
-    config = translator.search_config(beam, n_best, max_len, alpha)  # what the request leaves out: the export's
+    target_lang = body.get("target_lang")
+    if target_lang is not None and not isinstance(target_lang, str):
+        raise BadRequestError("'target_lang' must be a language code string")
+    # what the request leaves out: the export's
+    config = translator.search_config(beam, n_best, max_len, alpha, target_lang=target_lang)
     if config.beam_size > max_beam:
         raise BadRequestError(f"the export's default beam {config.beam_size} exceeds this server's largest, "
                               f"{max_beam}: name a smaller 'beam'")
