@@ -16,7 +16,9 @@ normed inputs, RMS-normalised again; a query's bias towards one is the first lay
 ``global_relative_attention_bias`` by block distance, and ``-1e10`` where the sentence has no such
 block. The block of a token is ``position // global_block_size`` in integers, which is what
 ``transformers``' float cumulative sum gives whenever ``1 / global_block_size`` is exact in
-float32 (every power of two, 16 by default).
+float32 (every power of two, 16 by default). Two more global columns than any sentence has are
+always present and always masked, so their count never traces as 0 or 1 (a dimension the
+exporter would fix); a masked score adds exactly 0 to the softmax.
 
 Module names follow ``transformers`` (``encoder.block.0.layer.0.LocalSelfAttention.q``, ...).
 """
