@@ -6,7 +6,8 @@ from ``transformers``' arithmetic.
 embeddings scaled by ``sqrt(d)``, pre-norm layers with a final LayerNorm after each stack, no
 LayerNorm on the embeddings, and the output projection tied to the shared embedding. The target
 language is the forced first token (``forced_bos_token_id``), which the export keeps as its
-default prefix.
+default prefix; its language tokens (NLLB's ``fra_Latn``, M2M100's ``__fr__``) are listed in the
+export, so ``target_lang`` picks another by code.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class M2M100Plugin(EncoderDecoderPlugin):
         "tiny": EncoderDecoderConfig(**FAMILY, pad_token_id=1, scale_embedding=True, activation_function="relu")}
     default_preset = "tiny"
     hf_model_types = ("m2m_100",)
+    hf_language_codes = r"[a-z]{3}_[A-Z][a-z]{3}|__[a-z]{2,3}__"  # NLLB's FLORES-200 codes, M2M100's
 
     def config_from_hf(self, hf: Mapping[str, Any]) -> EncoderDecoderConfig:
         return hf_encoder_decoder_config(hf, **FAMILY, pad_token_id=int(hf.get("pad_token_id", 1)),

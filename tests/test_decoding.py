@@ -238,3 +238,36 @@ def test_options_that_would_be_ignored_are_refused(args: list[str], message: str
     """The sweep: an option whose value another option makes meaningless is one line, not ignored."""
     result = run(*args)
     assert result.exit_code == 1 and message in result.stderr, result.output
+
+
+def test_target_lang_is_a_listed_code_made_the_forced_bos(gru, tmp_path: Path) -> None:
+    """``target_lang`` (one row of the table) turns a code among the target vocabulary's
+    ``languages`` into ``forced_bos``; an unknown code, a vocabulary that lists none and a
+    contradicting ``forced_bos`` are each one line."""
+    import re
+
+    folder = with_search(gru, tmp_path / "languages")
+    raw = json.loads((folder / "manifest.json").read_text())
+    tokens = raw["vocab"]["target"]["tokens"]
+    raw["vocab"]["target"]["languages"] = [7, 9]
+    (folder / "manifest.json").write_text(json.dumps(raw))
+    manifest = load_manifest(folder)
+    assert manifest.tgt_vocab.languages == (7, 9)
+    assert resolve(manifest, {"target_lang": tokens[9]}).forced_bos == 9
+    assert resolve(manifest, {}).forced_bos == -1
+    assert resolve(manifest, {"target_lang": tokens[7], "forced_bos": 7}).forced_bos == 7
+    known = f"unknown target_lang 'xx_Yyyy'; known: {tokens[7]}, {tokens[9]}"
+    with pytest.raises(DecodingError, match=re.escape(known)):
+        resolve(manifest, {"target_lang": "xx_Yyyy"})
+    with pytest.raises(DecodingError, match=re.escape(f"{tokens[9]!r} is id 9, but forced_bos 7 is given too")):
+        resolve(manifest, {"target_lang": tokens[9], "forced_bos": 7})
+    with pytest.raises(DecodingError, match="this export lists no language codes"):
+        resolve(gru, {"target_lang": tokens[9]})
+    with pytest.raises(DecodingError, match="target_lang must be a code"):
+        resolve(manifest, {"target_lang": 9})
+    result = run("translate", str(folder), gru.samples[0], "--device", "cpu", "--target-lang", "xx_Yyyy")
+    assert result.exit_code == 1 and result.stderr.startswith("error: unknown target_lang 'xx_Yyyy'; known: ")
+    assert len(result.stderr.strip().splitlines()) == 1
+    rows = [manifest.src_vocab.encode(text) for text in gru.samples[:3]]
+    chosen = Translator(folder, device="cpu", threads=1).translate_ids(rows, beam=2, target_lang=tokens[9])
+    assert all(hypotheses[0].tokens[0] == 9 for hypotheses in chosen)

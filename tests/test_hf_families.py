@@ -87,8 +87,7 @@ def _marian() -> Any:
 
 def _bart() -> Any:
     return transformers.BartConfig(vocab_size=VOCAB, pad_token_id=1, bos_token_id=0, eos_token_id=2,
-                                   decoder_start_token_id=2, forced_eos_token_id=2, forced_bos_token_id=0,
-                                   **_bart_sizes())
+                                   decoder_start_token_id=2, forced_eos_token_id=2, **_bart_sizes())
 
 
 def _mbart() -> Any:
@@ -122,10 +121,9 @@ NLLB_SOURCE, NLLB_TARGET = VOCAB - 2, VOCAB - 1  # eng_Latn, fra_Latn: NLLB's la
 
 
 def _m2m100() -> Any:
-    """NLLB's layout: the target language is the forced first token."""
+    """NLLB's layout: the target language is the forced first token (``Family.generation``)."""
     return transformers.M2M100Config(vocab_size=VOCAB, pad_token_id=1, bos_token_id=0, eos_token_id=2,
-                                     decoder_start_token_id=2, forced_bos_token_id=NLLB_TARGET,
-                                     scale_embedding=True, **_bart_sizes())
+                                     decoder_start_token_id=2, scale_embedding=True, **_bart_sizes())
 
 
 def _pegasus() -> Any:
@@ -172,6 +170,16 @@ class Family:
     tokenizer: Callable[[Path], None]
     words: tuple[str, ...]
     eos_strength: float = 0.9  # favour_eos: a row where no sentence ends within MAX_NEW needs more
+    generation: tuple[tuple[str, Any], ...] = ()
+    """``generation_config.json`` settings: transformers 5 drops ``forced_bos_token_id`` from a
+    model config's arguments, so a layout that forces a first token says so here."""
+    variant: str = ""
+    """A second row of one ``model_type`` (another attention kind) names itself here."""
+
+    @property
+    def key(self) -> str:
+        """The row's name: its ``model_type``, and its variant if it has one."""
+        return f"{self.model_type}-{self.variant}" if self.variant else self.model_type
 
 
 BART_WORDS = tuple(f"w{i}" for i in range(4, VOCAB))
@@ -182,7 +190,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("marian", _marian, "MarianMTModel", opus_mt_files, OPUS_WORDS),
     Family("bart", _bart, "BartForConditionalGeneration",
            word_level(words_around({0: "<s>", 1: "<pad>", 2: "</s>", 3: "<unk>"}), "<s> $A </s>", ("<s>", "</s>")),
-           BART_WORDS),
+           BART_WORDS, generation=(("forced_bos_token_id", 0),)),
     Family("mbart", _mbart, "MBartForConditionalGeneration",
            word_level(words_around({0: "<s>", 1: "<pad>", 2: "</s>", 3: "<unk>", VOCAB - 1: "en_XX"}),
                       "$A </s> en_XX", ("</s>", "en_XX")),
@@ -195,13 +203,14 @@ FAMILIES += (
     # moderate (at 8x, float32 rounding alone moves the cached step 3.6e-4 from the forward)
     Family("mt5", lambda: transformers.MT5Config(**{**_t5_sizes(), "initializer_factor": 0.25}),
            "MT5ForConditionalGeneration",
-           FAMILIES[3].tokenizer, T5_WORDS, eos_strength=0.97),
+           FAMILIES[3].tokenizer, T5_WORDS, eos_strength=1.76),  # 12 of 20 end, greedy and beam 4
     Family("umt5", lambda: transformers.UMT5Config(**_t5_sizes()), "UMT5ForConditionalGeneration",
            FAMILIES[3].tokenizer, T5_WORDS),
     Family("m2m_100", _m2m100, "M2M100ForConditionalGeneration",
            word_level(words_around({0: "<s>", 1: "<pad>", 2: "</s>", 3: "<unk>", NLLB_SOURCE: "eng_Latn",
                                     NLLB_TARGET: "fra_Latn"}), "eng_Latn $A </s>", ("eng_Latn", "</s>")),
-           tuple(f"w{i}" for i in range(4, VOCAB - 2)), eos_strength=0.97),
+           tuple(f"w{i}" for i in range(4, VOCAB - 2)), eos_strength=1.25,
+           generation=(("forced_bos_token_id", NLLB_TARGET),)),
     Family("pegasus", _pegasus, "PegasusForConditionalGeneration",
            word_level(words_around({0: "<pad>", 1: "</s>", 2: "<unk>"}), "$A </s>", ("</s>",)), T5_WORDS),
     Family("blenderbot", _blenderbot, "BlenderbotForConditionalGeneration",
@@ -211,8 +220,16 @@ FAMILIES += (
            word_level(words_around({0: "<pad>", 1: "<s>", 2: "</s>", 3: "<unk>"}), "$A </s>", ("</s>",)),
            BART_WORDS),
     Family("fsmt", _fsmt, "FSMTForConditionalGeneration", ids_only, tuple(f"t{i}" for i in range(3, VOCAB))),
+    # local_radius 3: blocks of 4 tokens, so the 3 to 13 source ids span up to 4 blocks and the
+    # neighbours' masking and padding are exercised
+    Family("longt5", lambda: transformers.LongT5Config(**_t5_sizes(), local_radius=3), "LongT5ForConditionalGeneration",
+           FAMILIES[3].tokenizer, T5_WORDS, eos_strength=1.1),
+    # and the global blocks: 4 tokens each, so a sentence has 0 to 3 of them, its tail in the last
+    Family("longt5", lambda: transformers.LongT5Config(**_t5_sizes(), local_radius=3, global_block_size=4,
+                                                       encoder_attention_type="transient-global"),
+           "LongT5ForConditionalGeneration", FAMILIES[3].tokenizer, T5_WORDS, eos_strength=1.1, variant="tglobal"),
 )
-BY_TYPE = {f.model_type: f for f in FAMILIES}
+BY_TYPE = {f.key: f for f in FAMILIES}
 
 
 def favour_eos(model: Any, strength: float = 0.9) -> None:
@@ -245,41 +262,82 @@ class Built:
     model: Any  # transformers' model loaded back from hf_dir, with its generation_config.json
 
 
-class FamilyExports:
-    """One tiny model and one ``--hf`` export per family per session."""
+EXPORT_WORKERS = 2
+"""Exports run this many at a time, each in its own process on one thread: an export is mostly
+the dynamo trace, single-threaded Python, so two cores export two families at once."""
 
-    def __init__(self, root: Path) -> None:
+
+def build_and_export(model_type: str, root: Path) -> str | None:
+    """One family's tiny model saved as a Hugging Face folder and exported with ``export --hf``
+    (in a worker process); the CLI's output when the export fails, else None."""
+    from click.testing import CliRunner
+
+    from s2s_deploy.cli import main
+
+    torch.set_num_threads(1)
+    family = BY_TYPE[model_type]
+    torch.manual_seed(SEED)
+    model = getattr(transformers, family.model_class)(family.config()).eval()
+    favour_eos(model, family.eos_strength)
+    for key, value in family.generation:
+        setattr(model.generation_config, key, value)
+    hf_dir, out = root / f"{model_type}-hf", root / model_type
+    model.save_pretrained(hf_dir)
+    family.tokenizer(hf_dir)
+    result = CliRunner().invoke(main, ["export", "--hf", str(hf_dir), "--out", str(out)])
+    return None if result.exit_code == 0 else result.output
+
+
+class FamilyExports:
+    """One tiny model and one ``--hf`` export per family per session, started together for every
+    family the session's tests name (``prefetch``) in a pool of ``EXPORT_WORKERS`` processes, and
+    ``generate``'s answers kept per (family, beams), since several tests compare with them."""
+
+    def __init__(self, root: Path, prefetch: list[str]) -> None:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
         self.root = root
         self.done: dict[str, Built] = {}
         self.failed: dict[str, str] = {}
+        self.answers: dict[tuple[str, int], list[tuple[int, ...]]] = {}
+        self.pool = ProcessPoolExecutor(EXPORT_WORKERS, mp_context=multiprocessing.get_context("spawn"))
+        self.pending = {t: self.pool.submit(build_and_export, t, root) for t in dict.fromkeys(prefetch)}
 
     def get(self, model_type: str) -> Built:
         if model_type in self.failed:  # one failed export per session, not one per test
             pytest.fail(self.failed[model_type])
         if model_type not in self.done:
-            from click.testing import CliRunner
-
-            from s2s_deploy.cli import main
-
-            family = BY_TYPE[model_type]
-            torch.manual_seed(SEED)
-            model = getattr(transformers, family.model_class)(family.config()).eval()
-            favour_eos(model, family.eos_strength)
-            hf_dir, out = self.root / f"{model_type}-hf", self.root / model_type
-            model.save_pretrained(hf_dir)
-            family.tokenizer(hf_dir)
-            result = CliRunner().invoke(main, ["export", "--hf", str(hf_dir), "--out", str(out)])
-            if result.exit_code != 0:
-                self.failed[model_type] = result.output
-                pytest.fail(result.output)
+            future = self.pending.pop(model_type, None) or self.pool.submit(build_and_export, model_type, self.root)
+            failure = future.result()
+            if failure is not None:
+                self.failed[model_type] = failure
+                pytest.fail(failure)
+            hf_dir = self.root / f"{model_type}-hf"
             loaded = transformers.AutoModelForSeq2SeqLM.from_pretrained(hf_dir, local_files_only=True).eval()
-            self.done[model_type] = Built(family, hf_dir, out, loaded)
+            self.done[model_type] = Built(BY_TYPE[model_type], hf_dir, self.root / model_type, loaded)
         return self.done[model_type]
+
+    def generated(self, built: Built, rows: list[list[int]], pad: int, beams: int) -> list[tuple[int, ...]]:
+        """``generated(..., eos=-1)`` for the family's own inputs, computed once per beam size."""
+        key = (built.family.key, beams)
+        if key not in self.answers:
+            self.answers[key] = generated(built.model, rows, pad, -1, beams)
+        return self.answers[key]
 
 
 @pytest.fixture(scope="session")
-def family_exports(tmp_path_factory: pytest.TempPathFactory) -> FamilyExports:
-    return FamilyExports(tmp_path_factory.mktemp("hf-families"))
+def family_exports(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Any:
+    torch.set_num_threads(1)  # tiny models: threads only contend, and on a shared machine cost 10x
+    named = [item.callspec.params["model_type"] for item in request.session.items
+             if hasattr(item, "callspec") and "model_type" in item.callspec.params]
+    exports = FamilyExports(tmp_path_factory.mktemp("hf-families"), named)
+    yield exports
+    exports.pool.shutdown(cancel_futures=True)
+
+
+def until_eos(row: tuple[int, ...], eos: int) -> tuple[int, ...]:
+    return row[: row.index(eos)] if eos in row else row
 
 
 def texts(family: Family, count: int = INPUTS) -> list[str]:
@@ -301,7 +359,8 @@ def generated(model: Any, rows: list[list[int]], pad: int, eos: int, beams: int,
     return [tuple(row[: row.index(eos)] if eos in row else row) for row in out[:, 1:].tolist()]
 
 
-def agreement(built: Built, beams: int) -> tuple[int, list[tuple[str, tuple[int, ...], tuple[int, ...]]]]:
+def agreement(exports: FamilyExports, built: Built,
+              beams: int) -> tuple[int, list[tuple[str, tuple[int, ...], tuple[int, ...]]]]:
     """How many of the inputs ours translates to generate's tokens, and the ones that differ."""
     from s2s_deploy.runtime.translator import Translator
 
@@ -310,24 +369,26 @@ def agreement(built: Built, beams: int) -> tuple[int, list[tuple[str, tuple[int,
     sources = texts(built.family)
     rows = [vocab.encode(text) for text in sources]
     ours = [h[0].tokens for h in translator.translate_ids(rows, beam=beams, max_len=MAX_NEW)]
-    theirs = generated(built.model, rows, vocab.pad_id, translator.manifest.eos_id, beams)
+    eos = translator.manifest.eos_id
+    theirs = [until_eos(row, eos) for row in exports.generated(built, rows, vocab.pad_id, beams)]
     differ = [(s, o, t) for s, o, t in zip(sources, ours, theirs, strict=True) if o != t]
     return len(sources) - len(differ), differ
 
 
-@pytest.mark.parametrize("model_type", [f.model_type for f in FAMILIES])
+@pytest.mark.parametrize("model_type", [f.key for f in FAMILIES])
 @pytest.mark.parametrize("beams", [1, 4])
 def test_family_matches_generate_at_its_own_settings(family_exports: FamilyExports, model_type: str,
                                                      beams: int) -> None:
     built = family_exports.get(model_type)
-    matches, differ = agreement(built, beams)
+    matches, differ = agreement(family_exports, built, beams)
     assert matches == INPUTS, (model_type, beams, differ[:3])
 
 
-@pytest.mark.parametrize("model_type", [f.model_type for f in FAMILIES])
+@pytest.mark.parametrize("model_type", [f.key for f in FAMILIES])
 def test_family_inputs_tokenise_as_transformers_does(family_exports: FamilyExports, model_type: str) -> None:
     """The harness feeds ids both ways: they must be the ids the folder's own tokenizer gives,
-    and some sentences must end before the limit, or EOS handling goes untested."""
+    and some sentences, not all, must end before the limit, or EOS handling (or the limit) goes
+    untested."""
     from s2s_deploy.format.manifest import load_manifest
 
     built = family_exports.get(model_type)
@@ -345,9 +406,10 @@ def test_family_inputs_tokenise_as_transformers_does(family_exports: FamilyExpor
     if tokenizer is not None:
         assert [tokenizer(s)["input_ids"] for s in sources] == [manifest.src_vocab.encode(s) for s in sources]
     rows = [manifest.src_vocab.encode(s) for s in sources]
-    for beams in (1, 4):
-        ended = generated(built.model, rows, manifest.src_vocab.pad_id, -1, beams)
-        assert any(manifest.eos_id in row for row in ended), beams
+    for beams in (1, 4):  # before the limit: forced EOS ends every sentence at it
+        ended = sum(manifest.eos_id in row[: MAX_NEW - 1]
+                    for row in family_exports.generated(built, rows, manifest.src_vocab.pad_id, beams))
+        assert 0 < ended < INPUTS, (beams, ended)
 
 
 def test_marian_prints_a_source_only_piece_as_marian_tokenizer_does(family_exports: FamilyExports) -> None:
@@ -377,7 +439,8 @@ def test_every_hf_plugin_has_a_row() -> None:
     from s2s_deploy.architecture.registry import REGISTRY
 
     served = {t for entry in REGISTRY.entries() for t in entry.plugin.hf_model_types}
-    assert served <= set(BY_TYPE) | set(ELSEWHERE), sorted(served - set(BY_TYPE) - set(ELSEWHERE))
+    rows = {f.model_type for f in FAMILIES}
+    assert served <= rows | set(ELSEWHERE), sorted(served - rows - set(ELSEWHERE))
     assert all((Path(__file__).parent.parent / path).is_file() for path in ELSEWHERE.values())
 
 
@@ -420,3 +483,43 @@ def test_beam_stopping_rules_match_generate(family_exports: FamilyExports, early
     theirs = generated(built.model, rows, vocab.pad_id, translator.manifest.eos_id, 4,
                        early_stopping=early_stopping, length_penalty=alpha)
     assert ours == theirs
+
+
+def test_target_lang_code_is_the_forced_bos_generate_takes(family_exports: FamilyExports) -> None:
+    """NLLB's language codes: the export lists them (the plugin's ``hf_language_codes``), and
+    ``target_lang`` (``Translator``, ``translate --target-lang``, ``serve``) makes a code's id the
+    forced first token, token-identical to ``generate(..., forced_bos_token_id=<the code's id>)``."""
+    from click.testing import CliRunner
+
+    from s2s_deploy.cli import main
+    from s2s_deploy.runtime.translator import Translator
+    from s2s_deploy.serve.app import parse_request
+
+    built = family_exports.get("m2m_100")
+    translator = Translator(built.out, device="cpu")
+    vocab = translator.manifest.tgt_vocab
+    assert [vocab.tokens[i] for i in vocab.languages] == ["eng_Latn", "fra_Latn"]
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_file=str(built.hf_dir / "tokenizer.json"))
+    code = tokenizer.convert_tokens_to_ids("eng_Latn")  # not the folder's own fra_Latn
+    sources = texts(built.family)
+    rows = [translator.manifest.src_vocab.encode(text) for text in sources]
+    for beams in (1, 4):
+        ours = [h[0].tokens for h in translator.translate_ids(rows, beam=beams, max_len=MAX_NEW,
+                                                              target_lang="eng_Latn")]
+        theirs = generated(built.model, rows, vocab.pad_id, translator.manifest.eos_id, beams,
+                           forced_bos_token_id=code)
+        assert ours == theirs, beams
+        assert all(row[0] == code for row in ours)
+        default = [h[0].tokens for h in translator.translate_ids(rows, beam=beams, max_len=MAX_NEW)]
+        assert all(row[0] != code for row in default)
+    runner = CliRunner()
+    result = runner.invoke(main, ["translate", str(built.out), *sources[:4], "--device", "cpu", "--beam", "4",
+                                  "--target-lang", "eng_Latn"])
+    assert result.exit_code == 0, result.output
+    wanted = translator(sources[:4], beam=4, target_lang="eng_Latn")
+    assert result.stdout.splitlines() == [t.text for t in wanted]
+    refused = runner.invoke(main, ["translate", str(built.out), sources[0], "--target-lang", "deu_Latn"])
+    assert refused.exit_code == 1 and len(refused.stderr.strip().splitlines()) == 1
+    assert refused.stderr.startswith("error: unknown target_lang 'deu_Latn'; known: eng_Latn, fra_Latn")
+    _, config = parse_request({"texts": sources[:1], "target_lang": "eng_Latn"}, translator, 16)
+    assert config.forced_bos == code

@@ -85,6 +85,10 @@ class ArchitecturePlugin(ABC):
     hf_sentencepiece_files: ClassVar[tuple[str, str, str] | None] = None
     """The family's own tokenizer files in a Hugging Face folder, when it ships SentencePiece models
     rather than a ``tokenizer.json``: (source model, target model, JSON mapping piece to model id)."""
+    hf_language_codes: ClassVar[str | None] = None
+    """A regular expression that the target tokens naming a language match in full, for a family
+    told which language to write by a forced first token: the export lists those ids in the
+    target vocabulary's ``languages``, so ``target_lang`` takes a code instead of an id."""
     hf_files: ClassVar[tuple[str, ...]] = ()
     """JSON files of a Hugging Face folder that ``from_hf`` reads besides ``config.json`` (a speech
     family's ``preprocessor_config.json``: its front end); each must be there, and is passed as ``files``."""

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -292,6 +293,13 @@ def sample_texts(vocab: Vocabulary, count: int = SAMPLE_COUNT) -> tuple[str, ...
     return tuple(text for text in texts if text.strip())
 
 
+def language_ids(vocab: Vocabulary, pattern: str) -> tuple[int, ...]:
+    """The ids whose tokens the plugin's ``hf_language_codes`` matches in full (none for an
+    ids-only vocabulary, whose tokens are ``t<id>``)."""
+    code = re.compile(pattern)
+    return tuple(i for i, token in enumerate(vocab.tokens) if code.fullmatch(token))
+
+
 @dataclass(frozen=True)
 class HFSource:
     checkpoint: Checkpoint
@@ -310,6 +318,8 @@ def load_hf(plugin: ArchitecturePlugin, directory: str | Path) -> HFSource:
     weights = plugin.from_hf(folder.config, folder.tensors, **({"files": files} if files else {}))
     ids = special_ids(folder.config, folder.generation)
     src_vocab, tgt_vocab = text_vocabularies(plugin, Path(directory), weights, ids)
+    if plugin.hf_language_codes is not None:
+        tgt_vocab = replace(tgt_vocab, languages=language_ids(tgt_vocab, plugin.hf_language_codes))
     info = {"hf_model_type": model_type, "hf_folder": Path(directory).name}
     checkpoint = Checkpoint(plugin.name, plugin.version, weights.config, src_vocab, tgt_vocab, weights.tensors, info)
     model = build_model(checkpoint, plugin)

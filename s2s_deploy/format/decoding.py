@@ -124,7 +124,25 @@ class OneOf:
         return {"enum": list(self.values)}
 
 
-Kind = Whole | Real | Switch | Ids | OneOf
+@dataclass(frozen=True)
+class Code:
+    """A language code: one of the target tokens the vocabulary lists as ``languages``. Resolve
+    turns it into that token's id and sets option ``sets`` with it; ``""``: none."""
+
+    sets: str
+    python_type = str
+
+    def problem(self, value: Any) -> str | None:
+        if not isinstance(value, str) or len(value) > MAX_CODE:
+            return f"must be a code of at most {MAX_CODE} characters, not {value!r:.40}"
+        return None
+
+    def schema(self) -> dict[str, Any]:
+        return {"type": "string", "maxLength": MAX_CODE}
+
+
+MAX_CODE = 64
+Kind = Whole | Real | Switch | Ids | OneOf | Code
 
 
 @dataclass(frozen=True)
@@ -184,6 +202,9 @@ OPTIONS: tuple[Option, ...] = (
            "Target tokens fed after the start token, before the first generated one: not scored, not counted in "
            "max_len, not in the output (repeatable; Whisper's language, task and no-timestamps tokens).",
            flag="--decoder-prompt"),
+    Option("target_lang", Code(sets="forced_bos"), "",
+           "Target language by its code (a token the export lists as a language, e.g. fra_Latn): forced first.",
+           shown_default="none"),
 )
 BY_NAME = {option.name: option for option in OPTIONS}
 

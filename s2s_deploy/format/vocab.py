@@ -42,6 +42,8 @@ class Vocabulary:
     ``encode(text)`` returns ``prefix + ids + suffix`` (the suffix is ``(eos_id,)`` unless given),
     so a model whose source reads ``<s> ... </s>`` or ``... </s> en_XX`` says so here.
     ``decode`` stops at EOS and drops pad, bos, the decoder start and ``hidden`` ids.
+    ``languages``: the ids whose tokens name a target language, for a model told which language to
+    write by a forced first token (``target_lang`` turns a code into its id).
     """
 
     tokens: tuple[str, ...]
@@ -55,6 +57,7 @@ class Vocabulary:
     suffix: tuple[int, ...] | None = None
     hidden: tuple[int, ...] = ()
     tokenizer: TokenizerFile | None = None
+    languages: tuple[int, ...] = ()
     _index: dict[str, int] = field(init=False, repr=False, compare=False)
     _skip: frozenset[int] = field(init=False, repr=False, compare=False)
     _model: SentencePieceModel | HFTokenizer | None = field(init=False, repr=False, compare=False)
@@ -72,11 +75,12 @@ class Vocabulary:
         object.__setattr__(self, "prefix", tuple(self.prefix))
         object.__setattr__(self, "suffix", tuple(self.suffix))
         object.__setattr__(self, "hidden", tuple(self.hidden))
+        object.__setattr__(self, "languages", tuple(self.languages))
         size = len(self.tokens)
         for role, value in self.special_ids().items():
             if value is not None and not _is_id(value, size):
                 raise VocabularyError(f"special id {role}={value!r} is not an id of this {size}-token vocabulary")
-        for name in ("prefix", "suffix", "hidden"):
+        for name in ("prefix", "suffix", "hidden", "languages"):
             bad = [i for i in getattr(self, name) if not _is_id(i, size)]
             if bad:
                 raise VocabularyError(f"{name} holds {bad[0]!r}, not an id of this {size}-token vocabulary")
@@ -156,7 +160,14 @@ class Vocabulary:
                 "prefix": list(self.prefix), "suffix": list(self.suffix), "hidden": list(self.hidden)}
         if self.tokenizer is not None:
             data["tokenizer"] = {"file": self.tokenizer.name, "sha256": self.tokenizer.sha256}
+        if self.languages:
+            data["languages"] = list(self.languages)
         return data
+
+    def language_id(self, code: str) -> int | None:
+        """The id of the language token ``code`` (None: not one of ``languages``)."""
+        found = self._index.get(code)
+        return found if found in self.languages else None
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], decoder_start_id: int | None = None,
@@ -176,6 +187,7 @@ class Vocabulary:
             unk_id=special.get("unk"), decoder_start_id=special.get("decoder_start"),
             prefix=tuple(data.get("prefix", ())), suffix=_optional_ids(data.get("suffix")),
             hidden=tuple(data.get("hidden", ())), tokenizer=_tokenizer_file(data.get("tokenizer"), read_file),
+            languages=tuple(data.get("languages", ())),
         )
 
     @classmethod

@@ -8,7 +8,9 @@ The rules, in order:
    its name, else under an alias (``alpha``: ``length_penalty_alpha``), else the built-in default.
    The built-in ``max_len`` is ``limits.max_target_length`` (less a decoder prompt's tokens), else 256.
 2. A manifest ``min_len`` (never the caller's) yields to a shorter ``max_len``.
-3. Token options given as strings become target ids (format/decoding.py says how, per option).
+3. Token options given as strings become target ids (format/decoding.py says how, per option); a
+   code option (``target_lang``) becomes the id of the target token it names among the
+   vocabulary's ``languages``, and sets the option its row names (``forced_bos``).
 4. Every value is checked against its row, then the rules between options; then against the
    export: a caller's ``max_len`` within the position table, the beam below the vocabulary size,
    every id inside the target vocabulary.
@@ -23,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from s2s_deploy.errors import S2SError
-from s2s_deploy.format.decoding import BY_NAME, OPTIONS, Ids, Real
+from s2s_deploy.format.decoding import BY_NAME, OPTIONS, Code, Ids, Real
 
 if TYPE_CHECKING:
     from s2s_deploy.format.manifest import Manifest
@@ -132,6 +134,9 @@ def resolve(manifest: Manifest, given: Mapping[str, Any] | None = None) -> Searc
     if values["beam_size"] >= len(vocab):
         raise DecodingError(f"beam_size {values['beam_size']} must be smaller than the target vocabulary "
                             f"({len(vocab)} tokens)")
+    for option in OPTIONS:
+        if isinstance(option.kind, Code) and values[option.name]:
+            values[option.kind.sets] = _coded(option, values[option.name], vocab, given)
     config = SearchConfig(**values)
     for option in OPTIONS:
         if isinstance(option.kind, Ids):
@@ -152,6 +157,24 @@ def _as_ids(vocab: Vocabulary, kind: Ids, value: Any) -> Any:
     if kind.strings == "token":
         return tuple(_token_id(vocab, token) if isinstance(token, str) else token for token in value)
     return tuple(_as_ids(vocab, Ids("text"), words) for words in value)
+
+
+def _coded(option: Any, code: str, vocab: Vocabulary, given: Mapping[str, Any]) -> int:
+    """The id ``code`` names among the target vocabulary's ``languages``; an unknown code is one
+    line naming a few known ones."""
+    kind = option.kind
+    found = vocab.language_id(code)
+    if found is None:
+        if not vocab.languages:
+            raise DecodingError(f"{option.name} {code!r}: this export lists no language codes among its target "
+                                "tokens")
+        known = [vocab.tokens[i] for i in vocab.languages]
+        shown = ", ".join(known[:6]) + (f", ... ({len(known)} in all)" if len(known) > 6 else "")
+        raise DecodingError(f"unknown {option.name} {code!r}; known: {shown}")
+    other = given.get(kind.sets)
+    if other is not None and other != found:
+        raise DecodingError(f"{option.name} {code!r} is id {found}, but {kind.sets} {other} is given too: give one")
+    return found
 
 
 def _token_id(vocab: Vocabulary, token: str) -> int:

@@ -31,7 +31,7 @@ from s2s_deploy.serve.batcher import Batcher, BatchLimits, Decode, QueueFullErro
 CONFIG_ENV = "S2S_DEPLOY_SERVE_CONFIG"
 """How ``--workers N`` hands the settings to each worker process (uvicorn imports the factory)."""
 
-OPTIONS = ("beam", "n_best", "alpha", "max_len")
+OPTIONS = ("beam", "n_best", "alpha", "max_len", "target_lang")
 MAX_BODY_BYTES = 1 << 20
 """A larger JSON body is refused (413) before it is read."""
 MAX_AUDIO_BYTES = 32 << 20
@@ -79,7 +79,11 @@ def parse_options(fields: dict[str, Any], translator: Translator, max_beam: int)
     if alpha is not None and (isinstance(alpha, bool) or not isinstance(alpha, (int, float))
                               or not math.isfinite(alpha) or alpha < 0):
         raise BadRequestError("'alpha' must be a finite number >= 0")
-    config = translator.search_config(beam, n_best, max_len, alpha)  # what the request leaves out: the export's
+    target_lang = fields.get("target_lang")
+    if target_lang is not None and not isinstance(target_lang, str):
+        raise BadRequestError("'target_lang' must be a language code string")
+    # what the request leaves out: the export's
+    config = translator.search_config(beam, n_best, max_len, alpha, target_lang=target_lang)
     if config.beam_size > max_beam:
         raise BadRequestError(f"the export's default beam {config.beam_size} exceeds this server's largest, "
                               f"{max_beam}: name a smaller 'beam'")
@@ -110,7 +114,7 @@ def parse_query(query: dict[str, str], translator: Translator, max_beam: int) ->
     fields: dict[str, Any] = {}
     for key, text in query.items():
         try:
-            fields[key] = float(text) if key == "alpha" else int(text)
+            fields[key] = text if key == "target_lang" else float(text) if key == "alpha" else int(text)
         except ValueError:
             raise BadRequestError(f"{key!r} must be a number, not {text!r}") from None
     return parse_options(fields, translator, max_beam)
