@@ -206,8 +206,8 @@ def test_fuzzed_file_system_fault(gru: Path, tmp_path_factory: pytest.TempPathFa
             patch.setattr(files.os, "replace", fail)
         elif where == "open":
             patch.setattr(files.os, "open", fail)
-        else:
-            patch.setattr(files.Path, "write_text", fail)
+        else:  # the resume sidecar, written through format/files.py's atomic write
+            patch.setattr(files, "write_atomically", fail)
         result = invoke("translate", str(gru), "--input", str(source), "--output", str(output), "--quiet",
                         "--max-len", "8", "--threads", "1", "--chunk-lines", str(chunk))
     assert_clean(result, allowed=(1,))

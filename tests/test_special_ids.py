@@ -11,7 +11,7 @@ from s2s_deploy.export.checkpoint import build_model, load_checkpoint, save_chec
 from s2s_deploy.export.exporter import export_model
 from s2s_deploy.export.parity import check_parity, torch_backend_for
 from s2s_deploy.export.sources import bundled_checkpoint
-from s2s_deploy.format.manifest import load_manifest
+from s2s_deploy.format.manifest import FORMAT, load_manifest
 from s2s_deploy.format.vocab import Vocabulary
 from s2s_deploy.runtime.ort.backend import OrtBackend
 from s2s_deploy.runtime.translator import Translator
@@ -64,7 +64,7 @@ def pair(request, exports, tmp_path_factory):
 def test_special_ids_are_recorded(pair) -> None:
     _, manifest, tgt_order = pair
     size = len(tgt_order)
-    assert manifest.to_dict()["format"] == "s2s-deploy-manifest/3"
+    assert manifest.to_dict()["format"] == FORMAT  # every export writes the current format
     assert manifest.to_dict()["special_tokens"] == {"pad": size - 1, "bos": None, "eos": 0, "unk": 1,
                                               "decoder_start": tgt_order.index(1)}
     assert (manifest.eos_id, manifest.tgt_vocab.pad_id, manifest.tgt_vocab.bos_id) == (0, size - 1, None)
