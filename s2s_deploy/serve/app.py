@@ -151,6 +151,12 @@ def _error(status: int, message: str) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=status)
 
 
+def _refusal(exc: S2SError) -> JSONResponse:
+    """413 for what can never fit a batch, 503 for a full queue, 400 for anything else the request got wrong."""
+    status = 413 if isinstance(exc, TooLargeError) else 503 if isinstance(exc, QueueFullError) else 400
+    return _error(status, str(exc))
+
+
 def _declared_length(request: Request, limit: int) -> int | None:
     declared = request.headers.get("content-length", "")
     return int(declared) if declared.isdigit() and int(declared) <= limit else None
@@ -183,12 +189,8 @@ def create_app(config: ServeConfig) -> Starlette:
         try:
             texts, search = parse_request(body, translator, config.max_beam)
             results = await batcher.submit(texts, text_lengths(translator, texts), search)
-        except TooLargeError as exc:
-            return _error(413, str(exc))
-        except QueueFullError as exc:
-            return _error(503, str(exc))
         except S2SError as exc:
-            return _error(400, str(exc))
+            return _refusal(exc)
         return JSONResponse({"translations": [{"source": r.source, **_hypotheses(r)} for r in results]})
 
     async def transcribe_endpoint(request: Request) -> JSONResponse:
@@ -208,12 +210,8 @@ def create_app(config: ServeConfig) -> Starlette:
                                                                         "from the upload")
             frames = int(features.shape[transcriber.source.length_axis - 1])
             [result] = await batcher.submit([features], [frames], search)
-        except TooLargeError as exc:
-            return _error(413, str(exc))
-        except QueueFullError as exc:
-            return _error(503, str(exc))
         except S2SError as exc:
-            return _error(400, str(exc))
+            return _refusal(exc)
         return JSONResponse({"transcriptions": [_hypotheses(result)]})
 
     async def health(request: Request) -> JSONResponse:
