@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -308,9 +309,14 @@ def test_transcribe_endpoint_answers_as_the_transcriber(exports) -> None:
         async with app.router.lifespan_context(app), http:
             responses = await asyncio.gather(*(http.post("/transcribe", params={"beam": 4, "n_best": 2},
                                                          content=clip.read_bytes()) for clip in SPEECH_CLIPS))
+            threads.update(t.name for t in threading.enumerate())
             return list(responses), (await http.get("/health")).json(), (await http.get("/metadata")).json()
 
+    threads: set[str] = set()
     responses, health, metadata = asyncio.run(upload_all())
+    # the concurrent uploads' front ends queued on the app's one front-end thread, not a thread each
+    assert sum(name.startswith("s2s-front-end") for name in threads) == 1, threads
+    assert not any(name.startswith("asyncio_") for name in threads), threads
     assert [r.status_code for r in responses] == [200] * len(SPEECH_CLIPS), responses[0].text
     got = [r.json()["transcriptions"][0] for r in responses]
     assert [g["text"] for g in got] == [e.text for e in expected]

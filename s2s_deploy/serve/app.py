@@ -13,6 +13,7 @@ import json
 import math
 import os
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -172,9 +173,13 @@ def create_app(config: ServeConfig) -> Starlette:
         transcriber = Transcriber(translator) if translator.manifest.encoder_input.is_features else None
         batcher = Batcher(transcriber.decode if transcriber else text_decoder(translator), config.limits)
         batcher.start()
-        state.update(translator=translator, transcriber=transcriber, batcher=batcher)
+        # One front-end thread: a burst of uploads waits here for its features, rather than
+        # each taking a thread of its own beside the --threads the decoder was given.
+        front_end = ThreadPoolExecutor(max_workers=1, thread_name_prefix="s2s-front-end")
+        state.update(translator=translator, transcriber=transcriber, batcher=batcher, front_end=front_end)
         yield
         await batcher.aclose()
+        front_end.shutdown(wait=True)
 
     async def translate_endpoint(request: Request) -> JSONResponse:
         translator, batcher = state["translator"], state["batcher"]
@@ -206,8 +211,8 @@ def create_app(config: ServeConfig) -> Starlette:
         try:
             search = parse_query(dict(request.query_params), transcriber.translator, config.max_beam)
             # the front end (decode, resample, features) runs beside the batch thread, not in the event loop
-            features = await asyncio.get_running_loop().run_in_executor(None, transcriber.features, data,
-                                                                        "from the upload")
+            features = await asyncio.get_running_loop().run_in_executor(state["front_end"], transcriber.features,
+                                                                        data, "from the upload")
             frames = int(features.shape[transcriber.source.length_axis - 1])
             [result] = await batcher.submit([features], [frames], search)
         except S2SError as exc:
