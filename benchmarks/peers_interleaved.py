@@ -6,7 +6,8 @@ Each system runs in its own worker process (its own interpreter: the peer's venv
 while another works, with a rest before each pass so the others' threads stop spinning. For
 every cell (beam, batch), after a warm-up pass each, the systems take turns, rotating who goes
 first; each round gives one ratio per peer (peer time / our time), and the cell reports the
-median of those ratios beside each system's median tokens/s.
+median of those ratios beside each system's median tokens/s, and how many sentences of the last
+pass each peer decoded to our tokens (the same model, decoded the same way, must agree).
 
 With ``--bound``, this process also times the export's limits after every round, while the workers
 wait (``s2s_deploy.bench.roofline``): the bound says what tokens/s no engine streaming these
@@ -71,8 +72,9 @@ def worker(args: argparse.Namespace) -> None:
     print(json.dumps({"ready": system.name}), flush=True)
     for line in sys.stdin:
         beam, batch, sentences = (int(x) for x in line.split())
-        seconds, _ = harness.one_pass(system, sources[:sentences], beam, batch)
-        print(json.dumps({"seconds": seconds, "tokens": len(sources[:sentences]) * harness.GEN_LEN}), flush=True)
+        seconds, outputs = harness.one_pass(system, sources[:sentences], beam, batch)
+        print(json.dumps({"seconds": seconds, "tokens": len(outputs) * harness.GEN_LEN, "outputs": outputs}),
+              flush=True)
 
 
 def _point_at(harness: Any, root: Path) -> None:
@@ -85,6 +87,7 @@ def _point_at(harness: Any, root: Path) -> None:
 class _Worker:
     def __init__(self, command: list[str]) -> None:
         self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.outputs: list[list[int]] = []  # the tokens of its last pass
         self.name = self._read()["ready"]
 
     def _read(self) -> dict:
@@ -97,6 +100,7 @@ class _Worker:
         self.process.stdin.write(f"{beam} {batch} {sentences}\n")
         self.process.stdin.flush()
         answer = self._read()
+        self.outputs = answer["outputs"]
         return answer["seconds"], answer["tokens"]
 
     def close(self) -> None:
@@ -166,11 +170,13 @@ def main() -> None:
                                     "peers": {}}
             for key, peer in rivals.items():
                 ratios = [p / o for p, o in zip(times[key], times["ours"], strict=True)]
+                same = sum(a == b for a, b in zip(ours.outputs, peer.outputs, strict=True))
                 row = {"name": peer.name, "tok_s": tokens / statistics.median(times[key]), "s": times[key],
+                       "same_tokens": f"{same}/{len(ours.outputs)}",
                        "ratio_median": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios)}
                 line = (f"beam {beam} batch {batch:2d}: {ours.name} {cell['ours_tok_s']:.1f} tok/s, {peer.name} "
                         f"{row['tok_s']:.1f} tok/s; per-round ratio median {row['ratio_median']:.2f}x "
-                        f"[{row['ratio_min']:.2f}-{row['ratio_max']:.2f}]")
+                        f"[{row['ratio_min']:.2f}-{row['ratio_max']:.2f}]; same tokens {row['same_tokens']}")
                 for kind, values in ceilings[key].items():
                     if values:
                         row[f"{kind}_ceiling"] = values
