@@ -67,7 +67,7 @@ def worker(args: argparse.Namespace) -> None:
         row = _load(Path(__file__).with_name("peers_row.py"), "peers_row")
         system = row.S2SDeploy(args.export, harness.THREADS, harness.GEN_LEN, "loop")
     else:
-        system = harness.SYSTEMS[args.peer]()
+        system = unmerged_optimum(harness) if args.peer[0] == "ort-unmerged" else harness.SYSTEMS[args.peer[0]]()
     sources = harness.load_inputs()
     print(json.dumps({"ready": system.name}), flush=True)
     for line in sys.stdin:
@@ -75,6 +75,20 @@ def worker(args: argparse.Namespace) -> None:
         seconds, outputs = harness.one_pass(system, sources[:sentences], beam, batch)
         print(json.dumps({"seconds": seconds, "tokens": len(outputs) * harness.GEN_LEN, "outputs": outputs}),
               flush=True)
+
+
+def unmerged_optimum(harness: Any) -> Any:
+    """The harness's Optimum row on its two decoders (``decoder_model`` + ``decoder_with_past_model``)
+    instead of the merged one: optimum-onnx 0.1.0's merged decoder sizes its empty first-step cache
+    as ``d_model / heads`` per head, so it fails on mT5-small (6 heads of 64 in d 512)."""
+    import functools
+
+    from optimum.onnxruntime import ORTModelForSeq2SeqLM
+
+    ORTModelForSeq2SeqLM.from_pretrained = functools.partial(ORTModelForSeq2SeqLM.from_pretrained, use_merged=False)
+    system = harness.ORTOptimum()
+    system.name += ", decoder and decoder_with_past"
+    return system
 
 
 def _point_at(harness: Any, root: Path) -> None:
