@@ -29,6 +29,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
+from s2s_deploy.architecture.declaration import check_config_value
 from s2s_deploy.architecture.encoder_decoder import (
     EncoderDecoderConfig,
     EncoderDecoderPlugin,
@@ -36,6 +37,7 @@ from s2s_deploy.architecture.encoder_decoder import (
 )
 from s2s_deploy.errors import CheckpointError
 
+LOCAL_ATTENTION = ("num_global_tokens", "block_size", "stagger_local_blocks")
 FAMILY = {"positions": "tensor2tensor_from_zero", "layernorm_embedding": False, "normalize_before": True,
           "final_layer_norm": True, "attention_bias": False}
 
@@ -47,9 +49,6 @@ class PegasusXConfig(EncoderDecoderConfig):
     stagger_local_blocks: bool = True
 
     def __post_init__(self) -> None:
-        for key in ("num_global_tokens", "block_size"):
-            if getattr(self, key) < 1:
-                raise ValueError(f"{key}={getattr(self, key)} must be at least 1")
         if self.stagger_local_blocks and self.block_size % 2:
             # transformers pads half a block (block_size // 2) each side, which for an odd block
             # leaves no whole number of blocks: its own forward fails on such a config
@@ -69,12 +68,13 @@ class PegasusXPlugin(EncoderDecoderPlugin):
 
     def config_from_hf(self, hf: Mapping[str, Any]) -> PegasusXConfig:
         common = hf_encoder_decoder_config(hf, **FAMILY, scale_embedding=bool(hf.get("scale_embedding", True)))
+        own = {key: hf.get(key, getattr(PegasusXConfig, key)) for key in LOCAL_ATTENTION}
+        for key, value in own.items():
+            check_config_value(self.name, key, value, getattr(PegasusXConfig, key))
         try:
-            return PegasusXConfig(**asdict(common), num_global_tokens=int(hf.get("num_global_tokens", 32)),
-                                  block_size=int(hf.get("block_size", 512)),
-                                  stagger_local_blocks=bool(hf.get("stagger_local_blocks", True)))
+            return PegasusXConfig(**asdict(common), **own)
         except ValueError as exc:
-            raise CheckpointError(f"pegasus_x: config.json {exc}") from exc
+            raise CheckpointError(f"{self.name}: config.json {exc}") from exc
 
 
 PLUGIN = PegasusXPlugin()
