@@ -25,7 +25,7 @@ class GlobalLocalAttention(Attention):
         """``(B, L, d)`` → ``(B, H, L, head_dim)``."""
         return x.reshape(x.shape[0], -1, self.heads, self.head_dim).transpose(1, 2)
 
-    def forward(self, tokens: Tensor, globals_: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    def attend(self, tokens: Tensor, globals_: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
         """``tokens`` ``(B, P, d)``, ``P`` a whole number of blocks; ``globals_`` ``(B, G, d)``;
         ``mask`` ``(B, P)``, additive. Returns both outputs, projected."""
         batch, count = tokens.shape[0], globals_.shape[1]
@@ -79,7 +79,7 @@ class GlobalLocalLayer(nn.Module):
         if self.shift:
             h = nn.functional.pad(h, [0, 0, self.shift, self.shift])
             mask = nn.functional.pad(mask, [self.shift, self.shift], value=MASKED)
-        out, global_out = self.self_attn(h, self.global_self_attn_layer_norm(globals_), mask)
+        out, global_out = self.self_attn.attend(h, self.global_self_attn_layer_norm(globals_), mask)
         if self.shift:
             out = out[:, self.shift : self.shift + x.shape[1]]
         return self.ffn(x + out), self.ffn(globals_ + global_out)
