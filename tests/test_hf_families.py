@@ -131,6 +131,13 @@ def _pegasus() -> Any:
                                       forced_eos_token_id=1, scale_embedding=True, **_bart_sizes())
 
 
+def _pegasus_x(stagger: bool = True) -> Any:
+    # blocks of 4 (staggered by 2 on the second layer) and 4 global tokens
+    return transformers.PegasusXConfig(vocab_size=VOCAB, pad_token_id=0, eos_token_id=1, decoder_start_token_id=0,
+                                       forced_eos_token_id=1, block_size=4, num_global_tokens=4,
+                                       stagger_local_blocks=stagger, **_bart_sizes())
+
+
 def _blenderbot() -> Any:
     # Blenderbot's default encoder_no_repeat_ngram_size=3 is a generate option the search lacks (the
     # export refuses it); off here, so the row tests the model
@@ -213,6 +220,11 @@ FAMILIES += (
            generation=(("forced_bos_token_id", NLLB_TARGET),)),
     Family("pegasus", _pegasus, "PegasusForConditionalGeneration",
            word_level(words_around({0: "<pad>", 1: "</s>", 2: "<unk>"}), "$A </s>", ("</s>",)), T5_WORDS),
+    # block_size 4: the 3 to 13 source ids span up to 4 blocks (5 on the staggered layer), padded to whole ones
+    Family("pegasus_x", _pegasus_x, "PegasusXForConditionalGeneration", FAMILIES[3].tokenizer, T5_WORDS,
+           eos_strength=1.1),
+    Family("pegasus_x", lambda: _pegasus_x(stagger=False), "PegasusXForConditionalGeneration", FAMILIES[3].tokenizer,
+           T5_WORDS, eos_strength=1.1, variant="unstaggered"),
     Family("blenderbot", _blenderbot, "BlenderbotForConditionalGeneration",
            word_level(words_around({0: "<pad>", 1: "<s>", 2: "</s>", 3: "<unk>"}), "$A </s>", ("</s>",)),
            BART_WORDS),

@@ -15,7 +15,7 @@ from s2s_deploy.architecture.declaration import ArchitecturePlugin, HFWeights
 from s2s_deploy.errors import CheckpointError
 from s2s_deploy.format.specs import MemorySpec, StateSpec, cross_memory_specs, self_attention_cache
 
-PositionKind = Literal["learned", "learned_from_zero", "sinusoidal", "tensor2tensor"]
+PositionKind = Literal["learned", "learned_from_zero", "sinusoidal", "tensor2tensor", "tensor2tensor_from_zero"]
 
 
 @dataclass(frozen=True)
@@ -23,11 +23,13 @@ class EncoderDecoderConfig:
     """The encoder-decoder most families are. ``positions``: ``learned`` (a table read at
     ``index + 2``), ``learned_from_zero`` (read at ``index``), ``sinusoidal`` (``sinusoids_split``,
     from 0), ``tensor2tensor`` (``sinusoids_tensor2tensor`` at ``index + pad_token_id + 1``, a
-    padding token taking the zero row). ``layernorm_embedding``: a LayerNorm on the embeddings
+    padding token taking the zero row), ``tensor2tensor_from_zero`` (the same rows at ``index``,
+    padding included). ``layernorm_embedding``: a LayerNorm on the embeddings
     (after positions are added, or in the decoder before when ``decoder_layernorm_tokens``).
     ``normalize_before``: pre-norm layers; ``final_layer_norm``: a LayerNorm after each stack.
     ``shared_embeddings``: one table for both sides (else ``encoder.embed_tokens`` and
-    ``decoder.embed_tokens``); ``tie_word_embeddings``: the output projection is the target table."""
+    ``decoder.embed_tokens``); ``tie_word_embeddings``: the output projection is the target table.
+    ``attention_bias``: the attention projections carry biases."""
 
     d_model: int = 128
     encoder_layers: int = 2
@@ -49,6 +51,7 @@ class EncoderDecoderConfig:
     pad_token_id: int = 0
     shared_embeddings: bool = True
     layer_norm_eps: float = 1e-5
+    attention_bias: bool = True
 
 
 class EncoderDecoderPlugin(ArchitecturePlugin):
@@ -74,7 +77,7 @@ class EncoderDecoderPlugin(ArchitecturePlugin):
     def max_target_length(self, config: EncoderDecoderConfig) -> int | None:
         """A stored or fixed-size table bounds the positions; the tensor2tensor rows are computed
         for any position, as Hugging Face grows that table on demand."""
-        return None if config.positions == "tensor2tensor" else config.max_position_embeddings
+        return None if config.positions.startswith("tensor2tensor") else config.max_position_embeddings
 
     def max_source_length(self, config: EncoderDecoderConfig) -> int | None:
         return self.max_target_length(config)

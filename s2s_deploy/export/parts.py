@@ -19,14 +19,15 @@ dict maps across by name; these parts take the names they need as arguments. Wha
 * **Positions.** ``sinusoids_split`` (sines in the first half, cosines in the second,
   ``10000 ** (2 * (j // 2) / d)``, from position 0), ``sinusoids_tensor2tensor`` (the same halves
   with ``exp(-j * log(10000) / (d/2 - 1))``; positions start after a padding id, whose row is
-  zero), learned tables (``LearnedPositions``, read at ``index + offset``), and the relative
+  zero, or at 0 for every token), learned tables (``LearnedPositions``, read at ``index + offset``), and the relative
   position bias of ``relative_bucket`` / ``RelativeBias`` (a bucket per distance, a table per
   stack or per layer). Embedding scales (``sqrt(d)`` or 1) are a plain factor at the call site.
 * **A whole model.** ``EncoderDecoder``, built from an ``EncoderDecoderConfig``: the layer stack
   most families are (learned or sinusoidal positions, optional embedding LayerNorm, pre- or
-  post-norm layers, optional final LayerNorms, one shared or two embeddings, tied or separate
-  output projection, a logits bias). Its config and ``EncoderDecoderPlugin`` (specs, limits,
-  Hugging Face weight mapping) are declarations, torch-free: ``architecture/encoder_decoder.py``.
+  post-norm layers, attention projections with or without biases, optional final LayerNorms, one
+  shared or two embeddings, tied or separate output projection, a logits bias). Its config and
+  ``EncoderDecoderPlugin`` (specs, limits, Hugging Face weight mapping) are declarations,
+  torch-free: ``architecture/encoder_decoder.py``.
 """
 
 from __future__ import annotations
@@ -279,7 +280,7 @@ LEARNED_OFFSET = 2  # BART's learned table: positions are read at index + 2
 class EncoderLayer(nn.Module):
     def __init__(self, cfg: EncoderDecoderConfig) -> None:
         super().__init__()
-        self.self_attn = Attention(cfg.d_model, cfg.encoder_attention_heads)
+        self.self_attn = Attention(cfg.d_model, cfg.encoder_attention_heads, bias=cfg.attention_bias)
         self.self_attn_layer_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.fc1 = nn.Linear(cfg.d_model, cfg.encoder_ffn_dim)
         self.fc2 = nn.Linear(cfg.encoder_ffn_dim, cfg.d_model)
@@ -295,9 +296,9 @@ class EncoderLayer(nn.Module):
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: EncoderDecoderConfig) -> None:
         super().__init__()
-        self.self_attn = Attention(cfg.d_model, cfg.decoder_attention_heads)
+        self.self_attn = Attention(cfg.d_model, cfg.decoder_attention_heads, bias=cfg.attention_bias)
         self.self_attn_layer_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
-        self.encoder_attn = Attention(cfg.d_model, cfg.decoder_attention_heads)
+        self.encoder_attn = Attention(cfg.d_model, cfg.decoder_attention_heads, bias=cfg.attention_bias)
         self.encoder_attn_layer_norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
         self.fc1 = nn.Linear(cfg.d_model, cfg.decoder_ffn_dim)
         self.fc2 = nn.Linear(cfg.decoder_ffn_dim, cfg.d_model)
@@ -352,6 +353,8 @@ class Stack(nn.Module):
             return self.embed_positions.rows(indices)
         if cfg.positions == "sinusoidal":
             return sinusoids_split(indices, self.denominators, cfg.d_model)
+        if cfg.positions == "tensor2tensor_from_zero":
+            return sinusoids_tensor2tensor(indices, self.frequencies, cfg.d_model)
         rows = sinusoids_tensor2tensor(indices + (cfg.pad_token_id + 1), self.frequencies, cfg.d_model)
         return rows * (tokens != cfg.pad_token_id)[..., None].to(rows.dtype)
 
