@@ -62,9 +62,9 @@ class LocalAttention(T5Attention):
         k, v = three_blocks(k), three_blocks(v)
         if members is not None:
             inputs = self.global_input_layer_norm(members.transpose(1, 2) @ h)
-            count, blocks = inputs.shape[1], q.shape[1]
-            side_k = self.project(1, inputs).reshape(batch, 1, count, heads, dim).expand(-1, blocks, -1, -1, -1)
-            side_v = self.project(2, inputs).reshape(batch, 1, count, heads, dim).expand(-1, blocks, -1, -1, -1)
+            count, block_count = inputs.shape[1], q.shape[1]
+            side_k = self.project(1, inputs).reshape(batch, 1, count, heads, dim).expand(-1, block_count, -1, -1, -1)
+            side_v = self.project(2, inputs).reshape(batch, 1, count, heads, dim).expand(-1, block_count, -1, -1, -1)
             k, v = torch.cat([k, side_k], dim=2), torch.cat([v, side_v], dim=2)
         weights = torch.softmax(torch.einsum("...qhd,...khd->...hqk", q, k) + bias, dim=-1)
         out = torch.einsum("...hqk,...khd->...qhd", weights, v).reshape(batch, length, heads * dim)
@@ -96,7 +96,7 @@ class EncoderBlock(nn.Module):
         return self.layer[1](x + attention.attention.attend(attention.layer_norm(x), bias, members))
 
 
-def globalblocks(valid: Tensor, size: int, count: int) -> tuple[Tensor, Tensor]:
+def global_blocks(valid: Tensor, size: int, count: int) -> tuple[Tensor, Tensor]:
     """Each token's global block ``(B, L)``: ``position // size``, a tail short of a whole block in
     the last whole one, ``-1`` on padding and throughout a sentence shorter than one block; and
     ``(B, count)``, whether the sentence has each block (``count``: at least the whole blocks of
@@ -129,7 +129,7 @@ class LongT5(T5):
             # masked, and summing nothing): the count is never 0 or 1, which tracing would specialise
             # on, and a masked score adds exp(-1e10) = 0 to the softmax, so the result is unchanged
             count = length // self.cfg.global_block_size + 2
-            block_ids, present = globalblocks(valid, self.cfg.global_block_size, count)
+            block_ids, present = global_blocks(valid, self.cfg.global_block_size, count)
             bias = torch.cat([bias, first.side_bias(block_ids, present, valid)], dim=-1)
             members = (block_ids[..., None] == torch.arange(count, device=src.device)).to(x.dtype)
         for block in self.encoder.block:
