@@ -412,3 +412,29 @@ def test_search_defaults_are_generates_for_what_the_folder_leaves_out() -> None:
                         {"do_sample": True, "num_beams": 4}):
         with pytest.raises(CheckpointError):
             search_defaults(config, unsupported)
+
+
+@pytest.mark.parametrize(("windows", "reason"), [([4, 6], "divide the largest"), ([2, 4], "at least 4"),
+                                                 ([8], "per encoder layer (2)"), (512, None)])
+def test_led_refuses_windows_transformers_cannot_run(tmp_path: Path, windows: object, reason: str | None) -> None:
+    """An LED window that ``transformers`` cannot run is one ``error:`` line naming
+    ``attention_window``, at export and before any weight is read (the folder holds one)."""
+    from click.testing import CliRunner
+    from safetensors.torch import save_file
+
+    from s2s_deploy.cli import main
+
+    config = {"model_type": "led", "vocab_size": VOCAB, "d_model": 16, "encoder_layers": 2, "decoder_layers": 2,
+              "encoder_attention_heads": 2, "decoder_attention_heads": 2, "encoder_ffn_dim": 32,
+              "decoder_ffn_dim": 32, "max_encoder_position_embeddings": 64, "max_decoder_position_embeddings": 64,
+              "attention_window": windows, "pad_token_id": 1, "bos_token_id": 0, "eos_token_id": 2,
+              "decoder_start_token_id": 2}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    save_file({"final_logits_bias": torch.zeros(1, VOCAB)}, str(tmp_path / "model.safetensors"))
+    result = CliRunner().invoke(main, ["export", "--hf", str(tmp_path), "--out", str(tmp_path / "out")])
+    lines = result.stderr.strip().splitlines()
+    assert result.exit_code == 1 and len(lines) == 1 and lines[0].startswith("error: led: config "), result.output
+    if reason is None:  # one window for every layer, over the 64-row table: the table is the limit named
+        assert "max_encoder_position_embeddings=64" in lines[0]
+    else:
+        assert "attention_window" in lines[0] and reason in lines[0]

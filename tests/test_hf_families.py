@@ -151,6 +151,15 @@ def _blenderbot_small() -> Any:
                                               decoder_start_token_id=1, forced_eos_token_id=2, **_bart_sizes())
 
 
+def _led() -> Any:
+    """Windows of 4 and 8 (2 and 4 tokens either side): the 4 to 13 source ids span up to 4 blocks
+    of the second layer and 7 of the first, padding masked; both position tables from 0."""
+    sizes = {k: v for k, v in _bart_sizes().items() if k != "max_position_embeddings"}
+    return transformers.LEDConfig(vocab_size=VOCAB, pad_token_id=1, bos_token_id=0, eos_token_id=2,
+                                  decoder_start_token_id=2, attention_window=[4, 8], max_encoder_position_embeddings=64,
+                                  max_decoder_position_embeddings=64, **sizes)
+
+
 FSMT_TARGET_VOCAB = VOCAB - 24  # separate source and target vocabularies of different sizes
 
 
@@ -240,6 +249,7 @@ FAMILIES += (
     Family("longt5", lambda: transformers.LongT5Config(**_t5_sizes(), local_radius=3, global_block_size=4,
                                                        encoder_attention_type="transient-global"),
            "LongT5ForConditionalGeneration", FAMILIES[3].tokenizer, T5_WORDS, eos_strength=1.1, variant="tglobal"),
+    Family("led", _led, "LEDForConditionalGeneration", FAMILIES[1].tokenizer, BART_WORDS),
 )
 BY_TYPE = {f.key: f for f in FAMILIES}
 

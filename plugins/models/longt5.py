@@ -6,25 +6,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from s2s_deploy.export.parts import RelativeBias, RMSNorm, padding_bias, relative_bucket
+from s2s_deploy.export.parts import RelativeBias, RMSNorm, blocks, padding_bias, relative_bucket, three_blocks
 from s2s_deploy_plugins.longt5 import LongT5Config
 from s2s_deploy_plugins.models.t5 import T5, FFLayer, T5Attention
 
 MASKED = -1e10  # transformers' value for a masked local score (the original implementation's)
-
-
-def _blocks(x: Tensor, block: int) -> Tensor:
-    """``(B, L, ...)`` → ``(B, L // block, block, ...)``; ``L`` is already a multiple of ``block``."""
-    return x.reshape(x.shape[0], x.shape[1] // block, block, *x.shape[2:])
-
-
-def _three_blocks(x: Tensor) -> Tensor:
-    """``(B, N, block, ...)`` → ``(B, N, 3 * block, ...)``: each block with its left and right
-    neighbours (zeros past either end)."""
-    pad = [0, 0] * (x.dim() - 2) + [1, 1]
-    padded = nn.functional.pad(x, pad)
-    count = x.shape[1]
-    return torch.cat([padded[:, i : i + count] for i in range(3)], dim=2)
 
 
 class LocalAttention(T5Attention):
@@ -46,8 +32,8 @@ class LocalAttention(T5Attention):
     def local_bias(self, valid: Tensor) -> Tensor:
         """``(B, N, H, block, 3 * block)``: the relative position bias and the mask, for ``valid``
         ``(B, L)`` (real tokens; ``L`` a whole number of blocks)."""
-        blocked = _blocks(valid, self.block)
-        allowed = blocked[..., :, None] & _three_blocks(blocked)[..., None, :] & self.locality
+        blocked = blocks(valid, self.block)
+        allowed = blocked[..., :, None] & three_blocks(blocked)[..., None, :] & self.locality
         position = self.relative_attention_bias(self.local_buckets).permute(2, 0, 1)[None, None]
         return position + torch.where(allowed, 0.0, MASKED)[:, :, None]
 
@@ -60,8 +46,8 @@ class LocalAttention(T5Attention):
         distance = (segments[None, None, :] - block_ids[..., None]).clamp(-reach, reach)
         bias = self.global_relative_attention_bias(self.side.buckets[distance + reach]).permute(0, 3, 1, 2)
         bias = bias + torch.where(valid[..., None] == present[:, None, :], 0.0, MASKED)[:, None]
-        blocks = block_ids.shape[1] // self.block
-        return bias.reshape(bias.shape[0], bias.shape[1], blocks, self.block, bias.shape[-1]).transpose(1, 2)
+        count = block_ids.shape[1] // self.block
+        return bias.reshape(bias.shape[0], bias.shape[1], count, self.block, bias.shape[-1]).transpose(1, 2)
 
     def attend(self, h: Tensor, bias: Tensor, members: Tensor | None = None) -> Tensor:
         """``h`` ``(B, L, d)``, ``L`` a whole number of blocks; ``bias`` from ``local_bias`` (and
@@ -70,15 +56,15 @@ class LocalAttention(T5Attention):
         heads, dim = self.heads, self.head_dim
 
         def split(x: Tensor) -> Tensor:
-            return _blocks(x.reshape(batch, length, heads, dim), self.block)
+            return blocks(x.reshape(batch, length, heads, dim), self.block)
 
         q, k, v = split(self.project(0, h)), split(self.project(1, h)), split(self.project(2, h))
-        k, v = _three_blocks(k), _three_blocks(v)
+        k, v = three_blocks(k), three_blocks(v)
         if members is not None:
             inputs = self.global_input_layer_norm(members.transpose(1, 2) @ h)
-            count, blocks = inputs.shape[1], q.shape[1]
-            side_k = self.project(1, inputs).reshape(batch, 1, count, heads, dim).expand(-1, blocks, -1, -1, -1)
-            side_v = self.project(2, inputs).reshape(batch, 1, count, heads, dim).expand(-1, blocks, -1, -1, -1)
+            count, block_count = inputs.shape[1], q.shape[1]
+            side_k = self.project(1, inputs).reshape(batch, 1, count, heads, dim).expand(-1, block_count, -1, -1, -1)
+            side_v = self.project(2, inputs).reshape(batch, 1, count, heads, dim).expand(-1, block_count, -1, -1, -1)
             k, v = torch.cat([k, side_k], dim=2), torch.cat([v, side_v], dim=2)
         weights = torch.softmax(torch.einsum("...qhd,...khd->...hqk", q, k) + bias, dim=-1)
         out = torch.einsum("...hqk,...khd->...qhd", weights, v).reshape(batch, length, heads * dim)

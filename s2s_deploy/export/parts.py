@@ -9,6 +9,9 @@ dict maps across by name; these parts take the names they need as arguments. Wha
   ``src_bias`` and cross-attention K/V. ``Seq2SeqModel.decode_step`` reads and writes exactly these names.
 * **Masks.** ``padding_bias(src, src_len)`` ``(B, 1, 1, S)`` and ``causal_bias(length)`` ``(T, T)``,
   additive, with the float minimum where a key is hidden (Hugging Face's mask value).
+* **Local attention.** ``blocks`` cuts a padded sequence into blocks, ``three_blocks`` gives each
+  block its neighbours': the keys of a query that sees at most one block's length either side
+  (LongT5's local attention, LED's sliding window), ``O(L · block)`` instead of ``O(L²)``.
 * **Attention.** ``Attention``: multi-head attention with or without projection biases, scores
   scaled by ``head_dim**-0.5`` or not, any head size; ``forward`` for whole sequences,
   ``cross_memory`` for the encoder-computed cross K/V, ``step_self`` (one query against a growing
@@ -52,6 +55,20 @@ def padding_bias(src: Tensor, src_len: Tensor) -> Tensor:
     valid = torch.arange(src.shape[1], device=src.device)[None, :] < src_len[:, None]
     bias = torch.zeros(valid.shape, dtype=torch.float32, device=src.device)
     return bias.masked_fill(~valid, torch.finfo(torch.float32).min)[:, None, None, :]
+
+
+def blocks(x: Tensor, block: int) -> Tensor:
+    """``(B, L, ...)`` → ``(B, L // block, block, ...)``; ``L`` is already a multiple of ``block``."""
+    return x.reshape(x.shape[0], x.shape[1] // block, block, *x.shape[2:])
+
+
+def three_blocks(x: Tensor) -> Tensor:
+    """``(B, N, block, ...)`` → ``(B, N, 3 * block, ...)``: each block with its left and right
+    neighbours (zeros past either end), the keys a local attention of reach ``block`` needs."""
+    pad = [0, 0] * (x.dim() - 2) + [1, 1]
+    padded = nn.functional.pad(x, pad)
+    count = x.shape[1]
+    return torch.cat([padded[:, i : i + count] for i in range(3)], dim=2)
 
 
 def causal_bias(length: int, device: torch.device) -> Tensor:
