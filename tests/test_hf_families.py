@@ -169,6 +169,16 @@ def _fsmt() -> Any:
                                    forced_eos_token_id=2, **_bart_sizes())
 
 
+def _prophetnet() -> Any:
+    """ProphetNet's layout: pad 0, ``[SEP]`` (2) ends a source and starts the target; two
+    predicting streams (``generate`` reads the first), 8 relative buckets up to distance 20."""
+    return transformers.ProphetNetConfig(
+        vocab_size=VOCAB, hidden_size=D_MODEL, encoder_ffn_dim=128, decoder_ffn_dim=128, num_encoder_layers=2,
+        num_decoder_layers=2, num_encoder_attention_heads=4, num_decoder_attention_heads=4,
+        max_position_embeddings=64, ngram=2, num_buckets=8, relative_max_distance=20, init_std=0.3,
+        pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=2)
+
+
 def ids_only(folder: Path) -> None:
     """No tokenizer file the export reads (FSMT ships Moses + BPE files): the export is ids-only,
     its source words ``t<id>``."""
@@ -250,6 +260,11 @@ FAMILIES += (
                                                        encoder_attention_type="transient-global"),
            "LongT5ForConditionalGeneration", FAMILIES[3].tokenizer, T5_WORDS, eos_strength=1.1, variant="tglobal"),
     Family("led", _led, "LEDForConditionalGeneration", FAMILIES[1].tokenizer, BART_WORDS),
+    # xlm-prophetnet is this model under another model_type (transformers 5 no longer ships it):
+    # test_xlm_prophetnet_maps_as_prophetnet checks the mapping instead of a second export
+    Family("prophetnet", _prophetnet, "ProphetNetForConditionalGeneration",
+           word_level(words_around({0: "[PAD]", 1: "[CLS]", 2: "[SEP]", 3: "<unk>"}), "$A [SEP]", ("[SEP]",)),
+           BART_WORDS),
 )
 BY_TYPE = {f.key: f for f in FAMILIES}
 
@@ -455,6 +470,9 @@ def test_marian_prints_a_source_only_piece_as_marian_tokenizer_does(family_expor
 
 ELSEWHERE = {"whisper": "tests/test_hf_whisper.py"}
 """Families whose encoder reads audio: the same checks against ``generate``, on clips, in their own module."""
+SAME_AS = {"xlm-prophetnet": "prophetnet"}
+"""``model_type`` values that are another row's model under a second name, which the installed
+``transformers`` no longer ships: ``test_xlm_prophetnet_maps_as_prophetnet`` checks the mapping."""
 
 
 def test_every_hf_plugin_has_a_row() -> None:
@@ -462,8 +480,30 @@ def test_every_hf_plugin_has_a_row() -> None:
 
     served = {t for entry in REGISTRY.entries() for t in entry.plugin.hf_model_types}
     rows = {f.model_type for f in FAMILIES}
-    assert served <= rows | set(ELSEWHERE), sorted(served - rows - set(ELSEWHERE))
+    assert served <= rows | set(ELSEWHERE) | set(SAME_AS), sorted(served - rows - set(ELSEWHERE) - set(SAME_AS))
+    assert set(SAME_AS.values()) <= rows
     assert all((Path(__file__).parent.parent / path).is_file() for path in ELSEWHERE.values())
+
+
+def test_xlm_prophetnet_maps_as_prophetnet() -> None:
+    """XLM-ProphetNet is ProphetNet's model (its modeling file was a copy) under its own
+    ``model_type``: the same plugin loads it, to the same config and weights; and the settings
+    ``generate`` cannot decode are refused in one line naming the key."""
+    from s2s_deploy.errors import CheckpointError
+    from s2s_deploy.export.hf import plugin_for
+
+    torch.manual_seed(SEED)
+    config = _prophetnet()
+    tensors = transformers.ProphetNetForConditionalGeneration(config).state_dict()
+    hf = config.to_dict()
+    plugin = plugin_for(hf)
+    assert plugin is plugin_for({**hf, "model_type": "xlm-prophetnet"})
+    ours, theirs = plugin.from_hf(hf, tensors), plugin.from_hf({**hf, "model_type": "xlm-prophetnet"}, tensors)
+    assert ours.config == theirs.config and ours.tensors.keys() == theirs.tensors.keys()
+    assert (ours.config.ngram, ours.config.num_buckets, ours.config.relative_max_distance) == (2, 8, 20)
+    for key, value in (("pad_token_id", 1), ("add_cross_attention", False)):
+        with pytest.raises(CheckpointError, match=f"config {key}="):
+            plugin.from_hf({**hf, key: value}, tensors)
 
 
 def test_parity_reference_compares_with_generate(family_exports: FamilyExports, tmp_path: Path) -> None:

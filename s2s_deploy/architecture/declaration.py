@@ -92,6 +92,10 @@ class ArchitecturePlugin(ABC):
     hf_files: ClassVar[tuple[str, ...]] = ()
     """JSON files of a Hugging Face folder that ``from_hf`` reads besides ``config.json`` (a speech
     family's ``preprocessor_config.json``: its front end); each must be there, and is passed as ``files``."""
+    hf_step_cache: ClassVar[bool] = False
+    """Whether ``parity --reference`` steps transformers' model with its own cache, one token a
+    step, as ``generate`` does, instead of rerunning the whole prefix without one: for a family
+    whose uncached forward computes other logits than its cached ``generate`` (ProphetNet's)."""
 
     model: ClassVar[str | None] = None
     """``"module:Class"``: the ``Seq2SeqModel`` (export/contract.py), called as

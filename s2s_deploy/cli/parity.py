@@ -72,13 +72,15 @@ def parity_command(export_dir: str, input_path: str | None, beam: int, max_len: 
         raise S2SError(f"{export_dir} stores no sample inputs; pass --input FILE")
     generate = None
     if reference_dir is not None:
+        from s2s_deploy.architecture.registry import exported_plugin
         from s2s_deploy.export.hf_reference import GenerateEngine, HFBackend, load_transformers_model
         from s2s_deploy.runtime.decoding import resolve
 
         if checkpoint:
             raise S2SError("--reference and --checkpoint name two originals: give one")
         model = load_transformers_model(reference_dir)
-        reference = HFBackend(model, manifest.decoder_start_id, manifest.eos_id, features)
+        cached = exported_plugin(manifest.plugin, manifest.plugin_origin).hf_step_cache
+        reference = HFBackend(model, manifest.decoder_start_id, manifest.eos_id, features, cached)
         generate = GenerateEngine(model, manifest.decoder_start_id, manifest.eos_id, features)
         max_len = max_len or resolve(manifest).max_len
     else:
@@ -87,6 +89,9 @@ def parity_command(export_dir: str, input_path: str | None, beam: int, max_len: 
             from s2s_deploy.runtime.decoding import resolve
 
             max_len = max_len or min(64, resolve(manifest).max_len)
+    if max_len is None and manifest.max_target_length is not None:
+        # the teacher-forced comparison feeds one step past a hypothesis cut at max_len
+        max_len = min(64, manifest.max_target_length - 1)
     candidate = OrtBackend(manifest, device=device, graph_format="ort" if ort_format else "onnx")
     echo_device(candidate.choice.notice(), candidate.choice.provider)
     report = check_parity(manifest, reference, candidate, sources, beam_size=beam, max_len=max_len or 64, atol=atol,

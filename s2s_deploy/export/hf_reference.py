@@ -5,7 +5,9 @@ folder's own generation settings, so parity sees what a user of ``generate`` see
 run over their model would hide a difference in the search itself). ``HFBackend`` is the
 reference for each step's log-probs: their model (``AutoModelForSeq2SeqLM``, local files only),
 not our port of it, rerun over the whole prefix without a cache at every step: slow, but with
-nothing of ours in the path.
+nothing of ours in the path. A family whose uncached forward is not what its cached ``generate``
+computes (the plugin's ``hf_step_cache``) is stepped with transformers' own cache instead, one
+token a step, the cache reordered by the search's backpointers as ``generate`` reorders it.
 """
 
 from __future__ import annotations
@@ -60,10 +62,12 @@ def encoder_inputs(src: np.ndarray, src_len: np.ndarray, features: bool) -> dict
 class HFBackend(Backend):
     name = "transformers"
 
-    def __init__(self, model: Any, decoder_start_id: int, eos_id: int, features: bool = False) -> None:
+    def __init__(self, model: Any, decoder_start_id: int, eos_id: int, features: bool = False,
+                 cached: bool = False) -> None:
         self.model = model.float().eval()
         self.decoder_start_id, self.eos_id, self.features = decoder_start_id, eos_id, features
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self.cached = cached
 
     def describe(self) -> dict[str, Any]:
         import transformers
@@ -74,14 +78,23 @@ class HFBackend(Backend):
     def start(self, src: np.ndarray, src_len: np.ndarray, expand: int = 1, keep_attention: bool = False) -> DecodeRun:
         inputs = encoder_inputs(src, src_len, self.features)
         encoded = self.model.get_encoder()(**inputs).last_hidden_state
-        return _HFRun(self.model, encoded, inputs["attention_mask"], expand)
+        return _HFRun(self.model, encoded, inputs["attention_mask"], expand, self.cached)
 
 
 class _HFRun(DecodeRun):
-    def __init__(self, model: Any, encoded: torch.Tensor, mask: torch.Tensor | None, expand: int) -> None:
+    def __init__(self, model: Any, encoded: torch.Tensor, mask: torch.Tensor | None, expand: int,
+                 cached: bool) -> None:
         self.model, self.expand = model, expand
         self.encoded, self.mask = encoded, mask
         self.history: torch.Tensor | None = None  # (rows, steps so far)
+        self.cache: Any = None
+        from transformers.modeling_outputs import BaseModelOutput
+
+        self.wrap = BaseModelOutput  # encoder_outputs as the models read them (ProphetNet's reads it by name)
+        if cached:
+            from transformers import DynamicCache, EncoderDecoderCache
+
+            self.cache = EncoderDecoderCache(DynamicCache(config=model.config), DynamicCache(config=model.config))
 
     @torch.no_grad()
     def step(self, tokens: np.ndarray, reorder: np.ndarray) -> np.ndarray:
@@ -91,10 +104,18 @@ class _HFRun(DecodeRun):
         encoded = self.encoded.repeat_interleave(times, dim=0) if times > 1 else self.encoded
         mask = self.mask.repeat_interleave(times, dim=0) if times > 1 and self.mask is not None else self.mask
         new = torch.from_numpy(np.asarray(tokens, dtype=np.int64))[:, None]
-        self.history = new if self.history is None else torch.cat(
-            [self.history[torch.from_numpy(np.asarray(reorder, dtype=np.int64))], new], dim=1)
-        out = self.model(encoder_outputs=(encoded,), attention_mask=mask, decoder_input_ids=self.history,
-                         use_cache=False)
+        backpointers = torch.from_numpy(np.asarray(reorder, dtype=np.int64))
+        first = self.history is None
+        self.history = new if first else torch.cat([self.history[backpointers], new], dim=1)
+        encoder_outputs = self.wrap(last_hidden_state=encoded)
+        if self.cache is None:
+            out = self.model(encoder_outputs=encoder_outputs, attention_mask=mask, decoder_input_ids=self.history,
+                             use_cache=False)
+        else:  # one token against the cache, reordered (and tiled after a first step per sentence) by backpointers
+            if not first:
+                self.cache.reorder_cache(backpointers)
+            out = self.model(encoder_outputs=encoder_outputs, attention_mask=mask, decoder_input_ids=new,
+                             cache=self.cache, use_cache=True)
         return torch.log_softmax(out.logits[:, -1].float(), dim=-1).numpy()
 
     def step_top(self, tokens: np.ndarray, reorder: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:

@@ -290,7 +290,8 @@ class FixedSteps:
         """A one-off input where the session reads it: on the device, or on the host for the
         inputs a device kernel reads there."""
         device = "cpu" if name in self._host_small else self.device
-        return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array), device, 0)
+        # ascontiguousarray makes a 0-d array (the step) 1-d: the graph declares it 0-d
+        return ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array).reshape(array.shape), device, 0)
 
     def top_k(self, k: int) -> ort.OrtValue:
         if k not in self._top_k:
