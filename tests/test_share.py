@@ -135,3 +135,50 @@ def test_external_data_is_hashed_and_contained(tmp_path, lean_export) -> None:
     (folder / "manifest.json").write_text(json.dumps(raw))
     with pytest.raises(ManifestError, match="outside the export folder"):
         load_manifest(folder)
+
+
+def test_a_graph_past_the_one_file_limit_keeps_its_weights_beside_it(tmp_path, monkeypatch) -> None:
+    """Past protobuf's 2 GB (here a limit of 100 kB) a graph writes its own ``<name>.data``; a rewrite
+    replaces the file it read, never appends to it, and a graph back under the limit removes it."""
+    from s2s_deploy.transforms import share
+
+    rng = np.random.default_rng(3)
+    path = tmp_path / "decoder.onnx"
+    graph_with(path, rng.standard_normal((512, 600)).astype(np.float32))  # 1.2 MB
+    x = rng.standard_normal((1, 512)).astype(np.float32)
+    before = run(path, x)
+    monkeypatch.setattr(share, "ONE_FILE_LIMIT", 100_000)
+    for _ in range(2):  # the second rewrite reads the first one's data file
+        model, read = share.load_graph(path)
+        written = share.save_graph(model, path, read)
+        data = tmp_path / "decoder.onnx.data"
+        assert written == {"decoder.onnx.data": sha256_of(data)} and path.stat().st_size < 10_000
+        assert 512 * 600 * 4 <= data.stat().st_size < 512 * 600 * 4 + 4096
+        np.testing.assert_array_equal(run(path, x), before)
+    monkeypatch.setattr(share, "ONE_FILE_LIMIT", 1 << 30)
+    model, read = share.load_graph(path)
+    assert read == {"decoder.onnx.data"} and share.save_graph(model, path, read) == {}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["decoder.onnx"]
+    np.testing.assert_array_equal(run(path, x), before)
+
+
+def test_an_export_past_the_one_file_limit_lists_every_file_it_writes(tmp_path, monkeypatch, lean_export) -> None:
+    """An NLLB-sized export once left 3.5 GB of unlisted ``.data`` files from the exporter beside the
+    graphs it rewrote: every file in the folder must be one the manifest lists, and decode the same."""
+    from s2s_deploy.runtime.translator import Translator
+    from s2s_deploy.transforms import share
+
+    monkeypatch.setattr(share, "ONE_FILE_LIMIT", 20_000)
+    out = tmp_path / "gru"
+    result = CliRunner().invoke(main, ["export", "--arch", "gru", "--out", str(out), "--no-checkpoint"])
+    assert result.exit_code == 0, result.output
+    manifest = load_manifest(out)
+    listed = {"manifest.json", manifest.encoder.file, manifest.decoder.file,
+              *dict(manifest.encoder.external_data), *dict(manifest.decoder.external_data)}
+    assert {"encoder.onnx.data", "decoder.onnx.data"} <= listed
+    assert {p.name for p in out.iterdir()} == listed
+    verify = CliRunner().invoke(main, ["inspect", str(out), "--verify"])
+    assert verify.exit_code == 0, verify.output
+    texts = ["the cat sat", "a dog ran home"]
+    assert [h.text for h in Translator(out, device="cpu")(texts, beam=2)] == [
+        h.text for h in Translator(lean_export, device="cpu")(texts, beam=2)]

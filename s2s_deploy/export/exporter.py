@@ -36,7 +36,7 @@ from s2s_deploy.format.subword import write_files
 from s2s_deploy.format.vocab import Vocabulary
 from s2s_deploy.frontends.source import check_frontend
 from s2s_deploy.runtime.ort.backend import quiet_stderr
-from s2s_deploy.transforms.share import share_weights
+from s2s_deploy.transforms.share import load_graph, save_graph, share_weights
 
 DEFAULT_OPSET = 18
 ENCODER_FILE = "encoder.onnx"
@@ -322,7 +322,7 @@ def _add_top_k(path: Path) -> None:
     the whole vocabulary, which at 32k tokens is most of a small step's copying and numpy work.
     ``top_k`` is a required input: an input backed by an initializer (a default) is dropped
     from ``inputNames`` and ignored by onnxruntime-node, so a portable graph has none."""
-    model = onnx.load(str(path))
+    model, read = load_graph(path)
     graph = model.graph
     log_probs = next(o for o in graph.output if o.name == "log_probs")
     rows = log_probs.type.tensor_type.shape.dim[0]
@@ -332,13 +332,15 @@ def _add_top_k(path: Path) -> None:
                                             largest=1, sorted=1, name="search/TopK"))
     for name, dtype in zip(TOP_OUTPUTS, (onnx.TensorProto.FLOAT, onnx.TensorProto.INT64), strict=True):
         graph.output.append(onnx.helper.make_tensor_value_info(name, dtype, [rows_dim, TOP_K]))
-    onnx.save(model, str(path))
+    save_graph(model, path, read)
 
 
 def _check_graph(path: Path) -> None:
     try:
         onnx.checker.check_model(str(path), full_check=True)
-        onnx.shape_inference.infer_shapes(onnx.load(str(path)), check_type=True, strict_mode=True)
+        # the shapes need no weights: a graph past 2 GB is inferred without loading its data
+        graph = onnx.load(str(path), load_external_data=False)
+        onnx.shape_inference.infer_shapes(graph, check_type=True, strict_mode=True)
     except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
         raise S2SError(f"{path.name} fails the ONNX checker: {str(exc).splitlines()[0]}") from exc
 
@@ -348,6 +350,9 @@ def _ort_optimize(source: Path, target: Path, file_format: str) -> None:
     attention) without the layout-specific rewrites of the "all" level, so the file stays portable."""
     import onnxruntime as ort
 
+    if load_graph(source)[1]:
+        raise S2SError(f"{source.name} is past 2 GB, and ONNX Runtime saves an optimised graph as one file: "
+                       "export without --optimize (ONNX Runtime applies the same optimisations when it loads it)")
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
     options.log_severity_level = 3
@@ -477,7 +482,7 @@ def _length_limit(training: dict[str, Any]) -> dict[str, float]:
 def _write_metadata(path: Path, facts: dict[str, str]) -> None:
     """Key facts inside the graph too (``Manifest.graph_facts``), so a lone .onnx file still says
     what it is; the exporter's per-node debug records go, as they only repeat the source tree."""
-    model = onnx.load(str(path))
+    model, read = load_graph(path)
     del model.metadata_props[:]
     for key, value in facts.items():
         model.metadata_props.add(key=key, value=value)
@@ -485,4 +490,4 @@ def _write_metadata(path: Path, facts: dict[str, str]) -> None:
         del node.metadata_props[:]
         node.doc_string = ""
     model.producer_name = "s2s-deploy"
-    onnx.save(model, str(path))
+    save_graph(model, path, read)  # the external files it writes are listed after share_weights
