@@ -36,7 +36,7 @@ from s2s_deploy.format.subword import write_files
 from s2s_deploy.format.vocab import Vocabulary
 from s2s_deploy.frontends.source import check_frontend
 from s2s_deploy.runtime.ort.backend import quiet_stderr
-from s2s_deploy.transforms.share import load_graph, save_graph, share_weights
+from s2s_deploy.transforms.share import external_files, load_graph, save_graph, share_weights
 
 DEFAULT_OPSET = 18
 ENCODER_FILE = "encoder.onnx"
@@ -350,7 +350,7 @@ def _ort_optimize(source: Path, target: Path, file_format: str) -> None:
     attention) without the layout-specific rewrites of the "all" level, so the file stays portable."""
     import onnxruntime as ort
 
-    if load_graph(source)[1]:
+    if external_files(source):
         raise S2SError(f"{source.name} is past 2 GB, and ONNX Runtime saves an optimised graph as one file: "
                        "export without --optimize (ONNX Runtime applies the same optimisations when it loads it)")
     options = ort.SessionOptions()

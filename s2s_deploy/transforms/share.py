@@ -35,12 +35,21 @@ OWN_DATA_MIN_BYTES = 1024
 """In ``<graph>.data``, tensors of at least this size; smaller ones stay in the graph."""
 
 
+def _locations(model: onnx.ModelProto) -> set[str]:
+    return {entry.value for tensor in model.graph.initializer if external_data_helper.uses_external_data(tensor)
+            for entry in tensor.external_data if entry.key == "location"}
+
+
+def external_files(path: Path) -> set[str]:
+    """The external data files the graph at ``path`` reads, without reading them."""
+    return _locations(onnx.load(str(path), load_external_data=False))
+
+
 def load_graph(path: Path) -> tuple[onnx.ModelProto, set[str]]:
     """The graph with every weight in memory, and the external files it read (which ``save_graph``
     replaces)."""
     model = onnx.load(str(path), load_external_data=False)
-    files = {entry.value for tensor in model.graph.initializer if external_data_helper.uses_external_data(tensor)
-             for entry in tensor.external_data if entry.key == "location"}
+    files = _locations(model)
     external_data_helper.load_external_data_for_model(model, str(path.parent))
     return model, files
 
