@@ -431,8 +431,9 @@ def test_marian_prints_a_source_only_piece_as_marian_tokenizer_does(family_expor
     assert vocab.decode([table["\u2581in"]] * 3) == "in in in"
 
 
-ELSEWHERE = {"whisper": "tests/test_hf_whisper.py"}
-"""Families whose encoder reads audio: the same checks against ``generate``, on clips, in their own module."""
+ELSEWHERE = {"whisper": "tests/test_hf_whisper.py", "vision-encoder-decoder": "tests/test_hf_vision.py"}
+"""Families whose encoder reads audio or images: the same checks against ``generate``, on clips or
+images, in their own module."""
 
 
 def test_every_hf_plugin_has_a_row() -> None:
