@@ -10,6 +10,8 @@ nothing of ours in the path.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +54,17 @@ def load_transformers_model(directory: str | Path) -> Any:
     raise S2SError(f"transformers {transformers.__version__} has none of {', '.join(AUTO_CLASSES)}")
 
 
+@contextmanager
+def in_transformers(what: str) -> Iterator[None]:
+    """A failure inside transformers' own model (a bug of its, such as a table left on the meta device
+    by ``from_pretrained``) as one line naming it, not a traceback through their code."""
+    try:
+        yield
+    except (RuntimeError, NotImplementedError, ValueError, TypeError, IndexError) as exc:
+        first = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise S2SError(f"transformers' {what} failed on the reference model: {first}") from exc
+
+
 def encoder_inputs(src: np.ndarray, src_len: np.ndarray, source: SourceSpec) -> dict[str, torch.Tensor | None]:
     """``src`` as transformers names it (``input_ids``, or ``INPUT_NAMES`` of the front end's medium)
     and its ``attention_mask`` over the frames; none for features that fill every row (a fixed window
@@ -84,7 +97,8 @@ class HFBackend(Backend):
     @torch.no_grad()
     def start(self, src: np.ndarray, src_len: np.ndarray, expand: int = 1, keep_attention: bool = False) -> DecodeRun:
         inputs = encoder_inputs(src, src_len, self.source)
-        encoded = self.model.get_encoder()(**inputs).last_hidden_state
+        with in_transformers("encoder"):
+            encoded = self.model.get_encoder()(**inputs).last_hidden_state
         return _HFRun(self.model, encoded, inputs["attention_mask"], expand)
 
 
@@ -104,8 +118,9 @@ class _HFRun(DecodeRun):
         new = torch.from_numpy(np.asarray(tokens, dtype=np.int64))[:, None]
         self.history = new if self.history is None else torch.cat(
             [self.history[torch.from_numpy(np.asarray(reorder, dtype=np.int64))], new], dim=1)
-        out = self.model(encoder_outputs=(encoded,), attention_mask=mask, decoder_input_ids=self.history,
-                         use_cache=False)
+        with in_transformers("forward"):
+            out = self.model(encoder_outputs=(encoded,), attention_mask=mask, decoder_input_ids=self.history,
+                             use_cache=False)
         return torch.log_softmax(out.logits[:, -1].float(), dim=-1).numpy()
 
     def step_top(self, tokens: np.ndarray, reorder: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -134,8 +149,9 @@ class GenerateEngine:
     @torch.no_grad()
     def search(self, src: np.ndarray, src_len: np.ndarray, config: SearchConfig) -> list[list[Hypothesis]]:
         inputs = {k: v for k, v in encoder_inputs(src, src_len, self.source).items() if v is not None}
-        out = self.model.generate(**inputs, num_beams=config.beam_size, max_new_tokens=config.max_len,
-                                  output_scores=True, return_dict_in_generate=True)
+        with in_transformers("generate"):
+            out = self.model.generate(**inputs, num_beams=config.beam_size, max_new_tokens=config.max_len,
+                                      output_scores=True, return_dict_in_generate=True)
         scores = getattr(out, "sequences_scores", None)
         head = [self.decoder_start_id, *config.decoder_prompt]
         found = []
