@@ -26,10 +26,10 @@ from click.testing import CliRunner
 from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
-import test_hf_vision as shared  # noqa: E402  the test's images, EOS pull and generate wrapper
+import test_hf_vision as shared
 
-from s2s_deploy.cli import main  # noqa: E402
-from s2s_deploy.runtime.captioner import Captioner  # noqa: E402
+from s2s_deploy.cli import main
+from s2s_deploy.runtime.captioner import Captioner
 
 
 def run(variant: str, root: Path) -> None:

@@ -70,10 +70,11 @@ def serve_command(export_dir: str, host: str, port: int, workers: int, threads: 
 
     manifest = load_manifest(export_dir)  # a bad folder fails here, once, not in every worker
     if manifest.encoder_input.is_features:
+        from s2s_deploy.frontends import AUDIO
         from s2s_deploy.frontends.source import frontend_for
 
         reads = frontend_for(manifest.encoder_input).reads
-        if reads != "audio":
+        if reads != AUDIO:
             raise S2SError(f"{export_dir} reads {reads} input, which serve does not take yet (it takes text and "
                            "audio): decode it with the command line or the Python API")
     beam = resolve(manifest).beam_size

@@ -20,6 +20,7 @@ import torch
 
 from s2s_deploy.errors import S2SError
 from s2s_deploy.format.source import TOKEN_SOURCE, SourceSpec
+from s2s_deploy.frontends import AUDIO, IMAGE
 from s2s_deploy.frontends.source import frontend_for
 from s2s_deploy.runtime.backend import Backend, DecodeRun
 from s2s_deploy.runtime.decoding import SearchConfig
@@ -29,7 +30,7 @@ AUTO_CLASSES = ("AutoModelForSeq2SeqLM", "AutoModelForSpeechSeq2Seq", "AutoModel
                 "AutoModelForVision2Seq")
 """transformers' auto classes of encoder-decoders, text first; each version defines some of them."""
 
-INPUT_NAMES = {"audio": "input_features", "image": "pixel_values"}
+INPUT_NAMES = {AUDIO: "input_features", IMAGE: "pixel_values"}
 """What transformers calls an encoder's features, by the front end's medium."""
 
 

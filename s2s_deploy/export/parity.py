@@ -20,7 +20,7 @@ from s2s_deploy.export.contract import Seq2SeqModel
 from s2s_deploy.export.tolerance import NO_DIFF, StepDiff, StepTolerance, plugin_tolerance
 from s2s_deploy.export.torch_backend import TorchBackend
 from s2s_deploy.format.manifest import Manifest, sha256_of
-from s2s_deploy.frontends import FrontEnd
+from s2s_deploy.frontends import AUDIO, IMAGE, FrontEnd
 from s2s_deploy.runtime.backend import Backend
 from s2s_deploy.runtime.decoding import SearchConfig, resolve
 from s2s_deploy.runtime.features import pad_features
@@ -127,11 +127,11 @@ def feature_encoder(manifest: Manifest, inputs: dict[str, Any]) -> Encode:
 def feature_inputs(frontend: FrontEnd, paths: Sequence[str] | None = None) -> dict[str, Any]:
     """Parity inputs for an export that reads features: the files ``paths`` lists, read as the front
     end's medium, or seeded synthetic ones (``SYNTHETIC``)."""
-    from s2s_deploy.frontends import load_audio, load_image
+    from s2s_deploy.frontends import AUDIO, load_audio, load_image
 
     if paths is None:
         return SYNTHETIC[frontend.reads](frontend)
-    if frontend.reads == "audio":
+    if frontend.reads == AUDIO:
         return {path: load_audio(path, frontend.sampling_rate) for path in paths}
     return {path: load_image(path) for path in paths}
 
@@ -168,8 +168,8 @@ def synthetic_images(count: int = 16, seed: int = 0) -> dict[str, np.ndarray]:
 
 
 SYNTHETIC: dict[str, Callable[[Any], dict[str, Any]]] = {
-    "audio": lambda frontend: synthetic_clips(frontend.sampling_rate),
-    "image": lambda frontend: synthetic_images(),
+    AUDIO: lambda frontend: synthetic_clips(frontend.sampling_rate),
+    IMAGE: lambda frontend: synthetic_images(),
 }
 """Seeded parity inputs by the front end's medium."""
 

@@ -6,9 +6,9 @@ import numpy as np
 
 from s2s_deploy.errors import S2SError
 from s2s_deploy.format.source import SourceSpec
-from s2s_deploy.frontends import FrontEnd, frontend_from_json
+from s2s_deploy.frontends import AUDIO, IMAGE, FrontEnd, frontend_from_json
 
-COMMANDS = {"audio": "transcribe (or Transcriber)", "image": "caption (or Captioner)"}
+COMMANDS = {AUDIO: "transcribe (or Transcriber)", IMAGE: "caption (or Captioner)"}
 """The command and API that read each front end's medium, for the one-line refusals."""
 
 

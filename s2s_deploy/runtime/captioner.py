@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from s2s_deploy.errors import S2SError
-from s2s_deploy.frontends import load_image
+from s2s_deploy.frontends import IMAGE, load_image
 from s2s_deploy.runtime.features import Decoded, FeatureReader
 
 Image = str | Path | np.ndarray
@@ -30,7 +30,7 @@ class Captioner(FeatureReader):
     ``options``: any decoding option by name, as ``Translator`` takes them; defaults come from the
     manifest (the folder's generation_config.json for an ``export --hf``)."""
 
-    reads = "image"
+    reads = IMAGE
     label = "image"
 
     def single(self, images: Any) -> bool:

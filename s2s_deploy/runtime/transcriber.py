@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from s2s_deploy.errors import S2SError
-from s2s_deploy.frontends import decode_audio, load_audio, resample
+from s2s_deploy.frontends import AUDIO, decode_audio, load_audio, resample
 from s2s_deploy.runtime.features import Decoded, FeatureReader, pad_features
 
 Clip = str | Path | bytes | np.ndarray | tuple[np.ndarray, int]
@@ -33,7 +33,7 @@ class Transcriber(FeatureReader):
     a float array of samples already at ``sampling_rate``, or ``(samples, rate)``. ``options``: any
     decoding option by name, as ``Translator`` takes them; defaults come from the manifest."""
 
-    reads = "audio"
+    reads = AUDIO
     label = "clip"
 
     @property
