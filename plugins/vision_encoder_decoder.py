@@ -57,7 +57,8 @@ class VisionEncoderDecoderConfig:
     image_height: int = 32
     image_width: int = 32
     resample: int = 0
-    """Pillow's filter code: 0 nearest, 1 Lanczos, 2 bilinear, 3 bicubic."""
+    """Pillow's filter code: 0 nearest, 1 Lanczos, 2 bilinear, 3 bicubic. The default is 0 so that a
+    checkpoint's config may say nearest: a whole-number field is held to at least ``min(default, 1)``."""
     do_resize: bool = True
     do_rescale: bool = True
     rescale_factor: float = 1 / 255
