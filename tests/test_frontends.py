@@ -179,6 +179,16 @@ def picture(width: int, height: int):
     return image
 
 
+def transparent(image):
+    """``image`` with alpha falling from opaque on the left to clear on the right: transformers
+    composites it onto white, where a plain RGB conversion would keep the hidden colours."""
+    from PIL import Image
+
+    alpha = np.repeat(np.linspace(255, 0, image.width).astype(np.uint8)[None, :], image.height, axis=0)
+    image.putalpha(Image.fromarray(alpha))
+    return image
+
+
 VIT_CONFIGS = {
     "vit-base": {},
     "trocr (384, bicubic)": {"size": {"height": 384, "width": 384}, "resample": 3},
@@ -202,6 +212,7 @@ def test_vit_image_matches_transformers(config: dict) -> None:
         "noise": noise,
         "grey": picture(200, 100).convert("L"),
         "with alpha": picture(120, 90).convert("RGBA"),
+        "transparent": transparent(picture(120, 90)),
     }
     reference = transformers.ViTImageProcessorPil(**config, do_convert_rgb=True)
     ours = frontend_from_preprocessor_config(reference.to_dict())

@@ -468,8 +468,9 @@ def test_marian_prints_a_source_only_piece_as_marian_tokenizer_does(family_expor
     assert vocab.decode([table["\u2581in"]] * 3) == "in in in"
 
 
-ELSEWHERE = {"whisper": "tests/test_hf_whisper.py"}
-"""Families whose encoder reads audio: the same checks against ``generate``, on clips, in their own module."""
+ELSEWHERE = {"whisper": "tests/test_hf_whisper.py", "vision-encoder-decoder": "tests/test_hf_vision.py"}
+"""Families whose encoder reads audio or images: the same checks against ``generate``, on clips or
+images, in their own module."""
 SAME_AS = {"xlm-prophetnet": "prophetnet"}
 """``model_type`` values that are another row's model under a second name, which the installed
 ``transformers`` no longer ships: ``test_xlm_prophetnet_maps_as_prophetnet`` checks the mapping."""

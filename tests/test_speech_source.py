@@ -121,7 +121,7 @@ def test_parity_runs_on_audio_files_and_synthetic_clips(speech, tmp_path: Path) 
 
 
 @pytest.mark.parametrize(("edit", "message"), [
-    (lambda e: e.update(shape=[16]), "frames"),
+    (lambda e: e.update(shape=[16]), "axes"),
     (lambda e: e.update(shape=[16, "frames", "frames"]), "frames"),
     (lambda e: e.update(dtype="int64"), "dtype"),
     (lambda e: e.update(shape=[16, 4, "frames"]), "axes"),
@@ -181,7 +181,7 @@ def test_pad_features_pads_the_frames_axis_with_the_pad_value() -> None:
 
 
 def test_the_contract_refuses_a_bad_source_spec() -> None:
-    bad = SourceSpec(FEATURES, (16,), "float32", 0.0, {"kind": "whisper_log_mel"})
+    bad = SourceSpec(FEATURES, (16, FRAMES, FRAMES), "float32", 0.0, {"kind": "whisper_log_mel"})
     plugin = type("NoFrames", (SpeechPlugin,), {"name": "noframes", "source_spec": lambda self, config: bad})()
     with pytest.raises(ContractError, match="frames"):
         validate_plugin(plugin)

@@ -5,6 +5,7 @@ They import heavy libraries only when a command runs."""
 from s2s_deploy.cli import (  # noqa: F401
     attention,
     bench,
+    caption,
     evaluate,
     export,
     fuse,

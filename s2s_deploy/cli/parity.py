@@ -13,8 +13,8 @@ from s2s_deploy.cli.group import device_option, echo_device, load_plugin_files, 
 @main.command("parity")
 @click.argument("export_dir", type=click.Path())
 @click.option("--input", "input_path", type=click.Path(dir_okay=False, allow_dash=True), default=None,
-              help="Sentences to check, one per line, or audio files for an export that reads audio "
-                   "[default: the samples stored at export; for audio, seeded synthetic clips].")
+              help="Sentences to check, one per line, or audio or image files for an export that reads them "
+                   "[default: the samples stored at export; for audio or images, seeded synthetic ones].")
 @click.option("--beam", type=click.IntRange(2), default=4, show_default=True, help="Beam size of the beam check.")
 @click.option("--max-len", type=click.IntRange(1), default=None,
               help="Most target tokens [default: 64; with --reference, the export's own, generate's max_new_tokens].")
@@ -51,23 +51,15 @@ def parity_command(export_dir: str, input_path: str | None, beam: int, max_len: 
     if atol is not None and not 0 <= atol < float("inf"):
         raise S2SError(f"--atol must be a finite number >= 0, not {atol}")
     manifest = load_manifest(export_dir)
-    features = manifest.encoder_input.is_features
+    source = manifest.encoder_input
     sources = read_lines(input_path) if input_path else list(manifest.samples)
     encode = None
-    if features:  # --input lists audio files; without it, seeded synthetic clips
-        from s2s_deploy.export.parity import feature_encoder, synthetic_clips
+    if source.is_features:  # --input lists audio or image files; without it, seeded synthetic ones
+        from s2s_deploy.export.parity import feature_encoder, feature_inputs
         from s2s_deploy.frontends.source import frontend_for
 
-        rate = getattr(frontend_for(manifest.encoder_input), "sampling_rate", None)
-        if rate is None:
-            raise S2SError(f"{export_dir} reads images; parity checks text and audio inputs")
-        if input_path:
-            from s2s_deploy.frontends import load_audio
-
-            clips = {path: load_audio(path, rate) for path in sources}
-        else:
-            clips = synthetic_clips(rate)
-        sources, encode = list(clips), feature_encoder(manifest, clips)
+        inputs = feature_inputs(frontend_for(source), sources if input_path else None)
+        sources, encode = list(inputs), feature_encoder(manifest, inputs)
     if not sources:
         raise S2SError(f"{export_dir} stores no sample inputs; pass --input FILE")
     generate = None
@@ -80,8 +72,8 @@ def parity_command(export_dir: str, input_path: str | None, beam: int, max_len: 
             raise S2SError("--reference and --checkpoint name two originals: give one")
         model = load_transformers_model(reference_dir)
         cached = exported_plugin(manifest.plugin, manifest.plugin_origin).hf_step_cache
-        reference = HFBackend(model, manifest.decoder_start_id, manifest.eos_id, features, cached)
-        generate = GenerateEngine(model, manifest.decoder_start_id, manifest.eos_id, features)
+        reference = HFBackend(model, manifest.decoder_start_id, manifest.eos_id, source, cached)
+        generate = GenerateEngine(model, manifest.decoder_start_id, manifest.eos_id, source)
         max_len = max_len or resolve(manifest).max_len
     else:
         reference = torch_backend_for(manifest, checkpoint)

@@ -68,7 +68,16 @@ def serve_command(export_dir: str, host: str, port: int, workers: int, threads: 
     from s2s_deploy.serve.app import CONFIG_ENV, ServeConfig
     from s2s_deploy.serve.batcher import BatchLimits
 
-    beam = resolve(load_manifest(export_dir)).beam_size  # a bad folder fails here, once, not in every worker
+    manifest = load_manifest(export_dir)  # a bad folder fails here, once, not in every worker
+    if manifest.encoder_input.is_features:
+        from s2s_deploy.frontends import AUDIO
+        from s2s_deploy.frontends.source import frontend_for
+
+        reads = frontend_for(manifest.encoder_input).reads
+        if reads != AUDIO:
+            raise S2SError(f"{export_dir} reads {reads} input, which serve does not take yet (it takes text and "
+                           "audio): decode it with the command line or the Python API")
+    beam = resolve(manifest).beam_size
     if beam > max_beam:
         raise S2SError(f"{export_dir} decodes with beam {beam} by default (its search.beam_size), over --max-beam "
                        f"{max_beam}: raise --max-beam")

@@ -2,21 +2,10 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import click
 
-from s2s_deploy.cli.group import (
-    decoding_options,
-    device_option,
-    echo_device,
-    given_decoding,
-    main,
-    threads_option,
-)
-
-OUTPUT_KINDS = (".txt", ".json")
+from s2s_deploy.cli.group import decoding_options, device_option, main, threads_option
+from s2s_deploy.cli.media import decode_files
 
 
 @main.command("transcribe")
@@ -40,35 +29,7 @@ def transcribe_command(export_dir: str, audio: tuple[str, ...], batch_size: int,
     AUDIO: WAV, FLAC, OGG or any file soundfile reads, at any sampling rate (resampled to the
     model's). One line per file, in order; no PyTorch needed.
     """
-    from s2s_deploy.errors import S2SError
-    from s2s_deploy.format.manifest import not_an_export
     from s2s_deploy.runtime.transcriber import Transcriber
 
-    if not Path(export_dir).is_dir():
-        raise S2SError(not_an_export(Path(export_dir)))
-    if output_path is not None and Path(output_path).suffix not in OUTPUT_KINDS:
-        raise S2SError(f"--output {output_path}: write a {' or a '.join(OUTPUT_KINDS)} file")
-    for path in audio:
-        if not Path(path).is_file():
-            raise S2SError(f"audio file not found: {path}")
-    options = given_decoding(decoding)
-    transcriber = Transcriber(export_dir, device=device, threads=threads)
-    transcriber.translator.search_config(**options)  # bad options before any work
-    if not quiet:
-        echo_device(transcriber.notice, transcriber.provider)
-    found = transcriber(list(audio), batch_size=batch_size, **options)
-    lines = [f"{score:.4f}\t{text}" if scores else text for t in found for text, score in t.hypotheses]
-    if output_path is None:
-        for line in lines:
-            click.echo(line)
-        return
-    if output_path.endswith(".json"):
-        rows = [{"file": t.source, "text": t.text, "score": t.score,
-                 "hypotheses": [{"text": text, "score": score} for text, score in t.hypotheses]} for t in found]
-        data = json.dumps(rows, ensure_ascii=False, indent=1) + "\n"
-    else:
-        data = "".join(line + "\n" for line in lines)
-    try:
-        Path(output_path).write_text(data, encoding="utf-8")
-    except OSError as exc:
-        raise S2SError(f"cannot write {output_path}: {exc.strerror}") from exc
+    decode_files(Transcriber, export_dir, audio, "audio", batch_size, scores, output_path, quiet, device, threads,
+                 decoding)

@@ -196,7 +196,8 @@ def run_export_checks(
     limit = plugin.max_source_length(config)
     if source.is_features:
         src = random_source(source, len(src_vocab), 4, min(32, limit or 32), np.random.default_rng(0))
-        src_len = np.array([src.shape[source.length_axis] - i for i in range(4)], dtype=np.int64)
+        src_len = (np.ones(4, dtype=np.int64) if source.length_axis is None else
+                   np.array([src.shape[source.length_axis] - i for i in range(4)], dtype=np.int64))
     elif samples:
         src, src_len = encode_batch(list(samples[:16]), src_vocab, None)
         if limit is not None and src.shape[1] > limit:
@@ -257,8 +258,9 @@ def check_model_torch(plugin: ArchitecturePlugin, model: Seq2SeqModel, config: A
     _check_step(label, state, first, out, batch, len(tgt_vocab))
     _check_step(label, state, out.state, _step(plugin.name, model, tokens, 1, mem, out.state, state), batch,
                 len(tgt_vocab))
-    pad = source.pad_value if source.is_features else src_vocab.pad_id
-    _check_padding(plugin, model, memory, state, src, pad, tokens, source.length_axis)
+    if source.length_axis is not None:  # fixed-size items are never padded
+        pad = source.pad_value if source.is_features else src_vocab.pad_id
+        _check_padding(plugin, model, memory, state, src, pad, tokens, source.length_axis)
 
 
 def _first_state(state: Sequence[StateSpec], encoded: dict[str, torch.Tensor], batch: int,

@@ -204,6 +204,8 @@ def _encoder_inputs(source: SourceSpec, vocab_size: int, sizes: dict[str, int]) 
         src = torch.randn((batch, *source.item_shape(length)), generator=generator).to(getattr(torch, source.dtype))
     else:
         src = torch.randint(4, vocab_size, (batch, length), generator=generator)
+    if source.length_axis is None:  # fixed-size items: one each
+        return src, torch.ones(batch, dtype=torch.int64)
     src_len = torch.tensor([length - i % 3 for i in range(batch)], dtype=torch.int64)
     return src, src_len
 

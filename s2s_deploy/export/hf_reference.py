@@ -12,6 +12,8 @@ token a step, the cache reordered by the search's backpointers as ``generate`` r
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -19,42 +21,64 @@ import numpy as np
 import torch
 
 from s2s_deploy.errors import S2SError
+from s2s_deploy.format.source import TOKEN_SOURCE, SourceSpec
+from s2s_deploy.frontends import AUDIO, IMAGE
+from s2s_deploy.frontends.source import frontend_for
 from s2s_deploy.runtime.backend import Backend, DecodeRun
 from s2s_deploy.runtime.decoding import SearchConfig
 from s2s_deploy.runtime.search import Hypothesis
 
+AUTO_CLASSES = ("AutoModelForSeq2SeqLM", "AutoModelForSpeechSeq2Seq", "AutoModelForImageTextToText",
+                "AutoModelForVision2Seq")
+"""transformers' auto classes of encoder-decoders, text first; each version defines some of them."""
+
+INPUT_NAMES = {AUDIO: "input_features", IMAGE: "pixel_values"}
+"""What transformers calls an encoder's features, by the front end's medium."""
+
 
 def load_transformers_model(directory: str | Path) -> Any:
-    """``AutoModelForSeq2SeqLM`` (else ``AutoModelForSpeechSeq2Seq``) from a local folder; one line
-    naming the extra if it is missing."""
+    """The first of ``AUTO_CLASSES`` that takes the folder's config, from local files; one line
+    naming the extra if transformers is missing."""
     try:
-        from transformers import AutoModelForSeq2SeqLM, AutoModelForSpeechSeq2Seq
+        import transformers
     except ImportError as exc:
         raise S2SError('the Hugging Face reference needs transformers: pip install "s2s-deploy[hf]"') from exc
     if not Path(directory, "config.json").is_file():
         raise S2SError(f"{directory} is not a Hugging Face model folder (no config.json)")
-    try:
+    classes = [getattr(transformers, name) for name in AUTO_CLASSES if hasattr(transformers, name)]
+    for auto in classes:
         try:
-            return AutoModelForSeq2SeqLM.from_pretrained(str(directory), local_files_only=True, use_safetensors=None)
-        except ValueError as exc:  # a speech model (Whisper) is no text-to-text one: its own auto class
-            if "Unrecognized configuration class" not in str(exc):
-                raise
-            return AutoModelForSpeechSeq2Seq.from_pretrained(str(directory), local_files_only=True,
-                                                             use_safetensors=None)
-    except (OSError, ValueError) as exc:
-        raise S2SError(f"transformers cannot load {directory}: {str(exc).splitlines()[0]}") from exc
+            return auto.from_pretrained(str(directory), local_files_only=True, use_safetensors=None)
+        except ValueError as exc:  # another kind of model: the next auto class
+            if "Unrecognized configuration class" not in str(exc) or auto is classes[-1]:
+                raise S2SError(f"transformers cannot load {directory}: {str(exc).splitlines()[0]}") from exc
+        except OSError as exc:
+            raise S2SError(f"transformers cannot load {directory}: {str(exc).splitlines()[0]}") from exc
+    raise S2SError(f"transformers {transformers.__version__} has none of {', '.join(AUTO_CLASSES)}")
 
 
-def encoder_inputs(src: np.ndarray, src_len: np.ndarray, features: bool) -> dict[str, torch.Tensor | None]:
-    """``src`` as transformers names it (``input_ids``, or ``input_features`` for a speech encoder)
-    and its ``attention_mask`` over the length axis; none for features that fill every row (a
-    fixed window such as Whisper's, whose encoder takes no mask)."""
+@contextmanager
+def in_transformers(what: str) -> Iterator[None]:
+    """A failure inside transformers' own model (a bug of its, such as a table left on the meta device
+    by ``from_pretrained``) as one line naming it, not a traceback through their code."""
+    try:
+        yield
+    except (RuntimeError, NotImplementedError, ValueError, TypeError, IndexError) as exc:
+        first = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise S2SError(f"transformers' {what} failed on the reference model: {first}") from exc
+
+
+def encoder_inputs(src: np.ndarray, src_len: np.ndarray, source: SourceSpec) -> dict[str, torch.Tensor | None]:
+    """``src`` as transformers names it (``input_ids``, or ``INPUT_NAMES`` of the front end's medium)
+    and its ``attention_mask`` over the frames; none for features that fill every row (a fixed window
+    such as Whisper's, whose encoder takes no mask) or that have no frames (images)."""
     lengths = torch.from_numpy(np.asarray(src_len, dtype=np.int64))
-    if features:
+    if source.is_features:
         data = torch.from_numpy(np.ascontiguousarray(src, dtype=np.float32))
-        full = bool((lengths == data.shape[-1]).all())
-        mask = None if full else (torch.arange(data.shape[-1])[None, :] < lengths[:, None]).long()
-        return {"input_features": data, "attention_mask": mask}
+        axis = source.length_axis
+        full = axis is None or bool((lengths == data.shape[axis]).all())
+        frames = None if full else torch.arange(data.shape[axis])[None, :] < lengths[:, None]
+        return {INPUT_NAMES[frontend_for(source).reads]: data, "attention_mask": None if full else frames.long()}
     ids = torch.from_numpy(np.asarray(src, dtype=np.int64))
     return {"input_ids": ids, "attention_mask": (torch.arange(ids.shape[1])[None, :] < lengths[:, None]).long()}
 
@@ -62,10 +86,12 @@ def encoder_inputs(src: np.ndarray, src_len: np.ndarray, features: bool) -> dict
 class HFBackend(Backend):
     name = "transformers"
 
-    def __init__(self, model: Any, decoder_start_id: int, eos_id: int, features: bool = False,
+    def __init__(self, model: Any, decoder_start_id: int, eos_id: int, source: SourceSpec = TOKEN_SOURCE,
                  cached: bool = False) -> None:
+        """``source``: what the export's encoder reads (the manifest's ``encoder_input``); ``cached``:
+        step transformers with its own cache, as ``generate`` does (the plugin's ``hf_step_cache``)."""
         self.model = model.float().eval()
-        self.decoder_start_id, self.eos_id, self.features = decoder_start_id, eos_id, features
+        self.decoder_start_id, self.eos_id, self.source = decoder_start_id, eos_id, source
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.cached = cached
 
@@ -76,8 +102,9 @@ class HFBackend(Backend):
 
     @torch.no_grad()
     def start(self, src: np.ndarray, src_len: np.ndarray, expand: int = 1, keep_attention: bool = False) -> DecodeRun:
-        inputs = encoder_inputs(src, src_len, self.features)
-        encoded = self.model.get_encoder()(**inputs).last_hidden_state
+        inputs = encoder_inputs(src, src_len, self.source)
+        with in_transformers("encoder"):
+            encoded = self.model.get_encoder()(**inputs).last_hidden_state
         return _HFRun(self.model, encoded, inputs["attention_mask"], expand, self.cached)
 
 
@@ -108,14 +135,15 @@ class _HFRun(DecodeRun):
         first = self.history is None
         self.history = new if first else torch.cat([self.history[backpointers], new], dim=1)
         encoder_outputs = self.wrap(last_hidden_state=encoded)
-        if self.cache is None:
-            out = self.model(encoder_outputs=encoder_outputs, attention_mask=mask, decoder_input_ids=self.history,
-                             use_cache=False)
-        else:  # one token against the cache, reordered (and tiled after a first step per sentence) by backpointers
-            if not first:
-                self.cache.reorder_cache(backpointers)
-            out = self.model(encoder_outputs=encoder_outputs, attention_mask=mask, decoder_input_ids=new,
-                             cache=self.cache, use_cache=True)
+        with in_transformers("forward"):
+            if self.cache is None:
+                out = self.model(encoder_outputs=encoder_outputs, attention_mask=mask, decoder_input_ids=self.history,
+                                 use_cache=False)
+            else:  # one token against the cache, reordered (and tiled after a first step per sentence) by backpointers
+                if not first:
+                    self.cache.reorder_cache(backpointers)
+                out = self.model(encoder_outputs=encoder_outputs, attention_mask=mask, decoder_input_ids=new,
+                                 cache=self.cache, use_cache=True)
         return torch.log_softmax(out.logits[:, -1].float(), dim=-1).numpy()
 
     def step_top(self, tokens: np.ndarray, reorder: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -137,15 +165,16 @@ class GenerateEngine:
 
     name = "transformers generate"
 
-    def __init__(self, model: Any, decoder_start_id: int, eos_id: int, features: bool = False) -> None:
+    def __init__(self, model: Any, decoder_start_id: int, eos_id: int, source: SourceSpec = TOKEN_SOURCE) -> None:
         self.model = model.float().eval()
-        self.decoder_start_id, self.eos_id, self.features = decoder_start_id, eos_id, features
+        self.decoder_start_id, self.eos_id, self.source = decoder_start_id, eos_id, source
 
     @torch.no_grad()
     def search(self, src: np.ndarray, src_len: np.ndarray, config: SearchConfig) -> list[list[Hypothesis]]:
-        inputs = {k: v for k, v in encoder_inputs(src, src_len, self.features).items() if v is not None}
-        out = self.model.generate(**inputs, num_beams=config.beam_size, max_new_tokens=config.max_len,
-                                  output_scores=True, return_dict_in_generate=True)
+        inputs = {k: v for k, v in encoder_inputs(src, src_len, self.source).items() if v is not None}
+        with in_transformers("generate"):
+            out = self.model.generate(**inputs, num_beams=config.beam_size, max_new_tokens=config.max_len,
+                                      output_scores=True, return_dict_in_generate=True)
         scores = getattr(out, "sequences_scores", None)
         head = [self.decoder_start_id, *config.decoder_prompt]
         found = []

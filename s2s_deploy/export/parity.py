@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -19,11 +20,12 @@ from s2s_deploy.export.contract import Seq2SeqModel
 from s2s_deploy.export.tolerance import NO_DIFF, StepDiff, StepTolerance, plugin_tolerance
 from s2s_deploy.export.torch_backend import TorchBackend
 from s2s_deploy.format.manifest import Manifest, sha256_of
+from s2s_deploy.frontends import AUDIO, IMAGE, FrontEnd
 from s2s_deploy.runtime.backend import Backend
 from s2s_deploy.runtime.decoding import SearchConfig, resolve
+from s2s_deploy.runtime.features import pad_features
 from s2s_deploy.runtime.scoring import teacher_forced
 from s2s_deploy.runtime.search import SearchEngine, StepLoop, search
-from s2s_deploy.runtime.transcriber import pad_features
 from s2s_deploy.runtime.translator import encode_batch
 from s2s_deploy.transforms.quantize import MIN_TOKEN_AGREEMENT
 
@@ -111,14 +113,27 @@ def text_encoder(manifest: Manifest) -> Encode:
     return lambda texts: encode_batch(list(texts), manifest.src_vocab, manifest.max_source_length)
 
 
-def feature_encoder(manifest: Manifest, clips: dict[str, np.ndarray]) -> Encode:
-    """Clips by label, through the export's own front end (at its sampling rate), padded along the frames."""
+def feature_encoder(manifest: Manifest, inputs: dict[str, Any]) -> Encode:
+    """Inputs by label (audio at the front end's rate, or images), through the export's own front end,
+    padded along the frames."""
     from s2s_deploy.frontends.source import checked_features, frontend_for
 
     source = manifest.encoder_input
     frontend = frontend_for(source)
-    featurised = {label: checked_features(source, frontend(audio), label) for label, audio in clips.items()}
+    featurised = {label: checked_features(source, frontend(item), label) for label, item in inputs.items()}
     return lambda labels: pad_features([featurised[label] for label in labels], source)
+
+
+def feature_inputs(frontend: FrontEnd, paths: Sequence[str] | None = None) -> dict[str, Any]:
+    """Parity inputs for an export that reads features: the files ``paths`` lists, read as the front
+    end's medium, or seeded synthetic ones (``SYNTHETIC``)."""
+    from s2s_deploy.frontends import AUDIO, load_audio, load_image
+
+    if paths is None:
+        return SYNTHETIC[frontend.reads](frontend)
+    if frontend.reads == AUDIO:
+        return {path: load_audio(path, frontend.sampling_rate) for path in paths}
+    return {path: load_image(path) for path in paths}
 
 
 def synthetic_clips(sampling_rate: int, count: int = 16, seed: int = 0) -> dict[str, np.ndarray]:
@@ -132,6 +147,31 @@ def synthetic_clips(sampling_rate: int, count: int = 16, seed: int = 0) -> dict[
         chirp = 0.3 * np.sin(2 * np.pi * (f0 + (f1 - f0) * t / (2 * t[-1])) * t)
         clips[f"synthetic clip {i + 1}"] = (chirp + rng.normal(0, rng.uniform(0.01, 0.2), len(t))).astype(np.float32)
     return clips
+
+
+def synthetic_images(count: int = 16, seed: int = 0) -> dict[str, np.ndarray]:
+    """Seeded parity images: RGB gradients of 16-96 pixels a side under uniform noise, with a dark band
+    across some; the front end resizes them to the model's size."""
+    rng = np.random.default_rng(seed)
+    images = {}
+    for i in range(count):
+        height, width = (int(n) for n in rng.integers(16, 97, 2))
+        y, x = np.mgrid[0:height, 0:width]
+        slope = rng.uniform(-3, 3, (2, 3))
+        pixels = 128 + x[..., None] * slope[0] + y[..., None] * slope[1] + rng.normal(0, rng.uniform(5, 60),
+                                                                                       (height, width, 3))
+        if i % 2:
+            top = int(rng.integers(0, height))
+            pixels[top : top + max(1, height // 5)] *= 0.2
+        images[f"synthetic image {i + 1}"] = np.clip(pixels, 0, 255).astype(np.uint8)
+    return images
+
+
+SYNTHETIC: dict[str, Callable[[Any], dict[str, Any]]] = {
+    AUDIO: lambda frontend: synthetic_clips(frontend.sampling_rate),
+    IMAGE: lambda frontend: synthetic_images(),
+}
+"""Seeded parity inputs by the front end's medium."""
 
 
 def check_parity(

@@ -5,10 +5,12 @@ The graph input is always ``src`` with ``src_len``; this spec says what ``src`` 
 
 - ``tokens``: ``src`` is int64 ``(batch, S)`` source ids, right-padded with the source vocabulary's
   pad id; ``src_len`` counts each row's ids.
-- ``features``: ``src`` is ``(batch, *shape)`` of ``dtype``, where ``shape`` holds one ``"frames"``
-  axis (the time axis, right-padded with ``pad_value``) and the per-frame sizes; ``src_len`` counts
-  each row's frames. ``frontend`` is the JSON of the front end (``s2s_deploy.frontends``) that turns
-  audio or an image into one item; a runtime in any language recomputes it from docs/manifest.md.
+- ``features``: ``src`` is ``(batch, *shape)`` of ``dtype``, where ``shape`` holds at most one
+  ``"frames"`` axis (the time axis, right-padded with ``pad_value``) and the fixed sizes; ``src_len``
+  counts each row's frames. A shape without ``"frames"`` (an image resized to the model's size) is
+  one fixed-size item per row, never padded, and ``src_len`` is 1 for every row. ``frontend`` is
+  the JSON of the front end (``s2s_deploy.frontends``) that turns audio or an image into one item;
+  a runtime in any language recomputes it from docs/manifest.md.
 """
 
 from __future__ import annotations
@@ -45,9 +47,11 @@ class SourceSpec:
         return self.kind == FEATURES
 
     @property
-    def length_axis(self) -> int:
-        """The frames axis of ``src`` counted with the batch axis first."""
-        return 1 + self.shape.index(FRAMES) if self.is_features else 1
+    def length_axis(self) -> int | None:
+        """The frames axis of ``src`` counted with the batch axis first; None for fixed-size items."""
+        if not self.is_features:
+            return 1
+        return 1 + self.shape.index(FRAMES) if FRAMES in self.shape else None
 
     def check(self) -> None:
         """One-line S2SError for a spec no runtime could feed."""
@@ -59,8 +63,8 @@ class SourceSpec:
             raise S2SError(f"source kind {self.kind!r} is not one of {TOKENS}, {FEATURES}")
         if self.dtype not in FEATURE_DTYPES:
             raise S2SError(f"features dtype {self.dtype!r} is not one of {', '.join(FEATURE_DTYPES)}")
-        if not 1 <= len(self.shape) <= MAX_FEATURE_RANK or list(self.shape).count(FRAMES) != 1:
-            raise S2SError(f"features shape {list(self.shape)} needs one {FRAMES!r} axis and at most "
+        if not 1 <= len(self.shape) <= MAX_FEATURE_RANK or list(self.shape).count(FRAMES) > 1:
+            raise S2SError(f"features shape {list(self.shape)} needs at most one {FRAMES!r} axis and 1 to "
                            f"{MAX_FEATURE_RANK} axes")
         sizes = [d for d in self.shape if d != FRAMES]
         if not all(isinstance(d, int) and not isinstance(d, bool) and 1 <= d <= 1 << 16 for d in sizes):
@@ -96,7 +100,7 @@ class SourceSpec:
         return spec
 
     def item_shape(self, frames: int) -> tuple[int, ...]:
-        """One item's shape for ``frames`` frames."""
+        """One item's shape for ``frames`` frames (a fixed-size item's shape whatever ``frames``)."""
         return tuple(frames if d == FRAMES else int(d) for d in self.shape)
 
 

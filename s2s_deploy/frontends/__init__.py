@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from s2s_deploy.errors import S2SError
-from s2s_deploy.frontends.audio import KaldiFbank, WhisperLogMel, decode_audio, load_audio, resample
-from s2s_deploy.frontends.image import VitImage, load_image
+from s2s_deploy.frontends.audio import AUDIO, KaldiFbank, WhisperLogMel, decode_audio, load_audio, resample
+from s2s_deploy.frontends.image import IMAGE, VitImage, load_image
 
 FrontEnd = WhisperLogMel | KaldiFbank | VitImage
 
@@ -45,6 +45,8 @@ def frontend_from_preprocessor_config(config: Mapping[str, Any]) -> FrontEnd:
 
 
 __all__ = [
+    "AUDIO",
+    "IMAGE",
     "FrontEnd",
     "KaldiFbank",
     "VitImage",

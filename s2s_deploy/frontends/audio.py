@@ -28,6 +28,18 @@ KALDI_LOG_FLOOR = float(np.finfo(np.float32).eps)
 """torchaudio's Kaldi fbank takes the log of ``max(energy, float32 eps)``."""
 
 
+AUDIO = "audio"
+
+
+class AudioFrontEnd(FrontEndConfig):
+    """What the audio front ends share: samples at ``sampling_rate`` in, features out."""
+
+    sampling_rate: int
+
+    def probe(self) -> np.ndarray:
+        return np.zeros(int(self.sampling_rate), dtype=np.float32)
+
+
 def mono(audio: np.ndarray) -> np.ndarray:
     """One channel as float64: a (samples, channels) array is averaged, as librosa's ``to_mono`` does."""
     audio = np.asarray(audio, dtype=np.float64)
@@ -108,7 +120,7 @@ def kaldi_mel_banks(sampling_rate: int, n_fft: int, num_bins: int, low_frequency
 
 
 @dataclass(frozen=True)
-class WhisperLogMel(FrontEndConfig):
+class WhisperLogMel(AudioFrontEnd):
     """Whisper's input: a log10 mel spectrogram of a fixed window, scaled to about [-1, 1].
 
     The clip is cut or zero-padded to ``chunk_length`` seconds first, because the encoder was
@@ -117,6 +129,7 @@ class WhisperLogMel(FrontEndConfig):
     """
 
     kind: ClassVar[str] = "whisper_log_mel"
+    reads: ClassVar[str] = AUDIO
     sampling_rate: int = 16000
     n_mels: int = 80
     n_fft: int = 400
@@ -170,7 +183,7 @@ class WhisperLogMel(FrontEndConfig):
 
 
 @dataclass(frozen=True)
-class KaldiFbank(FrontEndConfig):
+class KaldiFbank(AudioFrontEnd):
     """Speech2Text's input: Kaldi log filterbank energies (torchaudio's ``kaldi.fbank`` defaults),
     then each utterance normalised to zero mean and unit variance per bin.
 
@@ -180,6 +193,7 @@ class KaldiFbank(FrontEndConfig):
     """
 
     kind: ClassVar[str] = "kaldi_fbank"
+    reads: ClassVar[str] = AUDIO
     sampling_rate: int = 16000
     num_mel_bins: int = 80
     normalize_means: bool = True

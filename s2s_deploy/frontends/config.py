@@ -16,9 +16,17 @@ Config = TypeVar("Config", bound="FrontEndConfig")
 
 
 class FrontEndConfig:
-    """A mixin for frozen dataclasses: ``kind`` names the computation, the fields its parameters."""
+    """A mixin for frozen dataclasses: ``kind`` names the computation, the fields its parameters,
+    ``reads`` what it takes (``audio`` or ``image``), so the runtime picks its loader and command
+    by the medium, never by the model."""
 
     kind: ClassVar[str]
+    reads: ClassVar[str]
+
+    def probe(self) -> Any:
+        """A neutral input (a second of silence, a grey image): at export, the front end must make
+        features of the declared shape from it."""
+        raise NotImplementedError
 
     def to_json(self) -> dict[str, Any]:
         """``kind`` plus every field, with tuples as lists: what json.dumps writes into the manifest."""

@@ -21,20 +21,37 @@ from s2s_deploy.frontends.optional import optional_module
 BILINEAR = 2
 """Pillow's code for bilinear resampling, the ViT processors' default (0 nearest, 3 bicubic, 1 Lanczos)."""
 
+IMAGE = "image"
+PROBE_SIZE = 16
+"""The side of the grey square a front end is probed with at export."""
+
 _PROCESSORS = ("ViTImageProcessor", "ViTImageProcessorPil", "ViTFeatureExtractor")
 _UNSUPPORTED_STEPS = ("do_center_crop", "do_thumbnail", "do_align_long_axis", "do_pad")
 
 
+def to_rgb(image: Any) -> Any:
+    """A Pillow image as RGB, transparency composited onto white, as transformers' ``convert_to_rgb``
+    does (a plain ``convert("RGB")`` would drop the alpha and keep whatever colour hides under it)."""
+    if image.mode == "RGB":
+        return image
+    if "A" in image.getbands() or image.info.get("transparency") is not None:
+        image_module = optional_module("PIL.Image", "preprocessing images")
+        rgba = image.convert("RGBA")
+        white = image_module.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return image_module.alpha_composite(white, rgba).convert("RGB")
+    return image.convert("RGB")
+
+
 def load_image(path: str | Path) -> Any:
-    """A file's image as an RGB Pillow image (palette, grey and alpha images converted)."""
+    """A file's image as an RGB Pillow image (palette, grey and alpha images converted by ``to_rgb``)."""
     image_module = optional_module("PIL.Image", "reading images")
     path = Path(path)
     if not path.is_file():
         raise S2SError(f"image file not found: {path}")
     try:
         with image_module.open(path) as image:
-            return image.convert("RGB")
-    except (OSError, image_module.DecompressionBombError) as exc:  # UnidentifiedImageError is an OSError
+            return to_rgb(image.copy())  # loaded: the file closes here
+    except (OSError, ValueError, image_module.DecompressionBombError) as exc:  # UnidentifiedImageError: OSError
         raise S2SError(f"cannot read image {path}: {exc}") from exc
 
 
@@ -43,6 +60,7 @@ class VitImage(FrontEndConfig):
     """A (3, height, width) float32 array: resized to a fixed size, scaled to [0, 1], normalised per channel."""
 
     kind: ClassVar[str] = "vit_image"
+    reads: ClassVar[str] = IMAGE
     height: int = 224
     width: int = 224
     resample: int = BILINEAR
@@ -87,6 +105,9 @@ class VitImage(FrontEndConfig):
             image_std=per_channel(config.get("image_std", 0.5)),
         )
 
+    def probe(self) -> np.ndarray:
+        return np.full((PROBE_SIZE, PROBE_SIZE, 3), 128, dtype=np.uint8)
+
     def __call__(self, image: Any) -> np.ndarray:
         """A Pillow image, or a (height, width, 3) uint8 array, as the encoder's (3, height, width) input."""
         image_module = optional_module("PIL.Image", "preprocessing images")
@@ -94,8 +115,7 @@ class VitImage(FrontEndConfig):
             if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
                 raise S2SError(f"image array must be (height, width, 3) uint8, got {image.shape} {image.dtype}")
             image = image_module.fromarray(image)
-        if image.mode != "RGB":
-            image = image.convert("RGB")
+        image = to_rgb(image)
         if self.do_resize:
             image = image.resize((self.width, self.height), resample=self.resample)
         # Rescaled in float64 and then cast, as transformers does, so the two agree to the last bit.

@@ -6,7 +6,17 @@ import numpy as np
 
 from s2s_deploy.errors import S2SError
 from s2s_deploy.format.source import SourceSpec
-from s2s_deploy.frontends import FrontEnd, frontend_from_json
+from s2s_deploy.frontends import AUDIO, IMAGE, FrontEnd, frontend_from_json
+
+COMMANDS = {AUDIO: "transcribe (or Transcriber)", IMAGE: "caption (or Captioner)"}
+"""The command and API that read each front end's medium, for the one-line refusals."""
+
+
+def use_instead(source: SourceSpec) -> str:
+    """The command that reads what ``source`` reads, named from its front end's medium."""
+    if not source.is_features:
+        return "translate (or Translator)"
+    return COMMANDS.get(frontend_for(source).reads, "the API of its front end")
 
 
 def frontend_for(source: SourceSpec) -> FrontEnd:
@@ -20,23 +30,22 @@ def checked_features(source: SourceSpec, features: np.ndarray, label: str) -> np
     """``features`` as the encoder's dtype, refused in one line unless every axis but the frames
     has the size the source declares."""
     want = source.item_shape(0)
-    frames = source.length_axis - 1
+    frames = None if source.length_axis is None else source.length_axis - 1
     shape = tuple(features.shape)
     if len(shape) != len(want) or any(a != b for i, (a, b) in enumerate(zip(shape, want, strict=True)) if i != frames):
         shown = ", ".join(str(d) for d in source.shape)
         raise S2SError(f"{label}: the front end made features of shape {shape}, the encoder reads ({shown})")
-    if shape[frames] == 0:
+    if frames is not None and shape[frames] == 0:
         raise S2SError(f"{label}: too short to make a single frame of features")
     return np.ascontiguousarray(features, dtype=source.dtype)
 
 
 def check_frontend(plugin: str, source: SourceSpec) -> None:
-    """At export: the declared front end exists and, for audio, makes features of the declared
-    shape from a second of silence, so a layout mistake fails here rather than in deployment."""
+    """At export: the declared front end exists and makes features of the declared shape from its
+    neutral probe (a second of silence, a grey image), so a layout mistake fails here rather than
+    in deployment."""
     try:
         frontend = frontend_for(source)
-        rate = getattr(frontend, "sampling_rate", None)
-        if rate is not None:
-            checked_features(source, frontend(np.zeros(int(rate), dtype=np.float32)), "one second of silence")
+        checked_features(source, frontend(frontend.probe()), f"a neutral {frontend.reads} input")
     except S2SError as exc:
         raise S2SError(f"plugin {plugin}: source front end: {exc}") from exc

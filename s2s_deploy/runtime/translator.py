@@ -243,8 +243,11 @@ class Translator:
     def _check_text(self) -> None:
         """An encoder of features reads no text: say so in one line rather than fail inside the graph."""
         if self.manifest.encoder_input.is_features:
-            raise S2SError(f"{self.manifest.directory} reads {self.manifest.encoder_input.frontend['kind']} "
-                           "features, not text: use transcribe (or Transcriber)")
+            from s2s_deploy.frontends.source import use_instead
+
+            source = self.manifest.encoder_input
+            raise S2SError(f"{self.manifest.directory} reads {source.frontend['kind']} features, not text: use "
+                           f"{use_instead(source)}")
 
     def search_config(self, beam: int | None = None, n_best: int | None = None, max_len: int | None = None,
                       alpha: float | None = None, **options: object) -> SearchConfig:

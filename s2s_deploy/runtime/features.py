@@ -1,0 +1,118 @@
+"""What the speech and image APIs share: an export whose encoder reads features, opened once,
+its front end rebuilt from the manifest, inputs featurised, padded and decoded ``batch_size`` at a
+time with the text path's search (greedy, beam, n-best, every option of docs/decoding.md).
+
+A subclass says what it reads (``reads``, the front end's medium) and how one input becomes the
+front end's input; nothing here names a model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+
+from s2s_deploy.errors import S2SError
+from s2s_deploy.format.source import SourceSpec
+from s2s_deploy.frontends.source import checked_features, frontend_for, use_instead
+from s2s_deploy.runtime.decoding import SearchConfig
+from s2s_deploy.runtime.search import Hypothesis
+from s2s_deploy.runtime.translator import Translator
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """One input's text: its best hypothesis, and every hypothesis kept (n-best) with its score."""
+
+    source: str
+    """The file's path, or ``clip N`` / ``image N`` for an array."""
+    text: str
+    score: float
+    hypotheses: tuple[tuple[str, float], ...]
+
+
+def pad_features(items: Sequence[np.ndarray], source: SourceSpec) -> tuple[np.ndarray, np.ndarray]:
+    """``src`` ``(batch, *shape)`` right-padded along the frames axis with the source's ``pad_value``, and
+    each item's frame count as ``src_len``; fixed-size items are stacked, with ``src_len`` 1 each."""
+    if source.length_axis is None:
+        return np.stack(items).astype(source.dtype, copy=False), np.ones(len(items), dtype=np.int64)
+    axis = source.length_axis - 1
+    lengths = np.array([item.shape[axis] for item in items], dtype=np.int64)
+    batch = np.full((len(items), *source.item_shape(int(lengths.max()))), source.pad_value, dtype=source.dtype)
+    for row, item in enumerate(items):
+        index = [slice(None)] * item.ndim
+        index[axis] = slice(0, item.shape[axis])
+        batch[(row, *index)] = item
+    return batch, lengths
+
+
+class FeatureReader:
+    """An export whose front end reads ``reads``: subclasses turn one input into the front end's input
+    (``load``) and say which arguments are one input rather than a list (``single``)."""
+
+    reads: ClassVar[str]
+    label: ClassVar[str]
+    """How an array input is named in results and messages: ``clip``, ``image``."""
+
+    def __init__(self, export_dir: str | Path | Translator, device: str = "auto", threads: int | None = None,
+                 spin: bool = True) -> None:
+        """``export_dir``: a folder, or a Translator already open on one (whose sessions are then shared)."""
+        self.translator = (export_dir if isinstance(export_dir, Translator)
+                           else Translator(export_dir, device=device, threads=threads, spin=spin))
+        self.manifest = self.translator.manifest
+        self.source = self.manifest.encoder_input
+        if not self.source.is_features:
+            raise S2SError(f"{self.manifest.directory} translates text (its encoder reads token ids): use translate")
+        self.frontend = frontend_for(self.source)
+        if self.frontend.reads != self.reads:
+            raise S2SError(f"{self.manifest.directory} reads {self.frontend.reads} ({self.frontend.kind}), "
+                           f"not {self.reads}: use {use_instead(self.source)}")
+        self.notice = self.translator.notice
+        self.provider = self.translator.provider
+
+    def load(self, item: Any, label: str) -> Any:
+        """One input as the front end takes it."""
+        raise NotImplementedError
+
+    def single(self, items: Any) -> bool:
+        """Whether ``items`` is one input rather than a sequence of them."""
+        return isinstance(items, str | Path)
+
+    def features(self, item: Any, label: str | None = None) -> np.ndarray:
+        """One input's encoder input: the front end's features, checked against the declared shape."""
+        label = label or self.label
+        return checked_features(self.source, self.frontend(self.load(item, label)), label)
+
+    def __call__(self, items: Any, beam: int | None = None, n_best: int | None = None, max_len: int | None = None,
+                 alpha: float | None = None, batch_size: int = 16, **options: Any) -> list[Decoded]:
+        """One result per input, in order; inputs are featurised and decoded ``batch_size`` at a time."""
+        if self.single(items):
+            items = [items]
+        if not len(items):
+            raise S2SError(f"no {self.reads} given")
+        config = self.translator.search_config(beam, n_best, max_len, alpha, **options)
+        labels = [str(item) if isinstance(item, str | Path) else f"{self.label} {i + 1}"
+                  for i, item in enumerate(items)]
+        found: list[Decoded] = []
+        for start in range(0, len(items), batch_size):
+            chunk = range(start, min(start + batch_size, len(items)))
+            features = [self.features(items[i], labels[i]) for i in chunk]
+            found += self.decode(features, config, [labels[i] for i in chunk])
+        return found
+
+    def decode(self, features: Sequence[np.ndarray], config: SearchConfig,
+               labels: Sequence[str] | None = None) -> list[Decoded]:
+        """Items from ``features`` decoded as one batch with a resolved ``config`` (``serve`` batches inputs
+        from several requests this way)."""
+        labels = labels if labels is not None else [f"{self.label} {i + 1}" for i in range(len(features))]
+        src, src_len = pad_features(features, self.source)
+        return [self._decoded(label, hyps)
+                for label, hyps in zip(labels, self.translator.engine.search(src, src_len, config), strict=True)]
+
+    def _decoded(self, label: str, hyps: list[Hypothesis]) -> Decoded:
+        vocab = self.manifest.tgt_vocab
+        texts = tuple((vocab.decode(h.tokens), h.score) for h in hyps)
+        return Decoded(label, texts[0][0], texts[0][1], texts)
