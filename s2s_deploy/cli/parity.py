@@ -78,8 +78,9 @@ def parity_command(export_dir: str, input_path: str | None, beam: int, max_len: 
         if checkpoint:
             raise S2SError("--reference and --checkpoint name two originals: give one")
         model = load_transformers_model(reference_dir)
-        reference = HFBackend(model, manifest.decoder_start_id, manifest.eos_id, features)
-        generate = GenerateEngine(model, manifest.decoder_start_id, manifest.eos_id, features)
+        languages = manifest.tgt_vocab.languages
+        reference = HFBackend(model, manifest.decoder_start_id, manifest.eos_id, features, languages)
+        generate = GenerateEngine(model, manifest.decoder_start_id, manifest.eos_id, features, languages)
         max_len = max_len or resolve(manifest).max_len
     else:
         reference = torch_backend_for(manifest, checkpoint)

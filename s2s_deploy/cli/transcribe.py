@@ -25,7 +25,7 @@ OUTPUT_KINDS = (".txt", ".json")
 @click.option("--batch-size", type=click.IntRange(1), default=16, show_default=True, help="Files decoded together.")
 @click.option("--scores", is_flag=True, help="Print each hypothesis's score before it, tab-separated.")
 @click.option("--output", "output_path", type=click.Path(dir_okay=False), default=None,
-              help="Write out.txt (one line per file) or out.json (file, text, score, hypotheses) instead.")
+              help="Write out.txt (one line per file) or out.json (file, text, score, language, hypotheses) instead.")
 @click.option("--quiet", is_flag=True, help="No device notice.")
 @decoding_options
 @device_option
@@ -63,7 +63,7 @@ def transcribe_command(export_dir: str, audio: tuple[str, ...], batch_size: int,
             click.echo(line)
         return
     if output_path.endswith(".json"):
-        rows = [{"file": t.source, "text": t.text, "score": t.score,
+        rows = [{"file": t.source, "text": t.text, "score": t.score, "language": t.language,
                  "hypotheses": [{"text": text, "score": score} for text, score in t.hypotheses]} for t in found]
         data = json.dumps(rows, ensure_ascii=False, indent=1) + "\n"
     else:

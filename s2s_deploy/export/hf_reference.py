@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from s2s_deploy.errors import S2SError
+from s2s_deploy.format.decoding import OPEN_SLOT
 from s2s_deploy.runtime.backend import Backend, DecodeRun
 from s2s_deploy.runtime.decoding import SearchConfig
 from s2s_deploy.runtime.search import Hypothesis
@@ -60,9 +61,11 @@ def encoder_inputs(src: np.ndarray, src_len: np.ndarray, features: bool) -> dict
 class HFBackend(Backend):
     name = "transformers"
 
-    def __init__(self, model: Any, decoder_start_id: int, eos_id: int, features: bool = False) -> None:
+    def __init__(self, model: Any, decoder_start_id: int, eos_id: int, features: bool = False,
+                 language_ids: tuple[int, ...] = ()) -> None:
         self.model = model.float().eval()
         self.decoder_start_id, self.eos_id, self.features = decoder_start_id, eos_id, features
+        self.language_ids = tuple(sorted(language_ids))
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
 
     def describe(self) -> dict[str, Any]:
@@ -111,14 +114,18 @@ class GenerateEngine:
     ``num_beams`` and ``max_new_tokens``) are passed: everything else is the folder's own
     ``generation_config.json`` and ``generate``'s defaults, which the export must reproduce.
     Scores are ``generate``'s for beam search, NaN for greedy (it reports none). Its sequences
-    start with the decoder start and the export's decoder prompt; a row that starts otherwise
-    (``generate`` built another prompt) is returned whole, so it differs from ours."""
+    start with the decoder start and the export's decoder prompt, whose open slot (-1) stands for
+    any of ``language_ids`` (the language ``generate`` detected, which each Hypothesis's ``prompt``
+    carries); a row that starts otherwise (``generate`` built another prompt) is returned whole,
+    so it differs from ours."""
 
     name = "transformers generate"
 
-    def __init__(self, model: Any, decoder_start_id: int, eos_id: int, features: bool = False) -> None:
+    def __init__(self, model: Any, decoder_start_id: int, eos_id: int, features: bool = False,
+                 language_ids: tuple[int, ...] = ()) -> None:
         self.model = model.float().eval()
         self.decoder_start_id, self.eos_id, self.features = decoder_start_id, eos_id, features
+        self.language_ids = frozenset(language_ids)
 
     @torch.no_grad()
     def search(self, src: np.ndarray, src_len: np.ndarray, config: SearchConfig) -> list[list[Hypothesis]]:
@@ -129,9 +136,13 @@ class GenerateEngine:
         head = [self.decoder_start_id, *config.decoder_prompt]
         found = []
         for i, full in enumerate(out.sequences.tolist()):
-            row = full[len(head):] if full[: len(head)] == head else full
+            ours = len(full) >= len(head) and all(
+                want == got or (want == OPEN_SLOT and got in self.language_ids)
+                for want, got in zip(head, full, strict=False))
+            row = full[len(head):] if ours else full
             finished = self.eos_id in row
             tokens = tuple(row[: row.index(self.eos_id)] if finished else row)
             score = float(scores[i]) if scores is not None else float("nan")
-            found.append([Hypothesis(tokens, (), score, finished)])
+            prompt = tuple(full[1: len(head)]) if ours else tuple(config.decoder_prompt)
+            found.append([Hypothesis(tokens, (), score, finished, prompt)])
         return found
