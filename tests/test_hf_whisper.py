@@ -284,6 +284,10 @@ def test_transcribe_takes_language_and_task_codes(whisper: dict[str, Any], tmp_p
     assert row["language"] == want.language == "en" and row["text"] == want.text
     assert want.text.split() == [f"w{i}" for i in generated(whisper["model"], features, 1, language="en",
                                                             task="translate")[0]]
+    from s2s_deploy.serve.app import parse_query
+
+    config = parse_query({"target_lang": "en", "task": "translate"}, whisper["transcriber"].translator, 4)
+    assert config.decoder_prompt == (EN, TRANSLATE, NO_TIMESTAMPS)
     result = CliRunner().invoke(main, ["transcribe", str(whisper["out"]), str(path), "--language", "de"])
     assert result.exit_code == 1 and result.output == "error: unknown target_lang 'de'; known: en, fr\n"
 

@@ -219,10 +219,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("target_lang", Code("languages", sets="forced_bos"), "",
            "Target language by its code (a token the export lists as a language: fra_Latn, fr for <|fr|>): "
            "in the decoder prompt's language slot, else forced first.",
-           shown_default="the export's", more_flags=("--language",)),
+           shown_default="none", more_flags=("--language",)),
     Option("task", Code("tasks", after="languages"), "",
            "Task by its code (a token the export lists as a task: translate for <|translate|>), in the decoder "
-           "prompt.", shown_default="the export's"),
+           "prompt.", shown_default="none"),
 )
 BY_NAME = {option.name: option for option in OPTIONS}
 
