@@ -16,7 +16,10 @@ Decoding follows ``WhisperForConditionalGeneration.generate`` (transformers 5.24
 without timestamps: the decoder prompt ``<|startoftranscript|> [language] [task] <|notimestamps|>``
 from ``generation_config.json`` becomes the export's ``decoder_prompt`` (fed, not scored, not
 counted), ``suppress_tokens`` and ``begin_suppress_tokens`` stay as they are, and the length
-limits count new tokens as Whisper's ``generate`` does. Timestamps, language detection, temperature
+limits count new tokens as Whisper's ``generate`` does. A language left open becomes the prompt's open
+slot: the search picks the listed language token the first step scores best, as ``detect_language``
+does; the tokenizer's ``<|xx|>`` tokens are listed as the languages and ``<|transcribe|>`` and
+``<|translate|>`` as the tasks, so ``--language`` and ``--task`` take codes. Timestamps, temperature
 fallback and long-form audio are refused in one line.
 """
 
@@ -29,6 +32,7 @@ from typing import Any, ClassVar
 from s2s_deploy.architecture.declaration import HFWeights
 from s2s_deploy.architecture.encoder_decoder import EncoderDecoderConfig, EncoderDecoderPlugin
 from s2s_deploy.errors import CheckpointError, S2SError
+from s2s_deploy.format.decoding import OPEN_SLOT
 from s2s_deploy.format.source import FEATURES, FRAMES, SourceSpec
 from s2s_deploy.format.specs import MemorySpec, StateSpec
 from s2s_deploy.frontends import WhisperLogMel
@@ -103,8 +107,9 @@ def _language_id(language: str, lang_to_id: Mapping[str, int]) -> int:
 def decoder_prompt(hf: Mapping[str, Any], generation: Mapping[str, Any]) -> tuple[int, ...]:
     """The tokens Whisper's ``generate`` puts after ``<|startoftranscript|>`` for one window without
     timestamps (``_retrieve_init_tokens``): ``forced_decoder_ids`` when neither ``language`` nor
-    ``task`` is set, then the language, the task and ``<|notimestamps|>``. A prompt whose language
-    ``generate`` would detect from the audio is refused."""
+    ``task`` is set, then the language, the task and ``<|notimestamps|>``. Where ``generate`` would
+    detect the language from the audio, the prompt holds the open slot (-1) there, and no task
+    token unless one is set, as ``generate`` appends none then."""
     language, task = generation.get("language"), generation.get("task")
     prompt: list[int | None] = []
     if language is None and task is None:
@@ -123,9 +128,7 @@ def decoder_prompt(hf: Mapping[str, Any], generation: Mapping[str, Any]) -> tupl
             raise CheckpointError("generation_config.json sets a language but has no lang_to_id")
         language_id = _language_id(str(language), lang_to_id)
     elif isinstance(lang_to_id, Mapping) and (not prompt or prompt[0] is None):
-        raise CheckpointError("generation_config.json leaves the language open, and Whisper's generate would detect "
-                              "it from the audio, which s2s-deploy does not do: set \"language\" (e.g. \"en\") in "
-                              "generation_config.json to export it")
+        language_id = OPEN_SLOT  # generate's detect_language: the search picks it per clip
     if language_id is not None:
         if prompt:
             prompt[0] = language_id
@@ -153,6 +156,8 @@ class WhisperPlugin(EncoderDecoderPlugin):
     presets: ClassVar[dict[str, WhisperConfig]] = {"tiny": WhisperConfig()}
     default_preset = "tiny"
     hf_model_types = ("whisper",)
+    hf_language_codes = r"<\|[a-z]{2,3}\|>"  # every code of transformers' Whisper LANGUAGES: en, haw, yue, ...
+    hf_task_codes = r"<\|(transcribe|translate)\|>"
     hf_files = (PREPROCESSOR_FILE,)
     model = "s2s_deploy_plugins.models.whisper:WhisperModel"
 

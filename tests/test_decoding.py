@@ -240,6 +240,55 @@ def test_options_that_would_be_ignored_are_refused(args: list[str], message: str
     assert result.exit_code == 1 and message in result.stderr, result.output
 
 
+@pytest.mark.parametrize(("code", "found"), [
+    ("fra_Latn", (3,)),  # exact
+    ("fr", (4, 5)),  # wrapped: <|fr|> and __fr__ (ambiguous)
+    ("<|fr|>", (4,)),  # exact beats wrapped
+    ("en", (6,)),
+    ("fra", ()),  # fra_Latn's "_Latn" holds letters: no wrapping
+    ("Latn", ()),
+    ("de", ()),
+    ("", ()),
+])
+def test_a_code_names_the_token_equal_to_it_or_wrapped_in_it(code: str, found: tuple[int, ...]) -> None:
+    """docs/manifest.md's rule, which every client implements alike."""
+    from s2s_deploy.format.vocab import Vocabulary
+
+    vocab = Vocabulary(("<pad>", "<bos>", "<eos>", "fra_Latn", "<|fr|>", "__fr__", "<|en|>", "<|translate|>"),
+                       "word", languages=(3, 4, 5, 6), tasks=(7,))
+    assert vocab.code_ids(code, vocab.languages) == found
+    assert vocab.language_id(code) == (found[0] if len(found) == 1 else None)
+    assert vocab.task_id("translate") == 7 and vocab.task_id("fr") is None
+    assert [vocab.code_of(i) for i in (3, 4, 5, 7)] == ["fra_Latn", "fr", "fr", "translate"]
+
+
+def test_codes_go_into_the_decoder_prompt(gru, tmp_path: Path) -> None:
+    """A language code replaces the prompt's language token or open slot (-1); a task code its task
+    token, else it goes right after the language; a prompt with neither refuses a task in one line;
+    an open slot needs listed languages."""
+    import re
+
+    folder = with_search(gru, tmp_path / "prompted", decoder_prompt=[7, 11, 12])
+    raw = json.loads((folder / "manifest.json").read_text())
+    tokens = raw["vocab"]["target"]["tokens"]
+    raw["vocab"]["target"].update(languages=[7, 9], tasks=[10, 11])
+    (folder / "manifest.json").write_text(json.dumps(raw))
+    manifest = load_manifest(folder)
+    assert resolve(manifest, {"target_lang": tokens[9]}).decoder_prompt == (9, 11, 12)
+    assert resolve(manifest, {"target_lang": tokens[9]}).forced_bos == -1
+    assert resolve(manifest, {"task": tokens[10]}).decoder_prompt == (7, 10, 12)
+    assert resolve(manifest, {"decoder_prompt": [-1, 12], "task": tokens[10]}).decoder_prompt == (-1, 10, 12)
+    assert resolve(manifest, {"decoder_prompt": ["-1", tokens[12]], "target_lang": tokens[9]}).decoder_prompt == (9, 12)
+    assert resolve(manifest, {"decoder_prompt": [7, 12], "task": tokens[11]}).decoder_prompt == (7, 11, 12)
+    with pytest.raises(DecodingError, match=re.escape(f"task {tokens[11]!r}: this export's decoder prompt holds no "
+                                                      "task or language token to place it by")):
+        resolve(manifest, {"decoder_prompt": [12], "task": tokens[11]})
+    with pytest.raises(DecodingError, match=r"decoder_prompt holds -1 .* lists no language tokens"):
+        resolve(gru, {"decoder_prompt": [-1]})
+    with pytest.raises(DecodingError, match=re.escape("decoder_prompt holds (-2,), not target ids")):
+        resolve(manifest, {"decoder_prompt": [-2]})
+
+
 def test_target_lang_is_a_listed_code_made_the_forced_bos(gru, tmp_path: Path) -> None:
     """``target_lang`` (one row of the table) turns a code among the target vocabulary's
     ``languages`` into ``forced_bos``; an unknown code, a vocabulary that lists none and a

@@ -4,9 +4,13 @@ A tiny random Whisper (2+2 layers, d_model 64, 128 ids with Whisper's special to
 100..107 and 127: ``<|notimestamps|>`` last, so no id is a timestamp; 80 mel bins; a 1-second window
 of 100 frames for ``max_source_positions`` 50) is saved with ``save_pretrained`` beside a
 ``WhisperFeatureExtractor``'s ``preprocessor_config.json`` and a generation config that names the
-language, the task, ``suppress_tokens`` and ``begin_suppress_tokens``; no network. It is exported
-once with ``export --hf``, and 20 synthetic clips, featurised by the torch-free front end, must
-decode token-identically to ``generate`` on the same features, greedy and beam 4, 20 new tokens.
+language, the task, ``suppress_tokens`` and ``begin_suppress_tokens``, with a word-level
+``tokenizer.json`` holding Whisper's special token strings at their ids (``w<id>`` elsewhere), so
+language and task codes resolve; no network. It is exported with ``export --hf``, and again with
+the language and task unset (``generate`` then detects the language), and 20 synthetic clips,
+featurised by the torch-free front end, must decode token-identically to ``generate`` on the same
+features, greedy and beam 4, 20 new tokens: as exported, with another language, with another task,
+and detecting the language.
 """
 
 from __future__ import annotations
@@ -32,6 +36,9 @@ EN, FR = 102, 103
 TRANSLATE, TRANSCRIBE = 104, 105
 NO_SPEECH, PREV = 106, 107
 NO_TIMESTAMPS = VOCAB - 1  # last: generate reads every id above it as a timestamp and cuts segments there
+SPECIAL_TOKENS = {EOS: "<|endoftext|>", SOT: "<|startoftranscript|>", EN: "<|en|>", FR: "<|fr|>",
+                  TRANSLATE: "<|translate|>", TRANSCRIBE: "<|transcribe|>", NO_SPEECH: "<|nospeech|>",
+                  PREV: "<|startofprev|>", NO_TIMESTAMPS: "<|notimestamps|>"}
 SUPPRESS = [1, 2, 7, SOT, EN, FR, TRANSLATE, TRANSCRIBE, NO_SPEECH, PREV]
 BEGIN_SUPPRESS = [5, EOS]
 MAX_NEW = 20
@@ -62,6 +69,37 @@ def favour_eos(model: Any, features: torch.Tensor, strength: float = 0.85) -> No
     mean = states.mean(0)
     with torch.no_grad():
         head.weight[EOS] = mean * (strength * logits.max(-1).values.median()) / mean.dot(mean)
+
+
+def balance_languages(model: Any, features: torch.Tensor) -> None:
+    """Random weights may detect one language for every clip: then move ``<|fr|>``'s output row along
+    the first step's mean state so that it wins on half the clips, halfway between two clips' leads
+    (not at one: a tie would leave the choice to rounding)."""
+    head = model.get_output_embeddings()
+    seen = []
+    hook = head.register_forward_hook(lambda _m, args, _out: seen.append(args[0][:, -1]))
+    with torch.no_grad():
+        model(input_features=features, decoder_input_ids=torch.full((len(features), 1), SOT))
+    hook.remove()
+    states = seen[0]
+    mean = states.mean(0)
+    with torch.no_grad():
+        lead = states @ (head.weight[EN] - head.weight[FR])
+        if (lead >= 0).all() or (lead < 0).all():
+            ratios = (lead / (states @ mean)).sort().values
+            head.weight[FR] += mean * (ratios[len(ratios) // 2 - 1] + ratios[len(ratios) // 2]) / 2
+
+
+def tokenizer_json(folder: Path) -> None:
+    """One id per word: Whisper's special tokens at their ids, ``w<id>`` elsewhere."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+
+    table = {SPECIAL_TOKENS.get(i, f"w{i}"): i for i in range(VOCAB)}
+    tokenizer = Tokenizer(models.WordLevel(table, unk_token="<|endoftext|>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="$A <|endoftext|>", special_tokens=[("<|endoftext|>", EOS)])
+    tokenizer.save(str(folder / "tokenizer.json"))
 
 
 def clips(count: int = INPUTS) -> list[np.ndarray]:
@@ -100,6 +138,7 @@ def whisper(tmp_path_factory: pytest.TempPathFactory, one_thread: Any) -> dict[s
     audio = clips()
     features = torch.from_numpy(np.stack([extractor(a, sampling_rate=RATE)["input_features"][0] for a in audio]))
     favour_eos(model, features)
+    balance_languages(model, features)
     generation = model.generation_config
     generation.lang_to_id = {"<|en|>": EN, "<|fr|>": FR}
     generation.task_to_id = {"translate": TRANSLATE, "transcribe": TRANSCRIBE}
@@ -109,13 +148,22 @@ def whisper(tmp_path_factory: pytest.TempPathFactory, one_thread: Any) -> dict[s
     generation._from_model_config = False  # as a hub folder's: transformers drops these keys otherwise
     model.save_pretrained(hf_dir)
     extractor.save_pretrained(hf_dir)
-    result = CliRunner().invoke(main, ["export", "--hf", str(hf_dir), "--out", str(out)])
-    assert result.exit_code == 0, result.output
+    tokenizer_json(hf_dir)
+    detect_dir, detect_out = root / "whisper-detect-hf", root / "whisper-detect"
+    shutil.copytree(hf_dir, detect_dir)
+    raw = json.loads((detect_dir / "generation_config.json").read_text())
+    raw.update(language=None, task=None)  # generate detects the language and appends no task token
+    (detect_dir / "generation_config.json").write_text(json.dumps(raw))
+    for folder, target in ((hf_dir, out), (detect_dir, detect_out)):
+        result = CliRunner().invoke(main, ["export", "--hf", str(folder), "--out", str(target)])
+        assert result.exit_code == 0, result.output
     loaded = transformers.WhisperForConditionalGeneration.from_pretrained(hf_dir, local_files_only=True).eval()
+    detecting = transformers.WhisperForConditionalGeneration.from_pretrained(detect_dir, local_files_only=True).eval()
     transcriber = Transcriber(out, device="cpu")
     ours = np.stack([transcriber.features(a) for a in audio])
     return {"hf_dir": hf_dir, "out": out, "model": loaded, "transcriber": transcriber, "features": ours,
-            "hf_features": features}
+            "hf_features": features, "detect_dir": detect_dir, "detect_out": detect_out, "detecting": detecting,
+            "detector": Transcriber(detect_out, device="cpu")}
 
 
 def generated(model: Any, features: np.ndarray, beams: int, **settings: Any) -> list[tuple[int, ...]]:
@@ -126,12 +174,15 @@ def generated(model: Any, features: np.ndarray, beams: int, **settings: Any) -> 
     return [tuple(row[: row.index(EOS)] if EOS in row else row) for row in out.tolist()]
 
 
-def decoded(whisper: dict[str, Any], beams: int, rows: int = INPUTS, **options: Any) -> list[tuple[int, ...]]:
-    transcriber = whisper["transcriber"]
-    features = whisper["features"][:rows]
+def searched(transcriber: Any, features: np.ndarray, beams: int, **options: Any) -> list[Any]:
+    """Our best hypothesis per clip, at ``generate``'s settings but the options."""
     config = transcriber.translator.search_config(beams, 1, MAX_NEW, **options)
     src_len = np.full(len(features), features.shape[-1], dtype=np.int64)
-    return [hyps[0].tokens for hyps in transcriber.translator.engine.search(features, src_len, config)]
+    return [hyps[0] for hyps in transcriber.translator.engine.search(features, src_len, config)]
+
+
+def decoded(whisper: dict[str, Any], beams: int, rows: int = INPUTS, **options: Any) -> list[tuple[int, ...]]:
+    return [h.tokens for h in searched(whisper["transcriber"], whisper["features"][:rows], beams, **options)]
 
 
 def test_manifest_holds_whisper_decoding_rules(whisper: dict[str, Any]) -> None:
@@ -172,25 +223,77 @@ def test_the_prompt_and_suppression_are_what_generate_applies(whisper: dict[str,
     assert not any(set(row) & set(SUPPRESS) for row in theirs)
 
 
-def test_parity_reference_runs_on_features(whisper: dict[str, Any]) -> None:
-    result = CliRunner().invoke(main, ["parity", str(whisper["out"]), "--reference", str(whisper["hf_dir"])])
+@pytest.mark.parametrize("beams", [1, 4])
+def test_language_and_task_by_code_match_generate(whisper: dict[str, Any], beams: int) -> None:
+    """``target_lang`` replaces the prompt's language token, ``task`` its task token, as ``generate``'s
+    ``language`` and ``task`` do."""
+    model, features = whisper["model"], whisper["features"]
+    english = searched(whisper["transcriber"], features, beams, target_lang="en")
+    assert {h.prompt for h in english} == {(EN, TRANSCRIBE, NO_TIMESTAMPS)}
+    assert [h.tokens for h in english] == generated(model, features, beams, language="en")
+    translated = searched(whisper["transcriber"], features, beams, task="translate")
+    assert {h.prompt for h in translated} == {(FR, TRANSLATE, NO_TIMESTAMPS)}
+    assert [h.tokens for h in translated] == generated(model, features, beams, task="translate")
+
+
+@pytest.mark.parametrize("beams", [1, 4])
+def test_language_detection_matches_generate(whisper: dict[str, Any], beams: int) -> None:
+    """An export whose folder leaves the language open detects it per clip from the first step, as
+    ``generate`` does (``detect_language``), and appends no task token; both languages occur."""
+    from s2s_deploy.format.manifest import load_manifest
+
+    manifest = load_manifest(whisper["detect_out"])
+    assert manifest.search["decoder_prompt"] == [-1, NO_TIMESTAMPS]
+    assert manifest.tgt_vocab.languages == (EN, FR) and manifest.tgt_vocab.tasks == (TRANSLATE, TRANSCRIBE)
+    model, features = whisper["detecting"], whisper["features"]
+    ours = searched(whisper["detector"], features, beams)
+    assert [h.tokens for h in ours] == generated(model, features, beams)
+    detected = model.detect_language(torch.from_numpy(features)).tolist()
+    assert [h.prompt[0] for h in ours] == detected and set(detected) == {EN, FR}
+    assert all(h.prompt == (h.prompt[0], NO_TIMESTAMPS) for h in ours)
+    if beams == 1:  # a task goes right after the open slot, where generate puts it
+        translated = searched(whisper["detector"], features, 1, task="translate")
+        assert [h.tokens for h in translated] == generated(model, features, 1, task="translate")
+        assert [h.prompt for h in translated] == [(lang, TRANSLATE, NO_TIMESTAMPS) for lang in detected]
+        detector = whisper["detector"]
+        languages = [t.language for t in detector.decode(list(features), detector.translator.search_config())]
+        assert languages == [{EN: "en", FR: "fr"}[i] for i in detected]
+
+
+@pytest.mark.parametrize(("out", "hf_dir"), [("out", "hf_dir"), ("detect_out", "detect_dir")])
+def test_parity_reference_runs_on_features(whisper: dict[str, Any], out: str, hf_dir: str) -> None:
+    result = CliRunner().invoke(main, ["parity", str(whisper[out]), "--reference", str(whisper[hf_dir])])
     assert result.exit_code == 0 and "parity: PASS" in result.output, result.output
 
 
-def test_transcribe_prints_ids_only_words(whisper: dict[str, Any], tmp_path: Path) -> None:
+def test_transcribe_takes_language_and_task_codes(whisper: dict[str, Any], tmp_path: Path) -> None:
     import soundfile
 
     path = tmp_path / "clip.wav"
     soundfile.write(path, clips(1)[0], RATE)
+    features = whisper["transcriber"].features(str(path))[None]
     result = CliRunner().invoke(main, ["transcribe", str(whisper["out"]), str(path), "--quiet"])
     assert result.exit_code == 0, result.output
-    want = generated(whisper["model"], whisper["transcriber"].features(str(path))[None], 1)[0]
-    assert result.output.split() == [f"t{i}" for i in want]
+    assert result.output.split() == [f"w{i}" for i in generated(whisper["model"], features, 1)[0]]
+    out = tmp_path / "out.json"
+    result = CliRunner().invoke(main, ["transcribe", str(whisper["out"]), str(path), "--quiet", "--language", "en",
+                                       "--task", "translate", "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    [row] = json.loads(out.read_text())
+    [want] = whisper["transcriber"]([str(path)], target_lang="en", task="translate")
+    assert row["language"] == want.language == "en" and row["text"] == want.text
+    assert want.text.split() == [f"w{i}" for i in generated(whisper["model"], features, 1, language="en",
+                                                            task="translate")[0]]
+    from s2s_deploy.serve.app import parse_query
+
+    config = parse_query({"target_lang": "en", "task": "translate"}, whisper["transcriber"].translator, 4)
+    assert config.decoder_prompt == (EN, TRANSLATE, NO_TIMESTAMPS)
+    result = CliRunner().invoke(main, ["transcribe", str(whisper["out"]), str(path), "--language", "de"])
+    assert result.exit_code == 1 and result.output == "error: unknown target_lang 'de'; known: en, fr\n"
 
 
 @pytest.mark.parametrize(("change", "message"), [
     ({"return_timestamps": True}, "timestamps"),
-    ({"language": None}, "detect"),
     ({"no_speech_threshold": 0.6}, "no_speech_threshold"),
     ({"sequence_bias": [[[3], 1.0]]}, "sequence_bias"),
 ])
@@ -203,6 +306,15 @@ def test_export_refuses_what_it_does_not_reproduce(whisper: dict[str, Any], tmp_
     (folder / "generation_config.json").write_text(json.dumps(raw))
     result = CliRunner().invoke(main, ["export", "--hf", str(folder), "--out", str(tmp_path / "out")])
     assert result.exit_code == 1 and message in result.output, result.output
+    assert len(result.output.strip().splitlines()) == 1 and result.output.startswith("error:")
+
+
+def test_export_refuses_detection_without_language_tokens(whisper: dict[str, Any], tmp_path: Path) -> None:
+    folder = tmp_path / "hf"
+    shutil.copytree(whisper["detect_dir"], folder)
+    (folder / "tokenizer.json").unlink()
+    result = CliRunner().invoke(main, ["export", "--hf", str(folder), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 1 and "tokenizer.json" in result.output, result.output
     assert len(result.output.strip().splitlines()) == 1 and result.output.startswith("error:")
 
 

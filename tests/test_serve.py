@@ -320,6 +320,7 @@ def test_transcribe_endpoint_answers_as_the_transcriber(exports) -> None:
     assert [r.status_code for r in responses] == [200] * len(SPEECH_CLIPS), responses[0].text
     got = [r.json()["transcriptions"][0] for r in responses]
     assert [g["text"] for g in got] == [e.text for e in expected]
+    assert [g["language"] for g in got] == [e.language for e in expected]  # none: the prompt names no language
     assert [[h["text"] for h in g["hypotheses"]] for g in got] == [[h[0] for h in e.hypotheses] for e in expected]
     assert max(abs(g["score"] - e.score) for g, e in zip(got, expected, strict=True)) < 1e-5
     assert metadata["endpoint"] == "/transcribe"

@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import onnxruntime as ort
 
-KNOWN_FORMATS = {"s2s-deploy-manifest/2", "s2s-deploy-manifest/3", "s2s-deploy-manifest/4"}
+KNOWN_FORMATS = {"s2s-deploy-manifest/2", "s2s-deploy-manifest/3", "s2s-deploy-manifest/4",
+                 "s2s-deploy-manifest/5"}
 NEG_INF = float("-inf")
 HARD_MAX = 65536
 

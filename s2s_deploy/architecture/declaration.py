@@ -88,7 +88,12 @@ class ArchitecturePlugin(ABC):
     hf_language_codes: ClassVar[str | None] = None
     """A regular expression that the target tokens naming a language match in full, for a family
     told which language to write by a forced first token: the export lists those ids in the
-    target vocabulary's ``languages``, so ``target_lang`` takes a code instead of an id."""
+    target vocabulary's ``languages``, so ``target_lang`` takes a code instead of an id. (A family
+    told its language by a decoder prompt lists them too: Whisper's ``<|fr|>``, which ``target_lang``
+    replaces in the prompt and an open slot chooses among.)"""
+    hf_task_codes: ClassVar[str | None] = None
+    """Likewise for the target tokens naming a task (Whisper's ``<|translate|>``): listed as the
+    target vocabulary's ``tasks``, so the ``task`` option takes a code."""
     hf_files: ClassVar[tuple[str, ...]] = ()
     """JSON files of a Hugging Face folder that ``from_hf`` reads besides ``config.json`` (a speech
     family's ``preprocessor_config.json``: its front end); each must be there, and is passed as ``files``."""

@@ -14,7 +14,7 @@ from s2s_deploy.cli.media import decode_files
 @click.option("--batch-size", type=click.IntRange(1), default=16, show_default=True, help="Files decoded together.")
 @click.option("--scores", is_flag=True, help="Print each hypothesis's score before it, tab-separated.")
 @click.option("--output", "output_path", type=click.Path(dir_okay=False), default=None,
-              help="Write out.txt (one line per file) or out.json (file, text, score, hypotheses) instead.")
+              help="Write out.txt (one line per file) or out.json (file, text, score, language, hypotheses) instead.")
 @click.option("--quiet", is_flag=True, help="No device notice.")
 @decoding_options
 @device_option

@@ -109,7 +109,7 @@ def decoding_options(command: F) -> F:
         elif isinstance(kind, Ids):
             decorator = click.option(flag, option.name, multiple=kind.strings != "text", default=None, help=text)
         elif isinstance(kind, Code):
-            decorator = click.option(flag, option.name, default=None, help=text)
+            decorator = click.option(flag, *option.more_flags, option.name, default=None, help=text)
         else:  # the range is the row's to check, in resolve: one line naming the option, exit 1
             decorator = click.option(flag, option.name, type=int if isinstance(kind, Whole) else float, default=None,
                                      help=text)

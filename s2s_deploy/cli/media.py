@@ -41,7 +41,7 @@ def decode_files(reader_type: type, export_dir: str, files: tuple[str, ...], wha
             click.echo(line)
         return
     if output_path.endswith(".json"):
-        rows = [{"file": t.source, "text": t.text, "score": t.score,
+        rows = [{"file": t.source, "text": t.text, "score": t.score, "language": t.language,
                  "hypotheses": [{"text": text, "score": score} for text, score in t.hypotheses]} for t in found]
         data = json.dumps(rows, ensure_ascii=False, indent=1) + "\n"
     else:

@@ -72,8 +72,9 @@ def parity_command(export_dir: str, input_path: str | None, beam: int, max_len: 
             raise S2SError("--reference and --checkpoint name two originals: give one")
         model = load_transformers_model(reference_dir)
         cached = exported_plugin(manifest.plugin, manifest.plugin_origin).hf_step_cache
-        reference = HFBackend(model, manifest.decoder_start_id, manifest.eos_id, source, cached)
-        generate = GenerateEngine(model, manifest.decoder_start_id, manifest.eos_id, source)
+        languages = manifest.tgt_vocab.languages
+        reference = HFBackend(model, manifest.decoder_start_id, manifest.eos_id, source, cached, languages)
+        generate = GenerateEngine(model, manifest.decoder_start_id, manifest.eos_id, source, languages)
         max_len = max_len or resolve(manifest).max_len
     else:
         reference = torch_backend_for(manifest, checkpoint)

@@ -22,6 +22,7 @@ from s2s_deploy.architecture.registry import REGISTRY
 from s2s_deploy.errors import CheckpointError, UnknownNameError
 from s2s_deploy.export.checkpoint import Checkpoint, build_model, save_checkpoint
 from s2s_deploy.export.contract import ArchitecturePlugin, HFWeights
+from s2s_deploy.format.decoding import OPEN_SLOT
 from s2s_deploy.format.files import inside as contained
 from s2s_deploy.format.subword import HF, SENTENCEPIECE, HFTokenizer, TokenizerFile
 from s2s_deploy.format.vocab import Vocabulary
@@ -294,8 +295,8 @@ def sample_texts(vocab: Vocabulary, count: int = SAMPLE_COUNT) -> tuple[str, ...
 
 
 def language_ids(vocab: Vocabulary, pattern: str) -> tuple[int, ...]:
-    """The ids whose tokens the plugin's ``hf_language_codes`` matches in full (none for an
-    ids-only vocabulary, whose tokens are ``t<id>``)."""
+    """The ids whose tokens the plugin's ``hf_language_codes`` (or ``hf_task_codes``) matches in
+    full (none for an ids-only vocabulary, whose tokens are ``t<id>``)."""
     code = re.compile(pattern)
     return tuple(i for i, token in enumerate(vocab.tokens) if code.fullmatch(token))
 
@@ -318,12 +319,17 @@ def load_hf(plugin: ArchitecturePlugin, directory: str | Path) -> HFSource:
     weights = plugin.from_hf(folder.config, folder.tensors, **({"files": files} if files else {}))
     ids = special_ids(folder.config, folder.generation)
     src_vocab, tgt_vocab = text_vocabularies(plugin, Path(directory), weights, ids)
-    if plugin.hf_language_codes is not None:
-        tgt_vocab = replace(tgt_vocab, languages=language_ids(tgt_vocab, plugin.hf_language_codes))
+    listed = {name: language_ids(tgt_vocab, pattern) for name, pattern in
+              (("languages", plugin.hf_language_codes), ("tasks", plugin.hf_task_codes)) if pattern is not None}
+    tgt_vocab = replace(tgt_vocab, **listed)
+    search = plugin.hf_search(folder.config, folder.generation, search_defaults(folder.config, folder.generation))
+    if OPEN_SLOT in search.get("decoder_prompt", ()) and not tgt_vocab.languages:
+        raise CheckpointError(f"{directory}: generate would detect the language, but without a {TOKENIZER_FILE} "
+                              "naming its language tokens the export cannot list them: add the folder's "
+                              f"{TOKENIZER_FILE}, or set the language in {GENERATION_FILE}")
     info = {"hf_model_type": model_type, "hf_folder": Path(directory).name}
     checkpoint = Checkpoint(plugin.name, plugin.version, weights.config, src_vocab, tgt_vocab, weights.tensors, info)
     model = build_model(checkpoint, plugin)
-    search = plugin.hf_search(folder.config, folder.generation, search_defaults(folder.config, folder.generation))
     return HFSource(checkpoint, model, search, sample_texts(src_vocab))
 
 

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from s2s_deploy.errors import S2SError
+from s2s_deploy.format.decoding import OPEN_SLOT
 from s2s_deploy.format.source import TOKEN_SOURCE, SourceSpec
 from s2s_deploy.frontends import AUDIO, IMAGE
 from s2s_deploy.frontends.source import frontend_for
@@ -87,11 +88,12 @@ class HFBackend(Backend):
     name = "transformers"
 
     def __init__(self, model: Any, decoder_start_id: int, eos_id: int, source: SourceSpec = TOKEN_SOURCE,
-                 cached: bool = False) -> None:
+                 cached: bool = False, language_ids: tuple[int, ...] = ()) -> None:
         """``source``: what the export's encoder reads (the manifest's ``encoder_input``); ``cached``:
         step transformers with its own cache, as ``generate`` does (the plugin's ``hf_step_cache``)."""
         self.model = model.float().eval()
         self.decoder_start_id, self.eos_id, self.source = decoder_start_id, eos_id, source
+        self.language_ids = tuple(sorted(language_ids))
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.cached = cached
 
@@ -160,14 +162,18 @@ class GenerateEngine:
     ``num_beams`` and ``max_new_tokens``) are passed: everything else is the folder's own
     ``generation_config.json`` and ``generate``'s defaults, which the export must reproduce.
     Scores are ``generate``'s for beam search, NaN for greedy (it reports none). Its sequences
-    start with the decoder start and the export's decoder prompt; a row that starts otherwise
-    (``generate`` built another prompt) is returned whole, so it differs from ours."""
+    start with the decoder start and the export's decoder prompt, whose open slot (-1) stands for
+    any of ``language_ids`` (the language ``generate`` detected, which each Hypothesis's ``prompt``
+    carries); a row that starts otherwise (``generate`` built another prompt) is returned whole,
+    so it differs from ours."""
 
     name = "transformers generate"
 
-    def __init__(self, model: Any, decoder_start_id: int, eos_id: int, source: SourceSpec = TOKEN_SOURCE) -> None:
+    def __init__(self, model: Any, decoder_start_id: int, eos_id: int, source: SourceSpec = TOKEN_SOURCE,
+                 language_ids: tuple[int, ...] = ()) -> None:
         self.model = model.float().eval()
         self.decoder_start_id, self.eos_id, self.source = decoder_start_id, eos_id, source
+        self.language_ids = frozenset(language_ids)
 
     @torch.no_grad()
     def search(self, src: np.ndarray, src_len: np.ndarray, config: SearchConfig) -> list[list[Hypothesis]]:
@@ -179,9 +185,13 @@ class GenerateEngine:
         head = [self.decoder_start_id, *config.decoder_prompt]
         found = []
         for i, full in enumerate(out.sequences.tolist()):
-            row = full[len(head):] if full[: len(head)] == head else full
+            ours = len(full) >= len(head) and all(
+                want == got or (want == OPEN_SLOT and got in self.language_ids)
+                for want, got in zip(head, full, strict=False))
+            row = full[len(head):] if ours else full
             finished = self.eos_id in row
             tokens = tuple(row[: row.index(self.eos_id)] if finished else row)
             score = float(scores[i]) if scores is not None else float("nan")
-            found.append([Hypothesis(tokens, (), score, finished)])
+            prompt = tuple(full[1: len(head)]) if ours else tuple(config.decoder_prompt)
+            found.append([Hypothesis(tokens, (), score, finished, prompt)])
         return found

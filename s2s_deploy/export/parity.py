@@ -215,8 +215,8 @@ def check_parity(
                 else:
                     decode = manifest.tgt_vocab.decode
                     tally[2].append((text, decode(w[0].tokens), decode(g[0].tokens)))
-            if name == "greedy":  # teacher-forced after the decoder prompt, which both were fed
-                forced = [(*config.decoder_prompt, *h[0].tokens) for h in want]
+            if name == "greedy":  # teacher-forced after the decoder prompt each sentence was fed (its language)
+                forced = [(*h[0].prompt, *h[0].tokens) for h in want]
                 step_diff = step_diff.merge(
                     forced_step_comparison(reference, candidate, src, src_len, forced, tolerance or forward_tolerance))
                 if isinstance(model, Seq2SeqModel):

@@ -38,6 +38,7 @@ class TorchBackend(Backend):
         self.eos_id = tgt_vocab.eos_id
         self.vocab_size = len(tgt_vocab)
         self.unk_id = tgt_vocab.unk_id
+        self.language_ids = tuple(sorted(tgt_vocab.languages))
 
     def describe(self) -> dict[str, Any]:
         return {"backend": self.name, "device": str(self.device), "torch": torch.__version__}

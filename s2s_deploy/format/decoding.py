@@ -17,6 +17,9 @@ MAX_DECODE = 1 << 16
 typo must not allocate gigabytes. Also the schema's bound on every count."""
 MAX_IDS = 4096
 MAX_ID = 10_000_000
+OPEN_SLOT = -1
+"""A ``decoder_prompt`` entry: the token of the vocabulary's ``languages`` the model scores best
+at that position (language detection), per sentence."""
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,8 @@ class Ids:
     strings: Literal["text", "token", "texts"]
     per_sentence: bool = False
     """A caller (never a manifest) may also give one id tuple per sentence of the batch."""
+    open_slot: bool = False
+    """``OPEN_SLOT`` (-1) may stand for an id (``decoder_prompt``'s language detection)."""
 
     @property
     def nested(self) -> bool:
@@ -97,14 +102,16 @@ class Ids:
         if not isinstance(value, tuple) or not all(isinstance(row, tuple) for row in rows):
             return "must be a tuple of target ids" + (" tuples" if self.nested else "")
         for row in rows:
-            if any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in row):
+            low = OPEN_SLOT if self.open_slot else 0
+            if any(isinstance(i, bool) or not isinstance(i, int) or i < low for i in row):
                 return f"holds {row!r:.40}, not target ids"
             if self.nested and not row:
                 return "holds an empty sequence"
         return None
 
     def schema(self) -> dict[str, Any]:
-        ids = {"type": "array", "maxItems": MAX_IDS, "items": {"type": "integer", "minimum": 0, "maximum": MAX_ID}}
+        low = OPEN_SLOT if self.open_slot else 0
+        ids = {"type": "array", "maxItems": MAX_IDS, "items": {"type": "integer", "minimum": low, "maximum": MAX_ID}}
         return {"type": "array", "maxItems": MAX_IDS, "items": ids} if self.nested else ids
 
 
@@ -126,10 +133,14 @@ class OneOf:
 
 @dataclass(frozen=True)
 class Code:
-    """A language code: one of the target tokens the vocabulary lists as ``languages``. Resolve
-    turns it into that token's id and sets option ``sets`` with it; ``""``: none."""
+    """A code naming one of the target tokens the vocabulary lists under ``among`` (``languages``,
+    ``tasks``; docs/manifest.md's rule). Resolve puts that token's id into the decoder prompt in
+    place of one of the same list (or of the open slot, for ``languages``); a prompt without one
+    takes it right after its token of list ``after``; else it sets option ``sets``. ``""``: none."""
 
-    sets: str
+    among: Literal["languages", "tasks"]
+    sets: str | None = None
+    after: Literal["languages"] | None = None
     python_type = str
 
     def problem(self, value: Any) -> str | None:
@@ -149,7 +160,8 @@ Kind = Whole | Real | Switch | Ids | OneOf | Code
 class Option:
     """One decoding option. ``flag``: the CLI's, ``""`` for ``--name-with-dashes``, None for none.
     ``aliases``: older manifest keys that set it too, weaker than ``name``. ``shown_default``: the
-    default in words where it is not ``default`` itself (``resolve`` derives it)."""
+    default in words where it is not ``default`` itself (``resolve`` derives it). ``more_flags``:
+    other CLI spellings of the same option (``--language`` for ``--target-lang``)."""
 
     name: str
     kind: Kind
@@ -158,6 +170,7 @@ class Option:
     flag: str | None = ""
     aliases: tuple[str, ...] = ()
     shown_default: str | None = None
+    more_flags: tuple[str, ...] = ()
 
     @property
     def cli_flag(self) -> str | None:
@@ -198,13 +211,18 @@ OPTIONS: tuple[Option, ...] = (
            "Hugging Face's forced_bos_token_id: this id first (unless a prefix), scored 0; -1: none.", flag=None),
     Option("begin_suppress_tokens", Ids("token"), (),
            "Never produce this target token as the first generated one (repeatable).", flag="--begin-suppress"),
-    Option("decoder_prompt", Ids("token"), (),
+    Option("decoder_prompt", Ids("token", open_slot=True), (),
            "Target tokens fed after the start token, before the first generated one: not scored, not counted in "
-           "max_len, not in the output (repeatable; Whisper's language, task and no-timestamps tokens).",
+           "max_len, not in the output (repeatable; Whisper's language, task and no-timestamps tokens; -1: the "
+           "listed language the model scores best there).",
            flag="--decoder-prompt"),
-    Option("target_lang", Code(sets="forced_bos"), "",
-           "Target language by its code (a token the export lists as a language, e.g. fra_Latn): forced first.",
-           shown_default="none"),
+    Option("target_lang", Code("languages", sets="forced_bos"), "",
+           "Target language by its code (a token the export lists as a language: fra_Latn, fr for <|fr|>): "
+           "in the decoder prompt's language slot, else forced first.",
+           shown_default="none", more_flags=("--language",)),
+    Option("task", Code("tasks", after="languages"), "",
+           "Task by its code (a token the export lists as a task: translate for <|translate|>), in the decoder "
+           "prompt.", shown_default="none"),
 )
 BY_NAME = {option.name: option for option in OPTIONS}
 

@@ -22,8 +22,8 @@ from s2s_deploy.format.decoding import search_schema
 from s2s_deploy.format.files import inside
 from s2s_deploy.format.specs import DTYPES
 
-FORMAT = "s2s-deploy-manifest/4"
-FORMATS = ("s2s-deploy-manifest/2", "s2s-deploy-manifest/3", FORMAT)
+FORMAT = "s2s-deploy-manifest/5"
+FORMATS = ("s2s-deploy-manifest/2", "s2s-deploy-manifest/3", "s2s-deploy-manifest/4", FORMAT)
 """Formats this code reads, the one it writes last (docs/manifest.md, Compatibility)."""
 MAX_MANIFEST_BYTES = 64 << 20  # a vocabulary of a million tokens fits; a crafted 1 GB file does not
 MAX_DEPTH = 32
@@ -60,7 +60,7 @@ _VOCAB = {
                    "special": {"type": "object", "required": ["pad", "eos"],
                                "properties": {"pad": _ID, "bos": _ID_OR_NULL, "eos": _ID, "unk": _ID_OR_NULL,
                                               "decoder_start": _ID_OR_NULL}},
-                   "prefix": _IDS, "suffix": _IDS, "hidden": _IDS,
+                   "prefix": _IDS, "suffix": _IDS, "hidden": _IDS, "languages": _IDS, "tasks": _IDS,
                    "tokenizer": {"type": "object", "required": ["file", "sha256"],
                                  "properties": {"file": _FILE, "sha256": _SHA}}},
 }

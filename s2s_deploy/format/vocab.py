@@ -29,6 +29,8 @@ BUILT_LEVELS = ("char", "word")  # the levels ``Vocabulary.build`` makes from te
 FileReader = Callable[[str, str], bytes]
 """``(file name, sha256) -> bytes``: how ``from_dict`` gets a tokenizer file (folder or checkpoint)."""
 _WORD = re.compile(r"\w+|[^\w\s]", re.UNICODE)
+_WRAP = "[^A-Za-z0-9]*"
+"""What may wrap a code in the token it names (``code_ids``)."""
 
 
 class VocabularyError(S2SError, ValueError):
@@ -43,7 +45,9 @@ class Vocabulary:
     so a model whose source reads ``<s> ... </s>`` or ``... </s> en_XX`` says so here.
     ``decode`` stops at EOS and drops pad, bos, the decoder start and ``hidden`` ids.
     ``languages``: the ids whose tokens name a target language, for a model told which language to
-    write by a forced first token (``target_lang`` turns a code into its id).
+    write by a forced first token or a decoder prompt (``target_lang`` turns a code into its id);
+    ``tasks``: likewise the ids whose tokens name a task (Whisper's ``<|translate|>``, for ``task``).
+    A code names a listed token by ``code_ids``' rule.
     """
 
     tokens: tuple[str, ...]
@@ -58,6 +62,7 @@ class Vocabulary:
     hidden: tuple[int, ...] = ()
     tokenizer: TokenizerFile | None = None
     languages: tuple[int, ...] = ()
+    tasks: tuple[int, ...] = ()
     _index: dict[str, int] = field(init=False, repr=False, compare=False)
     _skip: frozenset[int] = field(init=False, repr=False, compare=False)
     _model: SentencePieceModel | HFTokenizer | None = field(init=False, repr=False, compare=False)
@@ -76,11 +81,12 @@ class Vocabulary:
         object.__setattr__(self, "suffix", tuple(self.suffix))
         object.__setattr__(self, "hidden", tuple(self.hidden))
         object.__setattr__(self, "languages", tuple(self.languages))
+        object.__setattr__(self, "tasks", tuple(self.tasks))
         size = len(self.tokens)
         for role, value in self.special_ids().items():
             if value is not None and not _is_id(value, size):
                 raise VocabularyError(f"special id {role}={value!r} is not an id of this {size}-token vocabulary")
-        for name in ("prefix", "suffix", "hidden", "languages"):
+        for name in ("prefix", "suffix", "hidden", "languages", "tasks"):
             bad = [i for i in getattr(self, name) if not _is_id(i, size)]
             if bad:
                 raise VocabularyError(f"{name} holds {bad[0]!r}, not an id of this {size}-token vocabulary")
@@ -160,14 +166,34 @@ class Vocabulary:
                 "prefix": list(self.prefix), "suffix": list(self.suffix), "hidden": list(self.hidden)}
         if self.tokenizer is not None:
             data["tokenizer"] = {"file": self.tokenizer.name, "sha256": self.tokenizer.sha256}
-        if self.languages:
-            data["languages"] = list(self.languages)
+        for name in ("languages", "tasks"):
+            if getattr(self, name):
+                data[name] = list(getattr(self, name))
         return data
 
+    def code_ids(self, code: str, listed: Iterable[int]) -> tuple[int, ...]:
+        """The ids among ``listed`` that ``code`` names (docs/manifest.md's rule, so every client
+        agrees): the token equal to it; else each token equal to it wrapped in characters other than
+        ASCII letters and digits (``fr`` names ``<|fr|>`` and ``__fr__``, never ``fra_Latn``). One
+        id is a match; none or several are not."""
+        listed = tuple(listed)
+        exact = tuple(i for i in listed if self.tokens[i] == code)
+        if exact or not code:
+            return exact
+        wrapped = re.compile(f"{_WRAP}{re.escape(code)}{_WRAP}")
+        return tuple(i for i in listed if wrapped.fullmatch(self.tokens[i]))
+
     def language_id(self, code: str) -> int | None:
-        """The id of the language token ``code`` (None: not one of ``languages``)."""
-        found = self._index.get(code)
-        return found if found in self.languages else None
+        """The id of the language token ``code`` names (None: no one token of ``languages``)."""
+        return _one(self.code_ids(code, self.languages))
+
+    def task_id(self, code: str) -> int | None:
+        """The id of the task token ``code`` names (None: no one token of ``tasks``)."""
+        return _one(self.code_ids(code, self.tasks))
+
+    def code_of(self, token_id: int) -> str:
+        """The shortest code naming ``token_id``'s token: the token less its wrapping (``<|fr|>``: ``fr``)."""
+        return re.sub(f"^{_WRAP}|{_WRAP}$", "", self.tokens[token_id]) or self.tokens[token_id]
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any], decoder_start_id: int | None = None,
@@ -187,7 +213,7 @@ class Vocabulary:
             unk_id=special.get("unk"), decoder_start_id=special.get("decoder_start"),
             prefix=tuple(data.get("prefix", ())), suffix=_optional_ids(data.get("suffix")),
             hidden=tuple(data.get("hidden", ())), tokenizer=_tokenizer_file(data.get("tokenizer"), read_file),
-            languages=tuple(data.get("languages", ())),
+            languages=tuple(data.get("languages", ())), tasks=tuple(data.get("tasks", ())),
         )
 
     @classmethod
@@ -225,6 +251,10 @@ def _tokenizer_file(entry: Mapping[str, str] | None, read_file: FileReader | Non
     if file.sha256 != entry["sha256"]:
         raise VocabularyError(f"tokenizer file {entry['file']} modified: it does not match its sha256 (or is corrupt)")
     return file
+
+
+def _one(found: tuple[int, ...]) -> int | None:
+    return found[0] if len(found) == 1 else None
 
 
 def _is_id(value: object, size: int) -> bool:

@@ -55,6 +55,8 @@ class Backend(ABC):
     steps_run: int = 0
     unk_id: int | None = None
     """The target vocabulary's unknown token, for ``disable_unk``."""
+    language_ids: tuple[int, ...] = ()
+    """The target vocabulary's ``languages``, ascending: a decoder prompt's open slot picks among them."""
 
     @abstractmethod
     def start(self, src: np.ndarray, src_len: np.ndarray, expand: int = 1, keep_attention: bool = False) -> DecodeRun:

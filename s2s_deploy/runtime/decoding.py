@@ -9,8 +9,11 @@ The rules, in order:
    The built-in ``max_len`` is ``limits.max_target_length`` (less a decoder prompt's tokens), else 256.
 2. A manifest ``min_len`` (never the caller's) yields to a shorter ``max_len``.
 3. Token options given as strings become target ids (format/decoding.py says how, per option); a
-   code option (``target_lang``) becomes the id of the target token it names among the
-   vocabulary's ``languages``, and sets the option its row names (``forced_bos``).
+   code option (``target_lang``, ``task``) becomes the id of the target token it names among the
+   vocabulary's list its row names (``languages``, ``tasks``). That id replaces the decoder prompt's
+   token of the same list (a language also the open slot, -1); a prompt without one takes it right
+   after its token (or open slot) of the row's ``after`` list; else it sets the row's ``sets``
+   option (``forced_bos``); else it is refused.
 4. Every value is checked against its row, then the rules between options; then against the
    export: a caller's ``max_len`` within the position table, the beam below the vocabulary size,
    every id inside the target vocabulary.
@@ -25,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from s2s_deploy.errors import S2SError
-from s2s_deploy.format.decoding import BY_NAME, OPTIONS, Code, Ids, Real
+from s2s_deploy.format.decoding import BY_NAME, OPEN_SLOT, OPTIONS, Code, Ids, Real
 
 if TYPE_CHECKING:
     from s2s_deploy.format.manifest import Manifest
@@ -118,6 +121,12 @@ def resolve(manifest: Manifest, given: Mapping[str, Any] | None = None) -> Searc
     limit = manifest.max_target_length
     stored = manifest_defaults(manifest)
     values = {o.name: o.default for o in OPTIONS} | {"max_len": limit or DEFAULT_MAX_LEN} | stored | given
+    for option in OPTIONS:
+        if isinstance(option.kind, Code) and values[option.name]:
+            _place(option, values[option.name], vocab, values, given)
+    if OPEN_SLOT in values["decoder_prompt"] and not vocab.languages:
+        raise DecodingError(f"decoder_prompt holds {OPEN_SLOT} (the language the model scores best), but this "
+                            "export lists no language tokens")
     prompt = len(values["decoder_prompt"])
     if prompt and limit is not None:  # the prompt takes decoder positions too
         if "max_len" not in given and "max_len" not in stored:
@@ -134,9 +143,6 @@ def resolve(manifest: Manifest, given: Mapping[str, Any] | None = None) -> Searc
     if values["beam_size"] >= len(vocab):
         raise DecodingError(f"beam_size {values['beam_size']} must be smaller than the target vocabulary "
                             f"({len(vocab)} tokens)")
-    for option in OPTIONS:
-        if isinstance(option.kind, Code) and values[option.name]:
-            values[option.kind.sets] = _coded(option, values[option.name], vocab, given)
     config = SearchConfig(**values)
     for option in OPTIONS:
         if isinstance(option.kind, Ids):
@@ -155,29 +161,61 @@ def _as_ids(vocab: Vocabulary, kind: Ids, value: Any) -> Any:
     if isinstance(value, str | bytes) or not isinstance(value, list | tuple):
         return value  # refused by the kind: one token or text is not a list of them
     if kind.strings == "token":
-        return tuple(_token_id(vocab, token) if isinstance(token, str) else token for token in value)
+        return tuple(_token_id(vocab, token, kind.open_slot) if isinstance(token, str) else token for token in value)
     return tuple(_as_ids(vocab, Ids("text"), words) for words in value)
 
 
-def _coded(option: Any, code: str, vocab: Vocabulary, given: Mapping[str, Any]) -> int:
-    """The id ``code`` names among the target vocabulary's ``languages``; an unknown code is one
-    line naming a few known ones."""
-    kind = option.kind
-    found = vocab.language_id(code)
-    if found is None:
-        if not vocab.languages:
-            raise DecodingError(f"{option.name} {code!r}: this export lists no language codes among its target "
-                                "tokens")
-        known = [vocab.tokens[i] for i in vocab.languages]
-        shown = ", ".join(known[:6]) + (f", ... ({len(known)} in all)" if len(known) > 6 else "")
-        raise DecodingError(f"unknown {option.name} {code!r}; known: {shown}")
-    other = given.get(kind.sets)
-    if other is not None and other != found:
-        raise DecodingError(f"{option.name} {code!r} is id {found}, but {kind.sets} {other} is given too: give one")
-    return found
+def _coded(option: Any, code: str, vocab: Vocabulary) -> int:
+    """The id ``code`` names among the target vocabulary's list the row names (``Vocabulary.code_ids``);
+    an unknown or ambiguous code is one line naming a few known ones."""
+    listed = getattr(vocab, option.kind.among)
+    found = vocab.code_ids(code, listed)
+    if len(found) == 1:
+        return found[0]
+    if not listed:
+        raise DecodingError(f"{option.name} {code!r}: this export lists no {option.kind.among[:-1]} codes among its "
+                            "target tokens")
+    if found:
+        raise DecodingError(f"{option.name} {code!r} names {', '.join(vocab.tokens[i] for i in found)}: give one "
+                            "in full")
+    known = [vocab.code_of(i) for i in listed]
+    shown = ", ".join(known[:6]) + (f", ... ({len(known)} in all)" if len(known) > 6 else "")
+    raise DecodingError(f"unknown {option.name} {code!r}; known: {shown}")
 
 
-def _token_id(vocab: Vocabulary, token: str) -> int:
+def _place(option: Any, code: str, vocab: Vocabulary, values: dict[str, Any], given: Mapping[str, Any]) -> None:
+    """Put the id ``code`` names where its row says (rule 3): into ``values``' decoder prompt, else
+    its ``sets`` option."""
+    kind, found = option.kind, _coded(option, code, vocab)
+    prompt = list(values["decoder_prompt"])
+
+    def slots(among: str) -> list[int]:
+        listed = set(getattr(vocab, among))
+        return [i for i, token in enumerate(prompt) if token in listed or (among == "languages" and token == OPEN_SLOT)]
+
+    own, anchor = slots(kind.among), slots(kind.after) if kind.after else []
+    if own:
+        prompt[own[0]] = found
+    elif anchor:
+        prompt.insert(anchor[0] + 1, found)
+    elif kind.sets is not None:
+        other = given.get(kind.sets)
+        if other is not None and other != found:
+            raise DecodingError(f"{option.name} {code!r} is id {found}, but {kind.sets} {other} is given too: "
+                                "give one")
+        values[kind.sets] = found
+        return
+    else:
+        names = kind.among[:-1] + (f" or {kind.after[:-1]}" if kind.after else "")
+        raise DecodingError(f"{option.name} {code!r}: this export's decoder prompt holds no {names} token to "
+                            "place it by")
+    values["decoder_prompt"] = tuple(prompt)
+
+
+def _token_id(vocab: Vocabulary, token: str, open_slot: bool = False) -> int:
+    """A token's id; ``"-1"`` is the open slot where the option allows one (a CLI's strings)."""
+    if open_slot and token == str(OPEN_SLOT):
+        return OPEN_SLOT
     if token not in vocab.tokens:
         raise DecodingError(f"{token!r} is not a token of the target vocabulary")
     return vocab.tokens.index(token)

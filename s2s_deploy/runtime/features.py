@@ -32,6 +32,9 @@ class Decoded:
     text: str
     score: float
     hypotheses: tuple[tuple[str, float], ...]
+    language: str | None = None
+    """The code of the language token its decoder prompt held (detected where the prompt left it
+    open, ``en`` for ``<|en|>``); None without one."""
 
 
 def pad_features(items: Sequence[np.ndarray], source: SourceSpec) -> tuple[np.ndarray, np.ndarray]:
@@ -115,4 +118,5 @@ class FeatureReader:
     def _decoded(self, label: str, hyps: list[Hypothesis]) -> Decoded:
         vocab = self.manifest.tgt_vocab
         texts = tuple((vocab.decode(h.tokens), h.score) for h in hyps)
-        return Decoded(label, texts[0][0], texts[0][1], texts)
+        language = next((vocab.code_of(i) for i in hyps[0].prompt if i in vocab.languages), None)
+        return Decoded(label, texts[0][0], texts[0][1], texts, language)

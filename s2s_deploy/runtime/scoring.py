@@ -97,7 +97,7 @@ def stream_tokens(backend: Backend, src: np.ndarray, src_len: np.ndarray,
     tokens = np.full(1, backend.decoder_start_id, dtype=np.int64)
     reorder = np.zeros(1, dtype=np.int64)
     with backend.start(src, src_len) as run:
-        step_top = options.bind(prompted(run, backend.decoder_start_id, config))
+        step_top = options.bind(prompted(run, backend, config))
         for _ in range(options.max_len):
             values, ids = step_top(tokens, reorder, 1)
             token = int(ids[0, 0])

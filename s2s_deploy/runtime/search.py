@@ -17,12 +17,13 @@ the measurements behind the choice).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import numpy as np
 
 from s2s_deploy.errors import S2SError
+from s2s_deploy.format.decoding import OPEN_SLOT
 from s2s_deploy.runtime.backend import Backend, DecodeRun
 from s2s_deploy.runtime.decoding import SearchConfig
 from s2s_deploy.runtime.options import StepOptions, options_on
@@ -45,6 +46,8 @@ class Hypothesis:
     token_log_probs: tuple[float, ...]
     score: float
     finished: bool
+    prompt: tuple[int, ...] = ()
+    """The decoder prompt its sentence was fed, an open slot filled with the language chosen there."""
 
     @property
     def log_prob(self) -> float:
@@ -102,21 +105,41 @@ class PromptedRun(DecodeRun):
     token and every prompt token but the last are fed with their outputs dropped, and the first
     step the search asks for is fed the last prompt token. So the prompt is neither scored, nor
     counted in ``max_len``, nor output, as ``generate`` treats Whisper's
-    ``<|startoftranscript|> <|en|> <|transcribe|> <|notimestamps|>``; the search's own loop is unchanged."""
+    ``<|startoftranscript|> <|en|> <|transcribe|> <|notimestamps|>``; the search's own loop is unchanged.
 
-    def __init__(self, run: DecodeRun, start_id: int, prompt: tuple[int, ...]) -> None:
-        self.run, self.fed, self.last = run, (start_id, *prompt[:-1]), prompt[-1]
-        self.pending = True
+    An open slot (-1) is, per row, the token of ``languages`` with the best log-prob after the
+    tokens before it (the first of equal ones, ascending ids), with no option applied: Whisper's
+    ``detect_language``. ``fed`` holds each row's prompt once the first step ran."""
+
+    def __init__(self, run: DecodeRun, start_id: int, prompt: tuple[int, ...], languages: tuple[int, ...]) -> None:
+        if OPEN_SLOT in prompt and not languages:
+            raise S2SError(f"the decoder prompt holds {OPEN_SLOT} (the language the model scores best), but the "
+                           "backend knows no language tokens")
+        self.run, self.start, self.prompt = run, start_id, prompt
+        self.languages = np.asarray(sorted(languages), dtype=np.int64)
+        self.fed: np.ndarray | None = None  # (rows, prompt tokens)
 
     def _tokens(self, tokens: np.ndarray) -> np.ndarray:
-        if not self.pending:
+        if self.fed is not None:
             return tokens
-        self.pending = False
         rows = len(tokens)
         identity = np.arange(rows, dtype=np.int64)
-        for token in self.fed:
-            self.run.step_top(np.full(rows, token, dtype=np.int64), identity, 1)
-        return np.full(rows, self.last, dtype=np.int64)
+        columns = [np.full(rows, token, dtype=np.int64) for token in (self.start, *self.prompt)]
+        for position, token in enumerate(self.prompt):  # feeds the column before each prompt token
+            if token == OPEN_SLOT:  # chosen by the log-probs after the column before it
+                log_probs = self.run.step(columns[position], identity)
+                columns[position + 1] = self.languages[np.argmax(log_probs[:, self.languages], axis=1)]
+            else:
+                self.run.step_top(columns[position], identity, 1)
+        self.fed = np.stack(columns[1:], axis=1)
+        return columns[-1]
+
+    def prompts(self, sentences: int) -> list[tuple[int, ...]]:
+        """Each sentence's fed prompt (its rows are alike: a sentence's beams start identical)."""
+        if self.fed is None:
+            return [self.prompt] * sentences
+        per = len(self.fed) // sentences
+        return [tuple(self.fed[i * per].tolist()) for i in range(sentences)]
 
     def step(self, tokens: np.ndarray, reorder: np.ndarray) -> np.ndarray:
         return self.run.step(self._tokens(tokens), reorder)
@@ -131,12 +154,23 @@ class PromptedRun(DecodeRun):
         self.run.close()
 
 
-def prompted(run: DecodeRun, start_id: int, config: SearchConfig) -> DecodeRun:
+def prompted(run: DecodeRun, backend: Backend, config: SearchConfig) -> DecodeRun:
     """``run`` itself without a decoder prompt (the common case costs nothing), else a ``PromptedRun``."""
-    return PromptedRun(run, start_id, tuple(config.decoder_prompt)) if config.decoder_prompt else run
+    if not config.decoder_prompt:
+        return run
+    return PromptedRun(run, backend.decoder_start_id, tuple(config.decoder_prompt), backend.language_ids)
+
+
+def with_prompts(found: list[list[Hypothesis]], run: DecodeRun) -> list[list[Hypothesis]]:
+    """Hypotheses carrying the prompt their sentence was fed (unchanged without one)."""
+    if not isinstance(run, PromptedRun):
+        return found
+    return [[replace(h, prompt=prompt) for h in hyps] for hyps, prompt in zip(found, run.prompts(len(found)),
+                                                                             strict=True)]
 
 
 def greedy(backend: Backend, src: np.ndarray, src_len: np.ndarray, config: SearchConfig) -> list[Hypothesis]:
+    """One hypothesis per sentence; each carries the prompt it was fed."""
     batch, eos = src.shape[0], backend.eos_id
     rows = np.arange(batch)
     reorder = rows.astype(np.int64)
@@ -153,7 +187,7 @@ def greedy(backend: Backend, src: np.ndarray, src_len: np.ndarray, config: Searc
     cut = np.zeros(batch, dtype=bool)
     steps = max_len
     with backend.start(src, src_len) as started:
-        run = prompted(started, backend.decoder_start_id, config)
+        run = prompted(started, backend, config)
         step_top = run.step_top if options is None else options.bind(run)
         for t in range(steps):
             if t < min_len:  # EOS may rank first: take the runner-up there
@@ -185,7 +219,7 @@ def greedy(backend: Backend, src: np.ndarray, src_len: np.ndarray, config: Searc
         lps = tuple(picked_lp[i, :n].tolist())
         body = tuple(picked[i, : n - 1 if finished else n].tolist())
         results.append(Hypothesis(body, lps, float(normalised(sum(lps), n, config.alpha)), finished))
-    return results
+    return [hyps[0] for hyps in with_prompts([[h] for h in results], run)]
 
 
 @dataclass(frozen=True)
@@ -269,7 +303,7 @@ def beam_search(
         return t + 1 if ceiling is None else ceiling
 
     with backend.start(src, src_len, expand=k) as started:
-        run = prompted(started, backend.decoder_start_id, config)
+        run = prompted(started, backend, config)
         step_top = run.step_top if options is None else options.bind(run)
         for t in range(config.max_len if limits is None else int(limits.max())):
             # The best 2K of K*V candidates lie among each row's own best 2K: the graph ranks those.
@@ -335,5 +369,5 @@ def beam_search(
     _end_live_beams(endings, costs, np.nonzero(active)[0], k, len(trail.steps) - 1, config.alpha)
     if not all(endings):
         raise NonFiniteError(NON_FINITE)
-    return [[trail.hypothesis(e) for e in sorted(ends, key=lambda e: -e.score)[: config.n_best]]
-            for ends in endings]
+    return with_prompts([[trail.hypothesis(e) for e in sorted(ends, key=lambda e: -e.score)[: config.n_best]]
+                         for ends in endings], run)

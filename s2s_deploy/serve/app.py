@@ -32,7 +32,9 @@ from s2s_deploy.serve.batcher import Batcher, BatchLimits, Decode, QueueFullErro
 CONFIG_ENV = "S2S_DEPLOY_SERVE_CONFIG"
 """How ``--workers N`` hands the settings to each worker process (uvicorn imports the factory)."""
 
-OPTIONS = ("beam", "n_best", "alpha", "max_len", "target_lang")
+OPTIONS = ("beam", "n_best", "alpha", "max_len", "target_lang", "task")
+CODES = ("target_lang", "task")
+"""Options whose value is a code (a string): the rest are numbers."""
 MAX_BODY_BYTES = 1 << 20
 """A larger JSON body is refused (413) before it is read."""
 MAX_AUDIO_BYTES = 32 << 20
@@ -80,11 +82,12 @@ def parse_options(fields: dict[str, Any], translator: Translator, max_beam: int)
     if alpha is not None and (isinstance(alpha, bool) or not isinstance(alpha, (int, float))
                               or not math.isfinite(alpha) or alpha < 0):
         raise BadRequestError("'alpha' must be a finite number >= 0")
-    target_lang = fields.get("target_lang")
-    if target_lang is not None and not isinstance(target_lang, str):
-        raise BadRequestError("'target_lang' must be a language code string")
+    codes = {key: fields.get(key) for key in CODES}
+    for key, code in codes.items():
+        if code is not None and not isinstance(code, str):
+            raise BadRequestError(f"{key!r} must be a code string")
     # what the request leaves out: the export's
-    config = translator.search_config(beam, n_best, max_len, alpha, target_lang=target_lang)
+    config = translator.search_config(beam, n_best, max_len, alpha, **codes)
     if config.beam_size > max_beam:
         raise BadRequestError(f"the export's default beam {config.beam_size} exceeds this server's largest, "
                               f"{max_beam}: name a smaller 'beam'")
@@ -115,7 +118,7 @@ def parse_query(query: dict[str, str], translator: Translator, max_beam: int) ->
     fields: dict[str, Any] = {}
     for key, text in query.items():
         try:
-            fields[key] = text if key == "target_lang" else float(text) if key == "alpha" else int(text)
+            fields[key] = text if key in CODES else float(text) if key == "alpha" else int(text)
         except ValueError:
             raise BadRequestError(f"{key!r} must be a number, not {text!r}") from None
     return parse_options(fields, translator, max_beam)
@@ -217,7 +220,7 @@ def create_app(config: ServeConfig) -> Starlette:
             [result] = await batcher.submit([features], [frames], search)
         except S2SError as exc:
             return _refusal(exc)
-        return JSONResponse({"transcriptions": [_hypotheses(result)]})
+        return JSONResponse({"transcriptions": [{**_hypotheses(result), "language": result.language}]})
 
     async def health(request: Request) -> JSONResponse:
         batcher: Batcher = state["batcher"]

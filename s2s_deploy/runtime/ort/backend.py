@@ -146,6 +146,7 @@ class OrtBackend(Backend):
         self.eos_id = manifest.eos_id
         self.vocab_size = len(manifest.tgt_vocab)
         self.unk_id = manifest.tgt_vocab.unk_id
+        self.language_ids = tuple(sorted(manifest.tgt_vocab.languages))
         self.loops = StepLoops(manifest, self.device, decoder, capture,
                                uncaptured=lambda: self._decoder_session(cuda_graph=False), on_step=self.count_step)
 
