@@ -8,6 +8,11 @@ not our port of it, rerun over the whole prefix without a cache at every step: s
 nothing of ours in the path. A family whose uncached forward is not what its cached ``generate``
 computes (the plugin's ``hf_step_cache``) is stepped with transformers' own cache instead, one
 token a step, the cache reordered by the search's backpointers as ``generate`` reorders it.
+
+Features of different lengths (a batch of clips padded along their frames) are encoded, and
+generated from, one input at a time at its own length: a ``transformers`` encoder may let a
+batch's padding into a convolution despite its ``attention_mask`` (Speech2Text's subsampler
+does), and an export must not, so the reference is what ``generate`` gives for each clip alone.
 """
 
 from __future__ import annotations
@@ -84,6 +89,18 @@ def encoder_inputs(src: np.ndarray, src_len: np.ndarray, source: SourceSpec) -> 
     return {"input_ids": ids, "attention_mask": (torch.arange(ids.shape[1])[None, :] < lengths[:, None]).long()}
 
 
+def one_at_a_time(inputs: dict[str, torch.Tensor | None], src_len: np.ndarray,
+                  source: SourceSpec) -> list[dict[str, torch.Tensor]] | None:
+    """Each row of padded features cut to its own frames, without a mask, as one clip is fed alone;
+    None where no row is padded (or the source is not features of varying length)."""
+    if not source.is_features or inputs.get("attention_mask") is None or source.length_axis is None:
+        return None
+    name = INPUT_NAMES[frontend_for(source).reads]
+    data, axis = inputs[name], source.length_axis
+    assert data is not None
+    return [{name: data[i : i + 1].narrow(axis, 0, int(length))} for i, length in enumerate(src_len)]
+
+
 class HFBackend(Backend):
     name = "transformers"
 
@@ -105,8 +122,14 @@ class HFBackend(Backend):
     @torch.no_grad()
     def start(self, src: np.ndarray, src_len: np.ndarray, expand: int = 1, keep_attention: bool = False) -> DecodeRun:
         inputs = encoder_inputs(src, src_len, self.source)
+        rows = one_at_a_time(inputs, src_len, self.source)
+        encoder = self.model.get_encoder()
         with in_transformers("encoder"):
-            encoded = self.model.get_encoder()(**inputs).last_hidden_state
+            if rows is None:
+                encoded = encoder(**inputs).last_hidden_state
+            else:  # each clip alone, its states right-padded with zeros (masked in cross-attention)
+                alone = [encoder(**row).last_hidden_state[0] for row in rows]
+                encoded = torch.nn.utils.rnn.pad_sequence(alone, batch_first=True)
         return _HFRun(self.model, encoded, inputs["attention_mask"], expand, self.cached)
 
 
@@ -177,21 +200,27 @@ class GenerateEngine:
 
     @torch.no_grad()
     def search(self, src: np.ndarray, src_len: np.ndarray, config: SearchConfig) -> list[list[Hypothesis]]:
-        inputs = {k: v for k, v in encoder_inputs(src, src_len, self.source).items() if v is not None}
+        inputs = encoder_inputs(src, src_len, self.source)
+        batches = one_at_a_time(inputs, src_len, self.source) or [{k: v for k, v in inputs.items() if v is not None}]
+        sequences: list[list[int]] = []
+        scored: list[float] = []
         with in_transformers("generate"):
-            out = self.model.generate(**inputs, num_beams=config.beam_size, max_new_tokens=config.max_len,
-                                      output_scores=True, return_dict_in_generate=True)
-        scores = getattr(out, "sequences_scores", None)
+            for batch in batches:
+                out = self.model.generate(**batch, num_beams=config.beam_size, max_new_tokens=config.max_len,
+                                          output_scores=True, return_dict_in_generate=True)
+                sequences += out.sequences.tolist()
+                scores = getattr(out, "sequences_scores", None)
+                scored += scores.tolist() if scores is not None else [float("nan")] * len(out.sequences)
         head = [self.decoder_start_id, *config.decoder_prompt]
         found = []
-        for i, full in enumerate(out.sequences.tolist()):
+        for i, full in enumerate(sequences):
             ours = len(full) >= len(head) and all(
                 want == got or (want == OPEN_SLOT and got in self.language_ids)
                 for want, got in zip(head, full, strict=False))
             row = full[len(head):] if ours else full
             finished = self.eos_id in row
             tokens = tuple(row[: row.index(self.eos_id)] if finished else row)
-            score = float(scores[i]) if scores is not None else float("nan")
+            score = scored[i]
             prompt = tuple(full[1: len(head)]) if ours else tuple(config.decoder_prompt)
             found.append([Hypothesis(tokens, (), score, finished, prompt)])
         return found
