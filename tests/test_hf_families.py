@@ -468,7 +468,8 @@ def test_marian_prints_a_source_only_piece_as_marian_tokenizer_does(family_expor
     assert vocab.decode([table["\u2581in"]] * 3) == "in in in"
 
 
-ELSEWHERE = {"whisper": "tests/test_hf_whisper.py", "vision-encoder-decoder": "tests/test_hf_vision.py"}
+ELSEWHERE = {"whisper": "tests/test_hf_whisper.py", "speech_to_text": "tests/test_hf_speech_to_text.py",
+             "vision-encoder-decoder": "tests/test_hf_vision.py"}
 """Families whose encoder reads audio or images: the same checks against ``generate``, on clips or
 images, in their own module."""
 SAME_AS = {"xlm-prophetnet": "prophetnet"}

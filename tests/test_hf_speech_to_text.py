@@ -6,7 +6,8 @@ elsewhere) is saved with ``save_pretrained`` beside a ``Speech2TextFeatureExtrac
 ``preprocessor_config.json`` and a generation config that forces ``<lang:fr>`` first, as a
 multilingual model's does; no network. It is exported with ``export --hf``, and 20 synthetic clips
 of 0.3 to 1.4 s, featurised by transformers' extractor, padded into one batch and decoded by the
-export, must match ``generate`` on each clip, greedy and beam 4, 20 new tokens.
+export, must match ``generate`` on each clip, greedy and beam 4, 20 new tokens; the torch-free front
+end's features (within 3e-5 of the extractor's here) decode to the same tokens.
 
 ``generate`` runs one clip at a time: fed the padded batch with its ``attention_mask``, transformers'
 subsampler lets the padding into each shorter clip's last frame (its convolutions are not masked),
@@ -145,13 +146,13 @@ def generated(model: Any, features: list[np.ndarray], beams: int, **settings: An
     return found
 
 
-def decoded(s2t: dict[str, Any], beams: int, **options: Any) -> list[tuple[int, ...]]:
+def decoded(s2t: dict[str, Any], beams: int, features: str = "hf_features", **options: Any) -> list[tuple[int, ...]]:
     """Our best hypothesis per clip, all clips padded into one batch, at ``generate``'s settings but the options."""
     from s2s_deploy.runtime.features import pad_features
 
     transcriber = s2t["transcriber"]
     config = transcriber.translator.search_config(beams, 1, MAX_NEW, **options)
-    src, src_len = pad_features(s2t["hf_features"], transcriber.source)
+    src, src_len = pad_features(s2t[features], transcriber.source)
     return [hyps[0].tokens for hyps in transcriber.translator.engine.search(src, src_len, config)]
 
 
@@ -175,6 +176,7 @@ def test_front_end_agrees_with_the_feature_extractor(s2t: dict[str, Any]) -> Non
 def test_speech_to_text_matches_generate(s2t: dict[str, Any], beams: int) -> None:
     theirs = generated(s2t["model"], s2t["hf_features"], beams)
     assert decoded(s2t, beams) == theirs
+    assert decoded(s2t, beams, features="features") == theirs  # our front end's features decode the same
     assert all(row[0] == FR for row in theirs)
     assert any(len(row) < MAX_NEW for row in theirs) and any(len(row) == MAX_NEW for row in theirs)
     assert len(set(theirs)) > INPUTS // 2  # the clips decode differently: the encoder is read

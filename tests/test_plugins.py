@@ -28,9 +28,10 @@ ARCH_CASES = [
 ]
 ARCHS = [pytest.param(arch, max_len, id=arch) for arch, max_len in ARCH_CASES]
 HF_FAMILIES = {"mt5", "umt5", "m2m100", "pegasus", "blenderbot", "blenderbot_small", "fsmt", "whisper", "longt5",
-               "pegasus_x", "led", "prophetnet", "vision_encoder_decoder"}
+               "pegasus_x", "led", "prophetnet", "vision_encoder_decoder", "speech_to_text"}
 """Families exported from tiny Hugging Face folders against ``generate`` in tests/test_hf_families.py
-(one export each; Whisper, which reads audio, in tests/test_hf_whisper.py; the vision encoder-decoder,
+(one export each; Whisper and Speech2Text, which read audio, in tests/test_hf_whisper.py and
+tests/test_hf_speech_to_text.py; the vision encoder-decoder,
 which reads images, in tests/test_hf_vision.py), not from seeded presets here."""
 AUDIO = {"speech"}
 """Encoders of features, exported and transcribing the sample clips in tests/test_speech_source.py."""
