@@ -89,15 +89,14 @@ def encoder_inputs(src: np.ndarray, src_len: np.ndarray, source: SourceSpec) -> 
     return {"input_ids": ids, "attention_mask": (torch.arange(ids.shape[1])[None, :] < lengths[:, None]).long()}
 
 
-def one_at_a_time(inputs: dict[str, torch.Tensor | None], src_len: np.ndarray,
-                  source: SourceSpec) -> list[dict[str, torch.Tensor]] | None:
+def one_at_a_time(src: np.ndarray, src_len: np.ndarray, source: SourceSpec) -> list[dict[str, torch.Tensor]] | None:
     """Each row of padded features cut to its own frames, without a mask, as one clip is fed alone;
-    None where no row is padded (or the source is not features of varying length)."""
-    if not source.is_features or inputs.get("attention_mask") is None or source.length_axis is None:
+    None where no row is padded (or the source is not features with a frames axis)."""
+    axis = source.length_axis
+    if not source.is_features or axis is None or all(int(n) == src.shape[axis] for n in src_len):
         return None
     name = INPUT_NAMES[frontend_for(source).reads]
-    data, axis = inputs[name], source.length_axis
-    assert data is not None
+    data = torch.from_numpy(np.ascontiguousarray(src, dtype=np.float32))
     return [{name: data[i : i + 1].narrow(axis, 0, int(length))} for i, length in enumerate(src_len)]
 
 
@@ -122,7 +121,7 @@ class HFBackend(Backend):
     @torch.no_grad()
     def start(self, src: np.ndarray, src_len: np.ndarray, expand: int = 1, keep_attention: bool = False) -> DecodeRun:
         inputs = encoder_inputs(src, src_len, self.source)
-        rows = one_at_a_time(inputs, src_len, self.source)
+        rows = one_at_a_time(src, src_len, self.source)
         encoder = self.model.get_encoder()
         with in_transformers("encoder"):
             if rows is None:
@@ -201,7 +200,7 @@ class GenerateEngine:
     @torch.no_grad()
     def search(self, src: np.ndarray, src_len: np.ndarray, config: SearchConfig) -> list[list[Hypothesis]]:
         inputs = encoder_inputs(src, src_len, self.source)
-        batches = one_at_a_time(inputs, src_len, self.source) or [{k: v for k, v in inputs.items() if v is not None}]
+        batches = one_at_a_time(src, src_len, self.source) or [{k: v for k, v in inputs.items() if v is not None}]
         sequences: list[list[int]] = []
         scored: list[float] = []
         with in_transformers("generate"):
