@@ -164,6 +164,9 @@ def test_manifest_holds_the_front_end_and_the_forced_language(s2t: dict[str, Any
     assert spec.shape == ("frames", 80) and dict(spec.frontend)["kind"] == "kaldi_fbank"
     assert manifest.decoder_start_id == EOS and manifest.eos_id == EOS
     assert manifest.search["forced_bos"] == FR and manifest.tgt_vocab.languages == (EN, FR)
+    # generate's default max_length (20 with the decoder start, grown by it) is 20 new tokens: MAX_NEW,
+    # so the tests below decode at the export's own length limit too
+    assert manifest.search["max_len"] == MAX_NEW and manifest.search["beam_size"] == 1
 
 
 def test_front_end_agrees_with_the_feature_extractor(s2t: dict[str, Any]) -> None:
