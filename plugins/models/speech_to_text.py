@@ -88,7 +88,7 @@ class Speech2TextModel(EncoderDecoder):
     def __init__(self, config: Speech2TextConfig, src_vocab_size: int, tgt_vocab_size: int) -> None:
         nn.Module.__init__(self)
         cfg = config.layers()
-        self.cfg, self.speech = cfg, config
+        self.cfg = cfg
         self.embed_scale = math.sqrt(cfg.d_model) if cfg.scale_embedding else 1.0
         self.encoder = Speech2TextEncoder(config, cfg)
         self.decoder = Stack(cfg, DecoderLayer, cfg.decoder_layers, True, tgt_vocab_size)
