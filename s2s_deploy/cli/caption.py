@@ -22,7 +22,7 @@ from s2s_deploy.cli.media import decode_files
 def caption_command(export_dir: str, images: tuple[str, ...], batch_size: int, scores: bool,
                     output_path: str | None, quiet: bool, device: str, threads: int | None,
                     **decoding: object) -> None:
-    """Read images with an export that reads images: a caption, or the text in the image (OCR).
+    """Caption images, or read the text in them (OCR).
 
     IMAGES: PNG, JPEG or any file Pillow reads (grey, palette and transparent images become RGB,
     transparency on white), at any size (resized as the model's image processor does). One line
