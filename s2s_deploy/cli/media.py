@@ -4,14 +4,33 @@ through the Python API that reads the export's medium."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 
-from s2s_deploy.cli.group import echo_device, given_decoding
+from s2s_deploy.cli.group import decoding_options, device_option, echo_device, given_decoding, threads_option
 
 OUTPUT_KINDS = (".txt", ".json")
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def file_options(command: F) -> F:
+    """The options every files-in, text-out command takes: batching, scores, ``--output``, quiet,
+    every decoding option, the device and threads (``decode_files`` reads them)."""
+    for decorator in reversed((
+        click.option("--batch-size", type=click.IntRange(1), default=16, show_default=True,
+                     help="Files decoded together."),
+        click.option("--scores", is_flag=True, help="Print each hypothesis's score before it, tab-separated."),
+        click.option("--output", "output_path", type=click.Path(dir_okay=False), default=None,
+                     help="Write out.txt (one line per file) or out.json (file, text, score, language, hypotheses) "
+                          "instead."),
+        click.option("--quiet", is_flag=True, help="No device notice."),
+        decoding_options, device_option, threads_option,
+    )):
+        command = decorator(command)
+    return command
 
 
 def decode_files(reader_type: type, export_dir: str, files: tuple[str, ...], what: str, batch_size: int,
