@@ -127,7 +127,7 @@ def feature_encoder(manifest: Manifest, inputs: dict[str, Any]) -> Encode:
 def feature_inputs(frontend: FrontEnd, paths: Sequence[str] | None = None) -> dict[str, Any]:
     """Parity inputs for an export that reads features: the files ``paths`` lists, read as the front
     end's medium, or seeded synthetic ones (``SYNTHETIC``)."""
-    from s2s_deploy.frontends import AUDIO, load_audio, load_image
+    from s2s_deploy.frontends import load_audio, load_image
 
     if paths is None:
         return SYNTHETIC[frontend.reads](frontend)

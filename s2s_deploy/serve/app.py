@@ -24,6 +24,8 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from s2s_deploy.errors import S2SError
+from s2s_deploy.format.decoding import OPTIONS as DECODING_OPTIONS
+from s2s_deploy.format.decoding import Code
 from s2s_deploy.runtime.decoding import SearchConfig
 from s2s_deploy.runtime.transcriber import Transcriber
 from s2s_deploy.runtime.translator import Translator, translate, unpadded
@@ -33,8 +35,8 @@ CONFIG_ENV = "S2S_DEPLOY_SERVE_CONFIG"
 """How ``--workers N`` hands the settings to each worker process (uvicorn imports the factory)."""
 
 OPTIONS = ("beam", "n_best", "alpha", "max_len", "target_lang", "task")
-CODES = ("target_lang", "task")
-"""Options whose value is a code (a string): the rest are numbers."""
+CODES = tuple(o.name for o in DECODING_OPTIONS if isinstance(o.kind, Code) and o.name in OPTIONS)
+"""Options whose value is a code (a string), as the option table kinds them: the rest are numbers."""
 MAX_BODY_BYTES = 1 << 20
 """A larger JSON body is refused (413) before it is read."""
 MAX_AUDIO_BYTES = 32 << 20
