@@ -271,3 +271,18 @@ def test_a_quantised_copy_keeps_its_tokenizer_files(export: Path, tmp_path: Path
     assert (quantised.src_vocab, quantised.tgt_vocab) == (load_manifest(export).src_vocab,
                                                           load_manifest(export).tgt_vocab)
     assert len(Translator(report.directory, device="cpu")(TEXTS, max_len=MAX_LEN)) == len(TEXTS)
+
+
+def test_a_tokenizer_that_cannot_encode_is_one_line() -> None:
+    """A WordLevel tokenizer.json whose unknown token is missing from its vocabulary fails on any
+    unknown word: tokenizers raises a bare Exception, which must become one line naming the file."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from s2s_deploy.format.subword import HFTokenizer, TokenizerFile, TokenizerFileError
+
+    tokenizer = Tokenizer(models.WordLevel({"a": 0, "b": 1}, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    model = HFTokenizer(TokenizerFile("tokenizer.json", tokenizer.to_str().encode()))
+    assert model.ids("a b") == [0, 1]
+    with pytest.raises(TokenizerFileError, match=r"^tokenizer.json cannot encode 'a c': .*Missing"):
+        model.ids("a c")

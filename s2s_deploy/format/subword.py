@@ -103,9 +103,13 @@ class HFTokenizer:
             self.tokenizer = Tokenizer.from_str(file.data.decode("utf-8"))
         except Exception as exc:  # tokenizers raises a bare Exception on bad JSON; bytes may not be UTF-8
             raise TokenizerFileError(f"{file.name} is not a tokenizers tokenizer.json: {exc}") from exc
+        self.name = file.name
 
     def ids(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False).ids
+        try:
+            return self.tokenizer.encode(text, add_special_tokens=False).ids
+        except Exception as exc:  # e.g. a WordLevel model whose unknown token is not in its vocabulary
+            raise TokenizerFileError(f"{self.name} cannot encode {text[:40]!r}: {exc}") from exc
 
     def text(self, ids: list[int]) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=True)
