@@ -39,12 +39,14 @@ from s2s_deploy.frontends import WhisperLogMel
 
 PREPROCESSOR_FILE = "preprocessor_config.json"
 TASKS = ("transcribe", "translate")
+TIME_PRECISION = 0.02
+"""Seconds per timestamp index: ``generate``'s ``time_precision`` default, which no config file sets."""
 GENERATE_MAX_LENGTH = 20
 """``max_length`` when generation_config.json sets none (``generate``'s default)."""
 LONG_FORM_SETTINGS = ("logprob_threshold", "no_speech_threshold", "compression_ratio_threshold")
 """generation_config.json settings of Whisper's temperature fallback and no-speech detection."""
 WHISPER_ONLY = ("language", "task", "lang_to_id", "task_to_id", "no_timestamps_token_id", "is_multilingual",
-                "return_timestamps", *LONG_FORM_SETTINGS)
+                "return_timestamps", "max_initial_timestamp_index", "condition_on_prev_tokens", *LONG_FORM_SETTINGS)
 """generation_config.json keys that only Whisper's generate reads (``GenerationConfig`` defines none of them)."""
 
 
@@ -147,6 +149,21 @@ def decoder_prompt(hf: Mapping[str, Any], generation: Mapping[str, Any]) -> tupl
     return tuple(int(token) for token in prompt if token is not None)
 
 
+def timestamp_settings(hf: Mapping[str, Any], generation: Mapping[str, Any]) -> dict[str, Any]:
+    """What the runtime's ``timestamps`` option needs, as ``generate(return_timestamps=True)`` reads
+    it: the first timestamp id (the one after ``<|notimestamps|>``), ``max_initial_timestamp_index``,
+    0.02 s per index and two encoder frames per index (the second convolution's stride). None when
+    the vocabulary has no id after ``<|notimestamps|>``."""
+    no_timestamps = generation.get("no_timestamps_token_id")
+    if no_timestamps is None or int(no_timestamps) + 1 >= int(hf["vocab_size"]):
+        return {}
+    found = {"timestamp_begin": int(no_timestamps) + 1, "time_precision": TIME_PRECISION, "timestamp_frames": 2}
+    initial = generation.get("max_initial_timestamp_index")
+    if initial is not None:
+        found["max_initial_timestamp"] = int(initial)
+    return found
+
+
 class WhisperPlugin(EncoderDecoderPlugin):
     name = "whisper"
     version = "1.0"
@@ -220,8 +237,11 @@ class WhisperPlugin(EncoderDecoderPlugin):
         """Whisper's ``generate`` for one window without timestamps: its decoder prompt, new-token
         lengths counted after it, no sampling (it samples only when given a temperature)."""
         if generation.get("return_timestamps"):
-            raise CheckpointError("generation_config.json asks for timestamps (return_timestamps), which "
-                                  "s2s-deploy's Whisper export does not produce")
+            raise CheckpointError("generation_config.json turns timestamps on by default (return_timestamps): "
+                                  "remove it to export, and ask for them at run time (transcribe --timestamps)")
+        if generation.get("condition_on_prev_tokens"):
+            raise CheckpointError("generation_config.json sets condition_on_prev_tokens: feeding the previous "
+                                  "window's text is not reproduced; remove it to export")
         for key in LONG_FORM_SETTINGS:
             if generation.get(key) is not None:
                 raise CheckpointError(f"generation_config.json sets {key}: Whisper's temperature fallback and "
@@ -251,6 +271,7 @@ class WhisperPlugin(EncoderDecoderPlugin):
             found["min_len"] = max(0, int(_setting(hf, generation, "min_length") or 0) - fed)
         if prompt:
             found["decoder_prompt"] = list(prompt)
+        found |= timestamp_settings(hf, generation)
         return found
 
 
