@@ -1,6 +1,6 @@
 """Hugging Face Whisper (``WhisperForConditionalGeneration``, ``model_type`` ``whisper``), written
-from ``transformers``' arithmetic without importing it; short-form transcription (or translation)
-without timestamps.
+from ``transformers``' arithmetic without importing it; transcription (or translation), with
+timestamps and long-form audio when the runtime's ``timestamps`` option is on.
 
 The encoder reads ``(batch, n_mels, frames)`` log-mel features from the ``whisper_log_mel`` front
 end, whose parameters come from the folder's ``preprocessor_config.json``: two convolutions
@@ -12,15 +12,17 @@ full length anyway. The decoder is ``s2s_deploy.export.parts``' pre-norm stack w
 position table from 0, a self-attention K/V cache per layer, cross K/V computed once by the
 encoder and the output projection tied to the token table. Whisper's key projections have no bias.
 
-Decoding follows ``WhisperForConditionalGeneration.generate`` (transformers 5.24) for one window
-without timestamps: the decoder prompt ``<|startoftranscript|> [language] [task] <|notimestamps|>``
+Decoding follows ``WhisperForConditionalGeneration.generate`` (transformers 5.24): the decoder prompt ``<|startoftranscript|> [language] [task] <|notimestamps|>``
 from ``generation_config.json`` becomes the export's ``decoder_prompt`` (fed, not scored, not
 counted), ``suppress_tokens`` and ``begin_suppress_tokens`` stay as they are, and the length
 limits count new tokens as Whisper's ``generate`` does. A language left open becomes the prompt's open
 slot: the search picks the listed language token the first step scores best, as ``detect_language``
 does; the tokenizer's ``<|xx|>`` tokens are listed as the languages and ``<|transcribe|>`` and
-``<|translate|>`` as the tasks, so ``--language`` and ``--task`` take codes. Timestamps, temperature
-fallback and long-form audio are refused in one line.
+``<|translate|>`` as the tasks, so ``--language`` and ``--task`` take codes. ``timestamp_settings``
+gives the runtime's ``timestamps`` option what ``generate(return_timestamps=True)`` reads (the first
+timestamp id, ``max_initial_timestamp_index``, 0.02 s and 2 frames per index); the rules and the
+window-by-window seeking are the runtime's, stated by those numbers alone (docs/decoding.md). The
+temperature fallback, no-speech detection and ``condition_on_prev_tokens`` are refused in one line.
 """
 
 from __future__ import annotations
@@ -167,7 +169,7 @@ def timestamp_settings(hf: Mapping[str, Any], generation: Mapping[str, Any]) -> 
 class WhisperPlugin(EncoderDecoderPlugin):
     name = "whisper"
     version = "1.0"
-    description = "Hugging Face Whisper: log-mel features, two convolutions, pre-norm Transformer (no timestamps)"
+    description = "Hugging Face Whisper: log-mel features, two convolutions, pre-norm Transformer, timestamps"
     config_type = WhisperConfig
     has_attention = False  # the attention pictures label source tokens; this source is frames
     presets: ClassVar[dict[str, WhisperConfig]] = {"tiny": WhisperConfig()}
@@ -234,8 +236,8 @@ class WhisperPlugin(EncoderDecoderPlugin):
 
     def hf_search(self, hf: Mapping[str, Any], generation: Mapping[str, Any],
                   defaults: dict[str, Any]) -> dict[str, Any]:
-        """Whisper's ``generate`` for one window without timestamps: its decoder prompt, new-token
-        lengths counted after it, no sampling (it samples only when given a temperature)."""
+        """Whisper's ``generate``: its decoder prompt, new-token lengths counted after it, no sampling
+        (it samples only when given a temperature), and the timestamp settings."""
         if generation.get("return_timestamps"):
             raise CheckpointError("generation_config.json turns timestamps on by default (return_timestamps): "
                                   "remove it to export, and ask for them at run time (transcribe --timestamps)")

@@ -240,3 +240,24 @@ def test_timestamps_are_refused_where_they_do_not_apply(whisper: dict[str, Any],
     result = CliRunner().invoke(main, ["transcribe", export, str(path), "--timestamps", "--n-best", "2", "--beam", "2"])
     assert result.exit_code == 1 and "n_best" in result.output and len(result.output.splitlines()) == 1
 
+
+
+def test_serve_transcribe_returns_segments(whisper: dict[str, Any], tmp_path: Path) -> None:
+    """``/transcribe?timestamps=true`` answers as ``Transcriber(..., timestamps=True)``, segments included."""
+    import soundfile
+    from starlette.testclient import TestClient
+
+    from s2s_deploy.serve.app import BatchLimits, ServeConfig, create_app
+
+    path = tmp_path / "clip.wav"
+    soundfile.write(path, whisper["long_audio"][2], RATE)
+    [want] = whisper["transcriber"]([str(path)], timestamps=True)
+    app = create_app(ServeConfig(str(whisper["out"]), BatchLimits(window_ms=1), threads=1))
+    with TestClient(app) as http:
+        response = http.post("/transcribe", params={"timestamps": "true"}, content=path.read_bytes())
+        assert response.status_code == 200, response.text
+        [got] = response.json()["transcriptions"]
+        assert got["text"] == want.text and got["language"] == "fr"
+        assert got["segments"] == [{"start": s.start, "end": s.end, "text": s.text} for s in want.segments]
+        refused = http.post("/transcribe", params={"timestamps": "yes"}, content=path.read_bytes())
+        assert refused.status_code == 400 and "'timestamps' must be true or false" in refused.text
