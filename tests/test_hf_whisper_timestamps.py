@@ -13,6 +13,7 @@ as one batch with the ``attention_mask`` transformers requires.
 from __future__ import annotations
 
 import json
+import shutil
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -116,14 +117,22 @@ def whisper(tmp_path_factory: pytest.TempPathFactory) -> Any:
     model.save_pretrained(hf_dir)
     extractor.save_pretrained(hf_dir)
     tokenizer_json(hf_dir)
-    result = CliRunner().invoke(main, ["export", "--hf", str(hf_dir), "--out", str(out)])
-    assert result.exit_code == 0, result.output
+    detect_dir, detect_out = root / "detect-hf", root / "detect"
+    shutil.copytree(hf_dir, detect_dir)
+    raw = json.loads((detect_dir / "generation_config.json").read_text())
+    raw.update(language=None, task=None)  # generate detects the language, once per clip
+    (detect_dir / "generation_config.json").write_text(json.dumps(raw))
+    for folder, target in ((hf_dir, out), (detect_dir, detect_out)):
+        result = CliRunner().invoke(main, ["export", "--hf", str(folder), "--out", str(target)])
+        assert result.exit_code == 0, result.output
     loaded = transformers.WhisperForConditionalGeneration.from_pretrained(hf_dir, local_files_only=True).eval()
+    detecting = transformers.WhisperForConditionalGeneration.from_pretrained(detect_dir, local_files_only=True).eval()
     transcriber = Transcriber(out, device="cpu")
     long = clips(6, 1.2, 3.5, seed=1)
     yield {"hf_dir": hf_dir, "out": out, "model": loaded, "transcriber": transcriber, "extractor": extractor,
            "short": [transcriber.features(a, whole=True) for a in short],
-           "long": [transcriber.features(a, whole=True) for a in long], "long_audio": long}
+           "long": [transcriber.features(a, whole=True) for a in long], "long_audio": long,
+           "detecting": detecting, "detector": Transcriber(detect_out, device="cpu")}
     torch.set_num_threads(threads)
 
 
@@ -141,8 +150,9 @@ def generated(model: Any, features: list[np.ndarray], beams: int, **settings: An
     return [tuple(row[: row.index(EOS)] if EOS in row else row) for row in out.tolist()]
 
 
-def timed(whisper: dict[str, Any], features: list[np.ndarray], beams: int, **options: Any) -> list[Any]:
-    transcriber = whisper["transcriber"]
+def timed(whisper: dict[str, Any], features: list[np.ndarray], beams: int, reader: str = "transcriber",
+          **options: Any) -> list[Any]:
+    transcriber = whisper[reader]
     config = transcriber.translator.search_config(beams, 1, MAX_NEW, timestamps=True, **options)
     return transcriber.timed(features, config)
 
@@ -184,6 +194,16 @@ def test_long_form_matches_generate(whisper: dict[str, Any], beams: int) -> None
     assert len({len(s.scores) for s in sought}) > 1  # clips take different numbers of windows
     one = generated(whisper["model"], features[:1], beams)  # a clip alone: generate's batch-of-one path
     assert [s.tokens for s in timed(whisper, features[:1], beams)] == one == theirs[:1]
+
+
+@pytest.mark.parametrize("beams", [1, 4])
+def test_long_form_detects_the_language_once(whisper: dict[str, Any], beams: int) -> None:
+    """A prompt with an open language slot: chosen on a clip's first window and kept for the rest,
+    as ``generate`` detects it once per clip; both languages occur."""
+    features = whisper["long"] + whisper["short"][:6]
+    sought = timed(whisper, features, beams, reader="detector")
+    assert [s.tokens for s in sought] == generated(whisper["detecting"], features, beams)
+    assert {s.prompt for s in sought} == {(EN,), (FR,)}
 
 
 def test_segments_match_generate(whisper: dict[str, Any]) -> None:
