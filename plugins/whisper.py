@@ -12,17 +12,18 @@ full length anyway. The decoder is ``s2s_deploy.export.parts``' pre-norm stack w
 position table from 0, a self-attention K/V cache per layer, cross K/V computed once by the
 encoder and the output projection tied to the token table. Whisper's key projections have no bias.
 
-Decoding follows ``WhisperForConditionalGeneration.generate`` (transformers 5.24): the decoder prompt ``<|startoftranscript|> [language] [task] <|notimestamps|>``
-from ``generation_config.json`` becomes the export's ``decoder_prompt`` (fed, not scored, not
-counted), ``suppress_tokens`` and ``begin_suppress_tokens`` stay as they are, and the length
-limits count new tokens as Whisper's ``generate`` does. A language left open becomes the prompt's open
-slot: the search picks the listed language token the first step scores best, as ``detect_language``
-does; the tokenizer's ``<|xx|>`` tokens are listed as the languages and ``<|transcribe|>`` and
-``<|translate|>`` as the tasks, so ``--language`` and ``--task`` take codes. ``timestamp_settings``
-gives the runtime's ``timestamps`` option what ``generate(return_timestamps=True)`` reads (the first
-timestamp id, ``max_initial_timestamp_index``, 0.02 s and 2 frames per index); the rules and the
-window-by-window seeking are the runtime's, stated by those numbers alone (docs/decoding.md). The
-temperature fallback, no-speech detection and ``condition_on_prev_tokens`` are refused in one line.
+Decoding follows ``WhisperForConditionalGeneration.generate`` (transformers 5.24): the decoder
+prompt ``<|startoftranscript|> [language] [task] <|notimestamps|>`` from ``generation_config.json``
+becomes the export's ``decoder_prompt`` (fed, not scored, not counted), ``suppress_tokens`` and
+``begin_suppress_tokens`` stay as they are, and the length limits count new tokens as Whisper's
+``generate`` does. A language left open becomes the prompt's open slot: the search picks the listed
+language token the first step scores best, as ``detect_language`` does; the tokenizer's ``<|xx|>``
+tokens are listed as the languages and ``<|transcribe|>`` and ``<|translate|>`` as the tasks, so
+``--language`` and ``--task`` take codes. ``timestamp_settings`` gives the runtime's ``timestamps``
+option what ``generate(return_timestamps=True)`` reads (the first timestamp id,
+``max_initial_timestamp_index``, 0.02 s and 2 frames per index); the rules and the window-by-window
+seeking are the runtime's, stated by those numbers alone (docs/decoding.md). The temperature
+fallback, no-speech detection and ``condition_on_prev_tokens`` are refused in one line.
 """
 
 from __future__ import annotations

@@ -281,3 +281,4 @@ def test_serve_transcribe_returns_segments(whisper: dict[str, Any], tmp_path: Pa
         assert got["segments"] == [{"start": s.start, "end": s.end, "text": s.text} for s in want.segments]
         refused = http.post("/transcribe", params={"timestamps": "yes"}, content=path.read_bytes())
         assert refused.status_code == 400 and "'timestamps' must be true or false" in refused.text
+
