@@ -231,6 +231,8 @@ def test_whole_front_end_agrees_with_the_extractor_uncut(whisper: dict[str, Any]
 def test_transcribe_writes_timed_segments(whisper: dict[str, Any], tmp_path: Path, suffix: str) -> None:
     import soundfile
 
+    from s2s_deploy.cli.media import clock
+
     path = tmp_path / "clip.wav"
     soundfile.write(path, whisper["long_audio"][1], RATE)
     out = tmp_path / f"out{suffix}"
@@ -239,6 +241,11 @@ def test_transcribe_writes_timed_segments(whisper: dict[str, Any], tmp_path: Pat
     assert result.exit_code == 0, result.output
     [want] = whisper["transcriber"]([str(path)], timestamps=True)
     assert want.segments and want.text
+    if suffix == ".json":  # and on the terminal: one line per segment
+        shown = CliRunner().invoke(main, ["transcribe", str(whisper["out"]), str(path), "--quiet", "--timestamps"])
+        assert shown.exit_code == 0 and len(shown.output.splitlines()) == len(want.segments), shown.output
+        first = want.segments[0]
+        assert shown.output.startswith(f"[{clock(first.start, '.')} --> {clock(first.end, '.')}] {first.text}\n")
     written = out.read_text()
     if suffix == ".json":
         [row] = json.loads(written)

@@ -62,6 +62,9 @@ def decode_files(reader_type: type, export_dir: str, files: tuple[str, ...], wha
         echo_device(reader.notice, reader.provider)
     found = reader(list(files), batch_size=batch_size, **options)
     lines = [f"{score:.4f}\t{text}" if scores else text for t in found for text, score in t.hypotheses]
+    if output_path is None and config.timestamps:  # one line per segment: [start --> end] text
+        lines = [(f"{t.source}\t" if len(found) > 1 else "") + (f"{t.score:.4f}\t" if scores else "")
+                 + f"[{clock(s.start, '.')} --> {clock(s.end, '.')}] {s.text}" for t in found for s in t.segments]
     if output_path is None:
         for line in lines:
             click.echo(line)
@@ -86,14 +89,17 @@ def subtitles(segments: Any, suffix: str) -> str:
     """SubRip (``.srt``: numbered cues, ``00:00:01,500``) or WebVTT (``.vtt``: a header, ``00:00:01.500``)
     cues, one per segment; both formats are this simple, so no library is needed."""
 
-    def stamp(seconds: float) -> str:
-        millis = round(seconds * 1000)
-        hours, millis = divmod(millis, 3_600_000)
-        minutes, millis = divmod(millis, 60_000)
-        whole, millis = divmod(millis, 1000)
-        return f"{hours:02d}:{minutes:02d}:{whole:02d}{',' if suffix == '.srt' else '.'}{millis:03d}"
-
-    cues = [f"{stamp(s.start)} --> {stamp(s.end)}\n{s.text}\n" for s in segments]
+    mark = "," if suffix == ".srt" else "."
+    cues = [f"{clock(s.start, mark)} --> {clock(s.end, mark)}\n{s.text}\n" for s in segments]
     if suffix == ".srt":
         return "\n".join(f"{i}\n{cue}" for i, cue in enumerate(cues, start=1))
     return "WEBVTT\n\n" + "\n".join(cues)
+
+
+def clock(seconds: float, mark: str) -> str:
+    """``HH:MM:SS`` then ``mark`` and milliseconds: SubRip's ``,`` or WebVTT's ``.``."""
+    millis = round(seconds * 1000)
+    hours, millis = divmod(millis, 3_600_000)
+    minutes, millis = divmod(millis, 60_000)
+    whole, millis = divmod(millis, 1000)
+    return f"{hours:02d}:{minutes:02d}:{whole:02d}{mark}{millis:03d}"
