@@ -1,6 +1,6 @@
 """Hugging Face Whisper (``WhisperForConditionalGeneration``, ``model_type`` ``whisper``), written
-from ``transformers``' arithmetic without importing it; short-form transcription (or translation)
-without timestamps.
+from ``transformers``' arithmetic without importing it; transcription (or translation), with
+timestamps and long-form audio when the runtime's ``timestamps`` option is on.
 
 The encoder reads ``(batch, n_mels, frames)`` log-mel features from the ``whisper_log_mel`` front
 end, whose parameters come from the folder's ``preprocessor_config.json``: two convolutions
@@ -12,15 +12,18 @@ full length anyway. The decoder is ``s2s_deploy.export.parts``' pre-norm stack w
 position table from 0, a self-attention K/V cache per layer, cross K/V computed once by the
 encoder and the output projection tied to the token table. Whisper's key projections have no bias.
 
-Decoding follows ``WhisperForConditionalGeneration.generate`` (transformers 5.24) for one window
-without timestamps: the decoder prompt ``<|startoftranscript|> [language] [task] <|notimestamps|>``
-from ``generation_config.json`` becomes the export's ``decoder_prompt`` (fed, not scored, not
-counted), ``suppress_tokens`` and ``begin_suppress_tokens`` stay as they are, and the length
-limits count new tokens as Whisper's ``generate`` does. A language left open becomes the prompt's open
-slot: the search picks the listed language token the first step scores best, as ``detect_language``
-does; the tokenizer's ``<|xx|>`` tokens are listed as the languages and ``<|transcribe|>`` and
-``<|translate|>`` as the tasks, so ``--language`` and ``--task`` take codes. Timestamps, temperature
-fallback and long-form audio are refused in one line.
+Decoding follows ``WhisperForConditionalGeneration.generate`` (transformers 5.24): the decoder
+prompt ``<|startoftranscript|> [language] [task] <|notimestamps|>`` from ``generation_config.json``
+becomes the export's ``decoder_prompt`` (fed, not scored, not counted), ``suppress_tokens`` and
+``begin_suppress_tokens`` stay as they are, and the length limits count new tokens as Whisper's
+``generate`` does. A language left open becomes the prompt's open slot: the search picks the listed
+language token the first step scores best, as ``detect_language`` does; the tokenizer's ``<|xx|>``
+tokens are listed as the languages and ``<|transcribe|>`` and ``<|translate|>`` as the tasks, so
+``--language`` and ``--task`` take codes. ``timestamp_settings`` gives the runtime's ``timestamps``
+option what ``generate(return_timestamps=True)`` reads (the first timestamp id,
+``max_initial_timestamp_index``, 0.02 s and 2 frames per index); the rules and the window-by-window
+seeking are the runtime's, stated by those numbers alone (docs/decoding.md). The temperature
+fallback, no-speech detection and ``condition_on_prev_tokens`` are refused in one line.
 """
 
 from __future__ import annotations
@@ -39,12 +42,14 @@ from s2s_deploy.frontends import WhisperLogMel
 
 PREPROCESSOR_FILE = "preprocessor_config.json"
 TASKS = ("transcribe", "translate")
+TIME_PRECISION = 0.02
+"""Seconds per timestamp index: ``generate``'s ``time_precision`` default, which no config file sets."""
 GENERATE_MAX_LENGTH = 20
 """``max_length`` when generation_config.json sets none (``generate``'s default)."""
 LONG_FORM_SETTINGS = ("logprob_threshold", "no_speech_threshold", "compression_ratio_threshold")
 """generation_config.json settings of Whisper's temperature fallback and no-speech detection."""
 WHISPER_ONLY = ("language", "task", "lang_to_id", "task_to_id", "no_timestamps_token_id", "is_multilingual",
-                "return_timestamps", *LONG_FORM_SETTINGS)
+                "return_timestamps", "max_initial_timestamp_index", "condition_on_prev_tokens", *LONG_FORM_SETTINGS)
 """generation_config.json keys that only Whisper's generate reads (``GenerationConfig`` defines none of them)."""
 
 
@@ -147,10 +152,25 @@ def decoder_prompt(hf: Mapping[str, Any], generation: Mapping[str, Any]) -> tupl
     return tuple(int(token) for token in prompt if token is not None)
 
 
+def timestamp_settings(hf: Mapping[str, Any], generation: Mapping[str, Any]) -> dict[str, Any]:
+    """What the runtime's ``timestamps`` option needs, as ``generate(return_timestamps=True)`` reads
+    it: the first timestamp id (the one after ``<|notimestamps|>``), ``max_initial_timestamp_index``,
+    0.02 s per index and two encoder frames per index (the second convolution's stride). None when
+    the vocabulary has no id after ``<|notimestamps|>``."""
+    no_timestamps = generation.get("no_timestamps_token_id")
+    if no_timestamps is None or int(no_timestamps) + 1 >= int(hf["vocab_size"]):
+        return {}
+    found = {"timestamp_begin": int(no_timestamps) + 1, "time_precision": TIME_PRECISION, "timestamp_frames": 2}
+    initial = generation.get("max_initial_timestamp_index")
+    if initial is not None:
+        found["max_initial_timestamp"] = int(initial)
+    return found
+
+
 class WhisperPlugin(EncoderDecoderPlugin):
     name = "whisper"
     version = "1.0"
-    description = "Hugging Face Whisper: log-mel features, two convolutions, pre-norm Transformer (no timestamps)"
+    description = "Hugging Face Whisper: log-mel features, two convolutions, pre-norm Transformer, timestamps"
     config_type = WhisperConfig
     has_attention = False  # the attention pictures label source tokens; this source is frames
     presets: ClassVar[dict[str, WhisperConfig]] = {"tiny": WhisperConfig()}
@@ -217,11 +237,14 @@ class WhisperPlugin(EncoderDecoderPlugin):
 
     def hf_search(self, hf: Mapping[str, Any], generation: Mapping[str, Any],
                   defaults: dict[str, Any]) -> dict[str, Any]:
-        """Whisper's ``generate`` for one window without timestamps: its decoder prompt, new-token
-        lengths counted after it, no sampling (it samples only when given a temperature)."""
+        """Whisper's ``generate``: its decoder prompt, new-token lengths counted after it, no sampling
+        (it samples only when given a temperature), and the timestamp settings."""
         if generation.get("return_timestamps"):
-            raise CheckpointError("generation_config.json asks for timestamps (return_timestamps), which "
-                                  "s2s-deploy's Whisper export does not produce")
+            raise CheckpointError("generation_config.json turns timestamps on by default (return_timestamps): "
+                                  "remove it to export, and ask for them at run time (transcribe --timestamps)")
+        if generation.get("condition_on_prev_tokens"):
+            raise CheckpointError("generation_config.json sets condition_on_prev_tokens: feeding the previous "
+                                  "window's text is not reproduced; remove it to export")
         for key in LONG_FORM_SETTINGS:
             if generation.get(key) is not None:
                 raise CheckpointError(f"generation_config.json sets {key}: Whisper's temperature fallback and "
@@ -251,6 +274,7 @@ class WhisperPlugin(EncoderDecoderPlugin):
             found["min_len"] = max(0, int(_setting(hf, generation, "min_length") or 0) - fed)
         if prompt:
             found["decoder_prompt"] = list(prompt)
+        found |= timestamp_settings(hf, generation)
         return found
 
 

@@ -201,6 +201,32 @@ NODE_DIR = Path(__file__).resolve().parents[1] / "examples" / "node"
 
 
 @pytest.mark.skipif(shutil.which("node") is None, reason="Node.js is not installed")
+def test_node_search_module_knows_every_option() -> None:
+    """web/search.js's built-in defaults are the table's, so an export's inert settings (a Whisper
+    export's timestamp_begin, ...) pass, and an option it does not run, turned on, is refused."""
+    import subprocess
+
+    script = ("const S = require(process.argv[1]); const m = JSON.parse(process.argv[2]);"
+              "try { console.log(JSON.stringify(S.resolve(m))); } catch (e) { console.log('refused: ' + e.message); }")
+    module = str(Path(__file__).resolve().parents[1] / "s2s_deploy" / "web" / "search.js")
+    defaults = {o.name: list(o.default) if isinstance(o.default, tuple) else o.default for o in OPTIONS}
+
+    def run(search: dict) -> str:
+        manifest = json.dumps({"limits": {"max_target_length": 50}, "search": {"length_penalty_alpha": 1, **search}})
+        done = subprocess.run(["node", "-e", script, module, manifest], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    resolved = json.loads(run({}))
+    assert {k: v for k, v in resolved.items() if k not in ("alpha", "max_len")} == {
+        k: v for k, v in defaults.items() if k not in ("alpha", "max_len", "forced_bos")}
+    whisper = {"timestamp_begin": 128, "max_initial_timestamp": 10, "time_precision": 0.02, "timestamp_frames": 2}
+    assert not run(whisper).startswith("refused")
+    assert run({**whisper, "timestamps": True}) == ("refused: search.timestamps is set, which this search module "
+                                                    "does not run (beam, alpha and length limits only)")
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="Node.js is not installed")
 @pytest.mark.skipif(not (NODE_DIR / "node_modules" / "onnxruntime-node").is_dir(),
                     reason="run `npm install --ignore-scripts` in examples/node first (.ci/run does)")
 def test_node_search_module_takes_the_same_defaults(gru, tmp_path: Path) -> None:

@@ -329,3 +329,18 @@ def test_export_refuses_a_window_the_encoder_does_not_read(whisper: dict[str, An
     (folder / "preprocessor_config.json").unlink()
     result = CliRunner().invoke(main, ["export", "--hf", str(folder), "--out", str(tmp_path / "out")])
     assert result.exit_code == 1 and "preprocessor_config.json" in result.output, result.output
+
+
+def test_timestamps_need_timestamp_tokens(whisper: dict[str, Any], tmp_path: Path) -> None:
+    """This vocabulary ends at ``<|notimestamps|>``: the export sets no ``timestamp_begin``, and asking for
+    timestamps is one line (tests/test_hf_whisper_timestamps.py has a vocabulary with them)."""
+    import soundfile
+
+    from s2s_deploy.format.manifest import load_manifest
+
+    assert "timestamp_begin" not in load_manifest(whisper["out"]).search
+    path = tmp_path / "clip.wav"
+    soundfile.write(path, clips(1)[0], RATE)
+    result = CliRunner().invoke(main, ["transcribe", str(whisper["out"]), str(path), "--timestamps"])
+    assert result.exit_code == 1 and result.output == ("error: timestamps: this export has no timestamp tokens (its "
+                                                       "search block sets no timestamp_begin)\n")

@@ -26,7 +26,7 @@ import numpy as np
 import onnxruntime as ort
 
 KNOWN_FORMATS = {"s2s-deploy-manifest/2", "s2s-deploy-manifest/3", "s2s-deploy-manifest/4",
-                 "s2s-deploy-manifest/5"}
+                 "s2s-deploy-manifest/5", "s2s-deploy-manifest/6"}
 NEG_INF = float("-inf")
 HARD_MAX = 65536
 
@@ -159,6 +159,8 @@ class Export:
         self.V = len(self.tgt_vocab.tokens)
         self.limits = m.get("limits") or {}
         self.search_defaults = m.get("search") or {}
+        if self.search_defaults.get("timestamps"):
+            raise Refused("search.timestamps is on, which this client does not run (docs/decoding.md, Timestamps)")
         opts = ort.SessionOptions()
         if threads:
             opts.intra_op_num_threads = threads

@@ -12,7 +12,9 @@ import click
 
 from s2s_deploy.cli.group import decoding_options, device_option, echo_device, given_decoding, threads_option
 
-OUTPUT_KINDS = (".txt", ".json")
+OUTPUT_KINDS = (".txt", ".json", ".srt", ".vtt")
+TIMED_KINDS = (".srt", ".vtt")
+"""Subtitle files: one file's timed segments (``--timestamps``)."""
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -24,8 +26,8 @@ def file_options(command: F) -> F:
                      help="Files decoded together."),
         click.option("--scores", is_flag=True, help="Print each hypothesis's score before it, tab-separated."),
         click.option("--output", "output_path", type=click.Path(dir_okay=False), default=None,
-                     help="Write out.txt (one line per file) or out.json (file, text, score, language, hypotheses) "
-                          "instead."),
+                     help="Write out.txt (one line per file), out.json (file, text, score, language, hypotheses, "
+                          "segments) or, with --timestamps and one file, out.srt or out.vtt subtitles instead."),
         click.option("--quiet", is_flag=True, help="No device notice."),
         decoding_options, device_option, threads_option,
     )):
@@ -50,22 +52,54 @@ def decode_files(reader_type: type, export_dir: str, files: tuple[str, ...], wha
             raise S2SError(f"{what} file not found: {path}")
     options = given_decoding(decoding)
     reader = reader_type(export_dir, device=device, threads=threads)
-    reader.translator.search_config(**options)  # bad options before any work
+    config = reader.translator.search_config(**options)  # bad options before any work
+    suffix = Path(output_path).suffix if output_path is not None else ""
+    if suffix in TIMED_KINDS and not config.timestamps:
+        raise S2SError(f"--output {Path(output_path or '').name} writes timed segments: pass --timestamps")
+    if suffix in TIMED_KINDS and len(files) != 1:
+        raise S2SError(f"--output {Path(output_path or '').name} holds one file's segments: give one {what} file")
     if not quiet:
         echo_device(reader.notice, reader.provider)
     found = reader(list(files), batch_size=batch_size, **options)
     lines = [f"{score:.4f}\t{text}" if scores else text for t in found for text, score in t.hypotheses]
+    if output_path is None and config.timestamps:  # one line per segment: [start --> end] text
+        lines = [(f"{t.source}\t" if len(found) > 1 else "") + (f"{t.score:.4f}\t" if scores else "")
+                 + f"[{clock(s.start, '.')} --> {clock(s.end, '.')}] {s.text}" for t in found for s in t.segments]
     if output_path is None:
         for line in lines:
             click.echo(line)
         return
-    if output_path.endswith(".json"):
+    if suffix == ".json":
         rows = [{"file": t.source, "text": t.text, "score": t.score, "language": t.language,
-                 "hypotheses": [{"text": text, "score": score} for text, score in t.hypotheses]} for t in found]
+                 "hypotheses": [{"text": text, "score": score} for text, score in t.hypotheses]}
+                | ({"segments": [{"start": s.start, "end": s.end, "text": s.text} for s in t.segments]}
+                   if config.timestamps else {}) for t in found]
         data = json.dumps(rows, ensure_ascii=False, indent=1) + "\n"
+    elif suffix in TIMED_KINDS:
+        data = subtitles(found[0].segments, suffix)
     else:
         data = "".join(line + "\n" for line in lines)
     try:
         Path(output_path).write_text(data, encoding="utf-8")
     except OSError as exc:
         raise S2SError(f"cannot write {output_path}: {exc.strerror}") from exc
+
+
+def subtitles(segments: Any, suffix: str) -> str:
+    """SubRip (``.srt``: numbered cues, ``00:00:01,500``) or WebVTT (``.vtt``: a header, ``00:00:01.500``)
+    cues, one per segment; both formats are this simple, so no library is needed."""
+
+    mark = "," if suffix == ".srt" else "."
+    cues = [f"{clock(s.start, mark)} --> {clock(s.end, mark)}\n{s.text}\n" for s in segments]
+    if suffix == ".srt":
+        return "\n".join(f"{i}\n{cue}" for i, cue in enumerate(cues, start=1))
+    return "WEBVTT\n\n" + "\n".join(cues)
+
+
+def clock(seconds: float, mark: str) -> str:
+    """``HH:MM:SS`` then ``mark`` and milliseconds: SubRip's ``,`` or WebVTT's ``.``."""
+    millis = round(seconds * 1000)
+    hours, millis = divmod(millis, 3_600_000)
+    minutes, millis = divmod(millis, 60_000)
+    whole, millis = divmod(millis, 1000)
+    return f"{hours:02d}:{minutes:02d}:{whole:02d}{mark}{millis:03d}"

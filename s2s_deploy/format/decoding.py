@@ -223,6 +223,17 @@ OPTIONS: tuple[Option, ...] = (
     Option("task", Code("tasks", after="languages"), "",
            "Task by its code (a token the export lists as a task: translate for <|translate|>), in the decoder "
            "prompt.", shown_default="none"),
+    Option("timestamps", Switch(), False,
+           "Timestamp tokens between segments (ids from timestamp_begin on), by the rules of docs/decoding.md; "
+           "audio longer than the encoder's window is then decoded window by window.", flag="--timestamps"),
+    Option("timestamp_begin", Whole(-1, MAX_ID), -1,
+           "The first timestamp token (0 s); every id from it on is one; the id before it is the no-timestamps "
+           "token. -1: the export has none.", flag=None),
+    Option("max_initial_timestamp", Whole(-1), -1,
+           "The latest timestamp index the first generated token may be (-1: any).", flag=None),
+    Option("time_precision", Real(0.0, 60.0, open_low=True), 0.02, "Seconds per timestamp index.", flag=None),
+    Option("timestamp_frames", Whole(1), 2, "Encoder input frames per timestamp index (window seeking).",
+           flag=None),
 )
 BY_NAME = {option.name: option for option in OPTIONS}
 

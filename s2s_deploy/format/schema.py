@@ -22,8 +22,9 @@ from s2s_deploy.format.decoding import search_schema
 from s2s_deploy.format.files import inside
 from s2s_deploy.format.specs import DTYPES
 
-FORMAT = "s2s-deploy-manifest/5"
-FORMATS = ("s2s-deploy-manifest/2", "s2s-deploy-manifest/3", "s2s-deploy-manifest/4", FORMAT)
+FORMAT = "s2s-deploy-manifest/6"
+FORMATS = ("s2s-deploy-manifest/2", "s2s-deploy-manifest/3", "s2s-deploy-manifest/4", "s2s-deploy-manifest/5",
+           FORMAT)
 """Formats this code reads, the one it writes last (docs/manifest.md, Compatibility)."""
 MAX_MANIFEST_BYTES = 64 << 20  # a vocabulary of a million tokens fits; a crafted 1 GB file does not
 MAX_DEPTH = 32

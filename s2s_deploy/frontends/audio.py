@@ -170,10 +170,21 @@ class WhisperLogMel(AudioFrontEnd):
     def __call__(self, audio: np.ndarray) -> np.ndarray:
         """(n_mels, n_frames) float32 features of one clip at ``sampling_rate``."""
         clip = mono(audio)[: self.n_samples]
-        clip = np.pad(clip, (0, self.n_samples - len(clip)))
+        return self._log_mel(np.pad(clip, (0, self.n_samples - len(clip))))
+
+    def whole(self, audio: np.ndarray) -> np.ndarray:
+        """The whole clip's features, for a search that seeks through it window by window: a clip
+        shorter than the window is padded to it (as ``__call__``); a longer one is not cut, and makes
+        ``samples // hop_length`` frames scaled by its own loudest, as ``WhisperFeatureExtractor``
+        with ``truncation=False`` does."""
+        clip = mono(audio)
+        return self._log_mel(np.pad(clip, (0, max(0, self.n_samples - len(clip)))))
+
+    def _log_mel(self, clip: np.ndarray) -> np.ndarray:
+        frames_out = len(clip) // self.hop_length
         # A centred STFT (reflect-padded, as torch.stft), periodic Hann window; the last frame is dropped.
         padded = np.pad(clip, self.n_fft // 2, mode="reflect")
-        frames = np.lib.stride_tricks.sliding_window_view(padded, self.n_fft)[:: self.hop_length][: self.n_frames]
+        frames = np.lib.stride_tricks.sliding_window_view(padded, self.n_fft)[:: self.hop_length][:frames_out]
         window = np.hanning(self.n_fft + 1)[:-1]
         power = np.abs(np.fft.rfft(frames * window, axis=-1)) ** 2
         mel = power @ slaney_mel_filters(self.sampling_rate, self.n_fft, self.n_mels, WHISPER_MAX_FREQUENCY)

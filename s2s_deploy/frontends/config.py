@@ -28,6 +28,11 @@ class FrontEndConfig:
         features of the declared shape from it."""
         raise NotImplementedError
 
+    def whole(self, item: Any) -> Any:
+        """The features of the whole input, for a search that seeks through it window by window
+        (timestamps): the front end's own features unless it cuts a fixed window (then it overrides this)."""
+        return self(item)  # type: ignore[operator]
+
     def to_json(self) -> dict[str, Any]:
         """``kind`` plus every field, with tuples as lists: what json.dumps writes into the manifest."""
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # type: ignore[arg-type]

@@ -14,6 +14,8 @@ The rules, in order:
    token of the same list (a language also the open slot, -1); a prompt without one takes it right
    after its token (or open slot) of the row's ``after`` list; else it sets the row's ``sets``
    option (``forced_bos``); else it is refused.
+   With ``timestamps`` on, the export must set ``timestamp_begin``, and a decoder prompt ending in the
+   id before it (the no-timestamps token) loses that token.
 4. Every value is checked against its row, then the rules between options; then against the
    export: a caller's ``max_len`` within the position table, the beam below the vocabulary size,
    every id inside the target vocabulary.
@@ -80,6 +82,8 @@ def check(config: Any) -> None:
     if config.sampling_topk != 1 and config.beam_size > 1:
         raise DecodingError(f"sampling (sampling_topk {config.sampling_topk}) needs beam_size 1, "
                             f"not {config.beam_size}")
+    if config.timestamps and config.n_best != 1:
+        raise DecodingError(f"timestamps give one hypothesis per input: n_best must be 1, not {config.n_best}")
     if any(len(p) >= config.max_len for p in prefixes_of(config)):
         raise DecodingError("a prefix must be shorter than max_len")
 
@@ -124,6 +128,8 @@ def resolve(manifest: Manifest, given: Mapping[str, Any] | None = None) -> Searc
     for option in OPTIONS:
         if isinstance(option.kind, Code) and values[option.name]:
             _place(option, values[option.name], vocab, values, given)
+    if values["timestamps"]:
+        _timestamped(values, len(vocab))
     if OPEN_SLOT in values["decoder_prompt"] and not vocab.languages:
         raise DecodingError(f"decoder_prompt holds {OPEN_SLOT} (the language the model scores best), but this "
                             "export lists no language tokens")
@@ -210,6 +216,20 @@ def _place(option: Any, code: str, vocab: Vocabulary, values: dict[str, Any], gi
         raise DecodingError(f"{option.name} {code!r}: this export's decoder prompt holds no {names} token to "
                             "place it by")
     values["decoder_prompt"] = tuple(prompt)
+
+
+def _timestamped(values: dict[str, Any], size: int) -> None:
+    """Rule 3: timestamps need the export's first timestamp id; the prompt's closing no-timestamps
+    token (the id before it) is dropped, as ``generate(return_timestamps=True)`` drops it."""
+    begin = values["timestamp_begin"]
+    if begin < 1:
+        raise DecodingError("timestamps: this export has no timestamp tokens (its search block sets no "
+                            "timestamp_begin)")
+    if begin >= size:
+        raise DecodingError(f"timestamp_begin {begin} is outside the target vocabulary (0..{size - 1})")
+    prompt = tuple(values["decoder_prompt"])
+    if prompt and prompt[-1] == begin - 1:
+        values["decoder_prompt"] = prompt[:-1]
 
 
 def _token_id(vocab: Vocabulary, token: str, open_slot: bool = False) -> int:

@@ -20,6 +20,7 @@ from s2s_deploy.format.source import SourceSpec
 from s2s_deploy.frontends.source import checked_features, frontend_for, use_instead
 from s2s_deploy.runtime.decoding import SearchConfig
 from s2s_deploy.runtime.search import Hypothesis
+from s2s_deploy.runtime.timestamps import Sought, seek_windows
 from s2s_deploy.runtime.translator import Translator
 
 
@@ -35,6 +36,17 @@ class Decoded:
     language: str | None = None
     """The code of the language token its decoder prompt held (detected where the prompt left it
     open, ``en`` for ``<|en|>``); None without one."""
+    segments: tuple[Segment, ...] = ()
+    """With ``timestamps``: the timed segments, in order (the text is theirs joined); else empty."""
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A stretch of the input the model timed: seconds from the input's start, and its text."""
+
+    start: float
+    end: float
+    text: str
 
 
 def pad_features(items: Sequence[np.ndarray], source: SourceSpec) -> tuple[np.ndarray, np.ndarray]:
@@ -84,10 +96,12 @@ class FeatureReader:
         """Whether ``items`` is one input rather than a sequence of them."""
         return isinstance(items, str | Path)
 
-    def features(self, item: Any, label: str | None = None) -> np.ndarray:
-        """One input's encoder input: the front end's features, checked against the declared shape."""
+    def features(self, item: Any, label: str | None = None, whole: bool = False) -> np.ndarray:
+        """One input's encoder input: the front end's features, checked against the declared shape;
+        ``whole``: uncut, for timestamped decoding's window-by-window seeking."""
         label = label or self.label
-        return checked_features(self.source, self.frontend(self.load(item, label)), label)
+        make = self.frontend.whole if whole else self.frontend
+        return checked_features(self.source, make(self.load(item, label)), label)
 
     def __call__(self, items: Any, beam: int | None = None, n_best: int | None = None, max_len: int | None = None,
                  alpha: float | None = None, batch_size: int = 16, **options: Any) -> list[Decoded]:
@@ -102,7 +116,7 @@ class FeatureReader:
         found: list[Decoded] = []
         for start in range(0, len(items), batch_size):
             chunk = range(start, min(start + batch_size, len(items)))
-            features = [self.features(items[i], labels[i]) for i in chunk]
+            features = [self.features(items[i], labels[i], whole=config.timestamps) for i in chunk]
             found += self.decode(features, config, [labels[i] for i in chunk])
         return found
 
@@ -111,9 +125,29 @@ class FeatureReader:
         """Items from ``features`` decoded as one batch with a resolved ``config`` (``serve`` batches inputs
         from several requests this way)."""
         labels = labels if labels is not None else [f"{self.label} {i + 1}" for i in range(len(features))]
+        if config.timestamps:
+            timed = self.timed(features, config)
+            return [self._with_segments(label, sought, config) for label, sought in zip(labels, timed, strict=True)]
         src, src_len = pad_features(features, self.source)
         return [self._decoded(label, hyps)
                 for label, hyps in zip(labels, self.translator.engine.search(src, src_len, config), strict=True)]
+
+    def timed(self, features: Sequence[np.ndarray], config: SearchConfig) -> list[Sought]:
+        """Timestamped decoding (runtime/timestamps.py): windows of the encoder's most frames
+        (``limits.max_source_length``; without one, each batch's longest input)."""
+        if self.source.length_axis != len(self.source.shape):
+            raise S2SError("timestamps: this encoder's input has no frames axis last to seek along")
+        window = self.manifest.max_source_length or max(int(f.shape[-1]) for f in features)
+        return seek_windows(features, window, self.translator.engine.search, config)
+
+    def _with_segments(self, label: str, sought: Sought, config: SearchConfig) -> Decoded:
+        vocab, begin = self.manifest.tgt_vocab, config.timestamp_begin
+        segments = tuple(Segment(piece.start, piece.end, vocab.decode([t for t in piece.tokens if t < begin]))
+                         for piece in sought.pieces)
+        text = vocab.decode([t for t in sought.tokens if t < begin])
+        score = float(np.mean(sought.scores)) if sought.scores else 0.0
+        language = next((vocab.code_of(i) for i in sought.prompt if i in vocab.languages), None)
+        return Decoded(label, text, score, ((text, score),), language, segments)
 
     def _decoded(self, label: str, hyps: list[Hypothesis]) -> Decoded:
         vocab = self.manifest.tgt_vocab

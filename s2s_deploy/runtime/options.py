@@ -30,7 +30,7 @@ def options_on(config: SearchConfig) -> bool:
     return (config.sampling_topk != 1 or config.repetition_penalty != 1.0 or config.no_repeat_ngram_size > 0
             or any(prefixes_of(config)) or bool(config.suppress_tokens) or config.disable_unk
             or bool(config.bad_words_ids) or config.forced_eos or config.forced_bos >= 0
-            or bool(config.begin_suppress_tokens))
+            or bool(config.begin_suppress_tokens) or config.timestamps)
 
 
 def sentence_limits(config: SearchConfig, src_len: np.ndarray) -> np.ndarray:
@@ -83,6 +83,9 @@ class StepOptions:
         self.single_bad = np.array(sorted({w[0] for w in config.bad_words_ids if len(w) == 1}), dtype=np.int64)
         self.long_bad = [w for w in config.bad_words_ids if len(w) > 1]
         self.sampling = config.sampling_topk != 1
+        if config.timestamps and not 0 < config.timestamp_begin < vocab_size:
+            raise ValueError(f"timestamp_begin {config.timestamp_begin} is outside the vocabulary "
+                             f"(1..{vocab_size - 1})")
         self.generators = sentence_seeds(config.seed, src, src_len) if self.sampling else []
         self.history = np.zeros((0, 0), dtype=np.int64)
         self.t = 0
@@ -123,6 +126,8 @@ class StepOptions:
                 out[:, banned] = -np.inf
         if t < config.min_len:
             out[:, self.eos] = -np.inf
+        if config.timestamps:  # after every other rule, as generate's processor comes last
+            self._timestamp_rules(out, history, t)
         forced = np.full(rows, -1, dtype=np.int64)
         if self.prefixes:
             for row in range(rows):
@@ -142,6 +147,39 @@ class StepOptions:
             out[where] = -np.inf
             out[where, forced[where]] = np.where(from_prefix[where], model, np.float32(0.0))
         return out
+
+    def _timestamp_rules(self, out: np.ndarray, history: np.ndarray, t: int) -> None:
+        """Whisper's timestamp grammar (transformers' ``WhisperTimeStampLogitsProcessor``): ids from
+        ``timestamp_begin`` on are timestamps, the id before it (no-timestamps) never comes; they come
+        in pairs (after a lone one only a timestamp or EOS and above, after a pair only text) and never
+        decrease (a pair's end may not be repeated); the first token is one, at most
+        ``max_initial_timestamp``; and where the timestamps' summed probability beats every single
+        text token's, only a timestamp may come."""
+        begin, config = self.config.timestamp_begin, self.config
+        rows, length = history.shape
+        out[:, begin - 1] = -np.inf
+        if length:
+            last = history[:, -1] >= begin
+            penultimate = history[:, -2] >= begin if length > 1 else np.ones(rows, dtype=bool)
+            out[last & penultimate, begin:] = -np.inf
+            out[last & ~penultimate, : self.eos] = -np.inf
+            stamps = history >= begin
+            latest = history[np.arange(rows), length - 1 - np.argmax(stamps[:, ::-1], axis=1)]
+            floor = np.where(stamps.any(axis=1), np.where(last & ~penultimate, latest, latest + 1), begin)
+            ids = np.arange(out.shape[1])
+            out[(ids >= begin) & (ids < floor[:, None])] = -np.inf
+        if t == 0:
+            out[:, :begin] = -np.inf
+            if config.max_initial_timestamp >= 0:
+                out[:, begin + config.max_initial_timestamp + 1:] = -np.inf
+        with np.errstate(invalid="ignore", divide="ignore"):
+            top = out.max(axis=1, keepdims=True)
+            top = np.where(np.isfinite(top), top, np.float32(0.0))
+            log_probs = out - (top + np.log(np.exp(out - top).sum(axis=1, keepdims=True)))
+            stamp_top = log_probs[:, begin:].max(axis=1, keepdims=True)
+            stamp_top = np.where(np.isfinite(stamp_top), stamp_top, np.float32(0.0))
+            stamp_mass = stamp_top[:, 0] + np.log(np.exp(log_probs[:, begin:] - stamp_top).sum(axis=1))
+            out[stamp_mass > log_probs[:, :begin].max(axis=1), :begin] = -np.inf
 
     @staticmethod
     def _ban_ngrams(out: np.ndarray, history: np.ndarray, n: int) -> None:

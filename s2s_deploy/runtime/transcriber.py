@@ -2,7 +2,8 @@
 
 The front end is the one the manifest names (``encoder_input.frontend``), computed in numpy, so
 deployment needs no torch and no transformers. The search is the text path's, unchanged: greedy,
-beam and n-best with every decoding option of docs/decoding.md.
+beam and n-best with every decoding option of docs/decoding.md; with ``timestamps`` it runs once per
+window (runtime/timestamps.py).
 """
 
 from __future__ import annotations
@@ -14,16 +15,17 @@ import numpy as np
 
 from s2s_deploy.errors import S2SError
 from s2s_deploy.frontends import AUDIO, decode_audio, load_audio, resample
-from s2s_deploy.runtime.features import Decoded, FeatureReader, pad_features
+from s2s_deploy.runtime.features import Decoded, FeatureReader, Segment, pad_features
 
 Clip = str | Path | bytes | np.ndarray | tuple[np.ndarray, int]
 """A file path, an encoded file's bytes (an upload), samples at the model's sampling rate, or
 ``(samples, rate)`` (resampled)."""
 
 Transcription = Decoded
-"""One clip's text (``Decoded``: source, text, score, hypotheses)."""
+"""One clip's text (``Decoded``: source, text, score, hypotheses, language, and with ``timestamps``
+its ``segments``)."""
 
-__all__ = ["Clip", "Transcriber", "Transcription", "pad_features"]
+__all__ = ["Clip", "Segment", "Transcriber", "Transcription", "pad_features"]
 
 
 class Transcriber(FeatureReader):
@@ -31,7 +33,9 @@ class Transcriber(FeatureReader):
 
     A clip is a path to an audio file (any format soundfile reads, resampled to the model's rate),
     a float array of samples already at ``sampling_rate``, or ``(samples, rate)``. ``options``: any
-    decoding option by name, as ``Translator`` takes them; defaults come from the manifest."""
+    decoding option by name, as ``Translator`` takes them; defaults come from the manifest.
+    ``timestamps=True`` (an export with timestamp tokens) times segments and reads a clip longer than
+    the encoder's window window by window (docs/decoding.md, "Timestamps")."""
 
     reads = AUDIO
     label = "clip"

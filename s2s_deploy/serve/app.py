@@ -34,7 +34,7 @@ from s2s_deploy.serve.batcher import Batcher, BatchLimits, Decode, QueueFullErro
 CONFIG_ENV = "S2S_DEPLOY_SERVE_CONFIG"
 """How ``--workers N`` hands the settings to each worker process (uvicorn imports the factory)."""
 
-OPTIONS = ("beam", "n_best", "alpha", "max_len", "target_lang", "task")
+OPTIONS = ("beam", "n_best", "alpha", "max_len", "target_lang", "task", "timestamps")
 CODES = tuple(o.name for o in DECODING_OPTIONS if isinstance(o.kind, Code) and o.name in OPTIONS)
 """Options whose value is a code (a string), as the option table kinds them: the rest are numbers."""
 MAX_BODY_BYTES = 1 << 20
@@ -88,8 +88,11 @@ def parse_options(fields: dict[str, Any], translator: Translator, max_beam: int)
     for key, code in codes.items():
         if code is not None and not isinstance(code, str):
             raise BadRequestError(f"{key!r} must be a code string")
+    timestamps = fields.get("timestamps")
+    if timestamps is not None and not isinstance(timestamps, bool):
+        raise BadRequestError("'timestamps' must be true or false")
     # what the request leaves out: the export's
-    config = translator.search_config(beam, n_best, max_len, alpha, **codes)
+    config = translator.search_config(beam, n_best, max_len, alpha, timestamps=timestamps, **codes)
     if config.beam_size > max_beam:
         raise BadRequestError(f"the export's default beam {config.beam_size} exceeds this server's largest, "
                               f"{max_beam}: name a smaller 'beam'")
@@ -120,6 +123,11 @@ def parse_query(query: dict[str, str], translator: Translator, max_beam: int) ->
     fields: dict[str, Any] = {}
     for key, text in query.items():
         try:
+            if key == "timestamps":
+                if text not in ("true", "false"):
+                    raise BadRequestError(f"'timestamps' must be true or false, not {text!r}")
+                fields[key] = text == "true"
+                continue
             fields[key] = text if key in CODES else float(text) if key == "alpha" else int(text)
         except ValueError:
             raise BadRequestError(f"{key!r} must be a number, not {text!r}") from None
@@ -217,12 +225,15 @@ def create_app(config: ServeConfig) -> Starlette:
             search = parse_query(dict(request.query_params), transcriber.translator, config.max_beam)
             # the front end (decode, resample, features) runs beside the batch thread, not in the event loop
             features = await asyncio.get_running_loop().run_in_executor(state["front_end"], transcriber.features,
-                                                                        data, "from the upload")
+                                                                        data, "from the upload", search.timestamps)
             frames = int(features.shape[transcriber.source.length_axis - 1])
+            if search.timestamps:  # a batch runs a window at a time
+                frames = min(frames, transcriber.manifest.max_source_length or frames)
             [result] = await batcher.submit([features], [frames], search)
         except S2SError as exc:
             return _refusal(exc)
-        return JSONResponse({"transcriptions": [{**_hypotheses(result), "language": result.language}]})
+        timed = {"segments": [asdict(s) for s in result.segments]} if search.timestamps else {}
+        return JSONResponse({"transcriptions": [{**_hypotheses(result), "language": result.language, **timed}]})
 
     async def health(request: Request) -> JSONResponse:
         batcher: Batcher = state["batcher"]

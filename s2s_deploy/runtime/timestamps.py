@@ -1,0 +1,119 @@
+"""Timestamped decoding: an input's features read window by window, each window's timestamp tokens
+cutting its output into segments and saying where the next window starts. Imports numpy only.
+
+This is ``WhisperForConditionalGeneration.generate(return_timestamps=True)``'s seek loop
+(transformers 5.24, ``_retrieve_segment``), stated by the search options alone (docs/decoding.md,
+"Timestamps"): ids from ``timestamp_begin`` on are timestamps, ``time_precision`` seconds apart,
+``timestamp_frames`` encoder frames apart. Every input starts at frame 0; its window is its next
+``window`` frames (fewer at its end, zero-padded); a window's output is cut after every pair of
+adjacent timestamps. If it ends with a lone timestamp, or holds no pair, the whole window is
+consumed; else the tokens after the last pair are dropped and the next window starts at that
+pair's first timestamp. An input is done once its window start reaches its frame count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from s2s_deploy.errors import S2SError
+from s2s_deploy.runtime.decoding import SearchConfig
+from s2s_deploy.runtime.search import Hypothesis
+
+Search = Callable[[np.ndarray, np.ndarray, SearchConfig], list[list[Hypothesis]]]
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One segment: its start and end in seconds from the input's start, and its tokens (the
+    timestamps that bound it included, as ``generate`` returns them)."""
+
+    start: float
+    end: float
+    tokens: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Sought:
+    """One input's timestamped output: every window's segments in order, their tokens concatenated
+    (``generate``'s sequence), each window's best hypothesis score, and the first window's prompt."""
+
+    pieces: tuple[Piece, ...]
+    scores: tuple[float, ...]
+    prompt: tuple[int, ...]
+
+    @property
+    def tokens(self) -> tuple[int, ...]:
+        return tuple(token for piece in self.pieces for token in piece.tokens)
+
+
+def split(tokens: Sequence[int], seek: int, frames: int, config: SearchConfig) -> tuple[list[Piece], int]:
+    """One window's output (its EOS excluded), read from frame ``seek`` for ``frames`` frames, as
+    segments, and the frames to advance (``_retrieve_segment``'s arithmetic, float64 times)."""
+    begin, precision, stride = config.timestamp_begin, config.time_precision, config.timestamp_frames
+    offset = seek * precision / stride
+    stamp = [token >= begin for token in tokens]
+    single_ending = stamp[-2:] == [False, True]
+    cuts = [i + 1 for i in range(len(stamp) - 1) if stamp[i] and stamp[i + 1]]
+    if not cuts:  # one segment: to its last timestamp, else to the window's end
+        end = int(np.float32(frames) * np.float32(precision / stride) / np.float32(precision))
+        stamps = [token for token in tokens if token >= begin]
+        if stamps and stamps[-1] != begin:
+            end = stamps[-1] - begin
+        return [Piece(offset, offset + end * precision, tuple(tokens))], frames
+    if single_ending:
+        cuts.append(len(tokens))
+    else:  # the last pair stays whole in the last segment
+        cuts[-1] += 1
+    pieces, last = [], 0
+    for i, cut in enumerate(cuts):
+        piece = tuple(tokens[last:cut])
+        closing = piece[-1] if i < len(cuts) - 1 or single_ending else piece[-2]
+        pieces.append(Piece(offset + (piece[0] - begin) * precision, offset + (closing - begin) * precision, piece))
+        last = cut
+    if single_ending:
+        return pieces, frames
+    return pieces, (tokens[last - 2] - begin) * stride
+
+
+def seek_windows(features: Sequence[np.ndarray], window: int, search: Search, config: SearchConfig) -> list[Sought]:
+    """Every input (features with frames last) decoded window by window, batched across inputs.
+    An open language slot is chosen on an input's first window and kept for the rest, as
+    ``generate`` detects the language once per input."""
+    if config.n_best != 1:
+        raise S2SError(f"timestamps give one hypothesis per input: n_best must be 1, not {config.n_best}")
+    count = len(features)
+    totals = [int(f.shape[-1]) for f in features]
+    seeks = [0] * count
+    pieces: list[list[Piece]] = [[] for _ in range(count)]
+    scores: list[list[float]] = [[] for _ in range(count)]
+    prompts: list[tuple[int, ...] | None] = [None] * count
+    while True:
+        active = [i for i in range(count) if seeks[i] < totals[i]]
+        if not active:
+            break
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for i in active:  # inputs past their first window feed the language their first one chose
+            groups.setdefault(prompts[i] or tuple(config.decoder_prompt), []).append(i)
+        for prompt, members in groups.items():
+            frames = [min(totals[i] - seeks[i], window) for i in members]
+            batch = np.zeros((len(members), *features[members[0]].shape[:-1], window), dtype=features[members[0]].dtype)
+            for row, (i, n) in enumerate(zip(members, frames, strict=True)):
+                batch[row, ..., :n] = features[i][..., seeks[i]: seeks[i] + n]
+            found = search(batch, np.full(len(members), window, dtype=np.int64),
+                           replace(config, decoder_prompt=prompt))
+            for i, n, hyps in zip(members, frames, found, strict=True):
+                best = hyps[0]
+                window_pieces, advance = split(best.tokens, seeks[i], n, config)
+                if advance <= 0:
+                    raise S2SError("a window's timestamps did not advance the search (the model's timestamp "
+                                   "tokens break the rules of docs/decoding.md)")
+                pieces[i] += window_pieces
+                scores[i].append(best.score)
+                if prompts[i] is None:
+                    prompts[i] = best.prompt or prompt
+                seeks[i] += advance
+    return [Sought(tuple(p), tuple(s), pr or ()) for p, s, pr in zip(pieces, scores, prompts, strict=True)]
+

@@ -1,0 +1,291 @@
+"""Whisper timestamps and long-form audio against ``generate(return_timestamps=True)``.
+
+The tiny random Whisper of tests/test_hf_whisper.py, with 51 more ids after ``<|notimestamps|>``
+(127): the timestamps ``<|0.00|>`` .. ``<|1.00|>`` of its one-second window. Random weights rarely
+emit timestamps, as a trained model does at a segment's end: so each timestamp's output row is
+moved along the mean decoder state by a share of a typical best logit (``favour_timestamps``), the
+way a trained model's rows lean toward the states that end segments; the tests assert that
+timestamps, pairs and mid-window seeks actually occur. Clips of 0.3-1.4 s (one window) and 1.2-3.5
+s (two to four windows) decode token-identically to ``generate``, greedy and beam 4, the long ones
+as one batch with the ``attention_mask`` transformers requires.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+from s2s_deploy.cli import main
+
+transformers = pytest.importorskip("transformers")
+
+NO_TIMESTAMPS = 127
+BEGIN = 128
+STAMPS = 51  # 0.00 .. 1.00 s
+VOCAB = BEGIN + STAMPS
+EOS, SOT, EN, FR, TRANSLATE, TRANSCRIBE, NO_SPEECH, PREV = 100, 101, 102, 103, 104, 105, 106, 107
+SPECIAL_TOKENS = {EOS: "<|endoftext|>", SOT: "<|startoftranscript|>", EN: "<|en|>", FR: "<|fr|>",
+                  TRANSLATE: "<|translate|>", TRANSCRIBE: "<|transcribe|>", NO_SPEECH: "<|nospeech|>",
+                  PREV: "<|startofprev|>", NO_TIMESTAMPS: "<|notimestamps|>",
+                  **{BEGIN + i: f"<|{i * 0.02:.2f}|>" for i in range(STAMPS)}}
+SUPPRESS = [1, 2, 7, SOT, EN, FR, TRANSLATE, TRANSCRIBE, NO_SPEECH, PREV]
+BEGIN_SUPPRESS = [5, EOS]
+MAX_INITIAL = 10
+MAX_NEW = 20
+RATE = 16000
+
+
+def whisper_config() -> Any:
+    return transformers.WhisperConfig(
+        vocab_size=VOCAB, num_mel_bins=80, d_model=64, encoder_layers=2, decoder_layers=2,
+        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128,
+        max_source_positions=50, max_target_positions=64, pad_token_id=EOS, bos_token_id=EOS, eos_token_id=EOS,
+        decoder_start_token_id=SOT, suppress_tokens=SUPPRESS, begin_suppress_tokens=BEGIN_SUPPRESS, init_std=0.3)
+
+
+def clips(count: int, low: float, high: float, seed: int) -> list[np.ndarray]:
+    """Seeded chirps in noise, ``low`` to ``high`` seconds long."""
+    rng = np.random.default_rng(seed)
+    found = []
+    for _ in range(count):
+        t = np.arange(int(RATE * rng.uniform(low, high))) / RATE
+        f0, f1 = rng.uniform(100, 3000, 2)
+        audio = 0.3 * np.sin(2 * np.pi * (f0 + (f1 - f0) * t / (2 * t[-1])) * t)
+        found.append((audio + rng.normal(0, rng.uniform(0.01, 0.2), len(t))).astype(np.float32))
+    return found
+
+
+def lean(model: Any, features: torch.Tensor, rows: list[int], strength: float) -> None:
+    """Move output rows ``rows`` along the mean state the output layer reads, so their logits are
+    about ``strength`` times a typical best one: EOS ends sentences, timestamps end segments."""
+    head = model.get_output_embeddings()
+    seen = []
+    hook = head.register_forward_hook(lambda _m, args, out: seen.append((args[0], out)))
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        model(input_features=features[:8], decoder_input_ids=torch.randint(0, 100, (8, 12), generator=generator))
+    hook.remove()
+    states, logits = seen[0][0].reshape(-1, seen[0][0].shape[-1]), seen[0][1].reshape(-1, VOCAB)
+    mean = states.mean(0)
+    with torch.no_grad():
+        for row in rows:
+            head.weight[row] = head.weight[row] * 0.5 + mean * (strength * logits.max(-1).values.median()) / mean.dot(
+                mean)
+
+
+def tokenizer_json(folder: Path) -> None:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    table = {SPECIAL_TOKENS.get(i, f"w{i}"): i for i in range(VOCAB)}
+    tokenizer = Tokenizer(models.WordLevel(table, unk_token="<|endoftext|>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.save(str(folder / "tokenizer.json"))
+
+
+@pytest.fixture(scope="module")
+def whisper(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from s2s_deploy.runtime.transcriber import Transcriber
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny step-by-step generate: a second thread only synchronises
+    root = tmp_path_factory.mktemp("whisper-ts")
+    hf_dir, out = root / "hf", root / "out"
+    torch.manual_seed(0)
+    model = transformers.WhisperForConditionalGeneration(whisper_config()).eval()
+    extractor = transformers.WhisperFeatureExtractor(feature_size=80, sampling_rate=RATE, hop_length=160,
+                                                     chunk_length=1, n_fft=400)
+    short = clips(20, 0.3, 1.4, seed=0)
+    features = torch.from_numpy(np.stack([extractor(a, sampling_rate=RATE)["input_features"][0] for a in short]))
+    lean(model, features, [EOS], 0.85)
+    lean(model, features, list(range(BEGIN, VOCAB)), 0.55)
+    generation = model.generation_config
+    generation.lang_to_id = {"<|en|>": EN, "<|fr|>": FR}
+    generation.task_to_id = {"translate": TRANSLATE, "transcribe": TRANSCRIBE}
+    generation.no_timestamps_token_id = NO_TIMESTAMPS
+    generation.max_initial_timestamp_index = MAX_INITIAL
+    generation.is_multilingual = True
+    generation.language, generation.task = "fr", "transcribe"
+    generation._from_model_config = False
+    model.save_pretrained(hf_dir)
+    extractor.save_pretrained(hf_dir)
+    tokenizer_json(hf_dir)
+    detect_dir, detect_out = root / "detect-hf", root / "detect"
+    shutil.copytree(hf_dir, detect_dir)
+    raw = json.loads((detect_dir / "generation_config.json").read_text())
+    raw.update(language=None, task=None)  # generate detects the language, once per clip
+    (detect_dir / "generation_config.json").write_text(json.dumps(raw))
+    for folder, target in ((hf_dir, out), (detect_dir, detect_out)):
+        result = CliRunner().invoke(main, ["export", "--hf", str(folder), "--out", str(target)])
+        assert result.exit_code == 0, result.output
+    loaded = transformers.WhisperForConditionalGeneration.from_pretrained(hf_dir, local_files_only=True).eval()
+    detecting = transformers.WhisperForConditionalGeneration.from_pretrained(detect_dir, local_files_only=True).eval()
+    transcriber = Transcriber(out, device="cpu")
+    long = clips(6, 1.2, 3.5, seed=1)
+    yield {"hf_dir": hf_dir, "out": out, "model": loaded, "transcriber": transcriber, "extractor": extractor,
+           "short": [transcriber.features(a, whole=True) for a in short],
+           "long": [transcriber.features(a, whole=True) for a in long], "long_audio": long,
+           "detecting": detecting, "detector": Transcriber(detect_out, device="cpu")}
+    torch.set_num_threads(threads)
+
+
+def generated(model: Any, features: list[np.ndarray], beams: int, **settings: Any) -> list[tuple[int, ...]]:
+    """``generate(return_timestamps=True)``'s tokens per clip (EOS-padded: cut at the first EOS);
+    clips of several lengths go as one zero-padded batch with their ``attention_mask``."""
+    frames = max(f.shape[-1] for f in features)
+    batch = np.zeros((len(features), features[0].shape[0], frames), dtype=np.float32)
+    mask = np.zeros((len(features), frames), dtype=np.int64)
+    for i, f in enumerate(features):
+        batch[i, :, : f.shape[-1]], mask[i, : f.shape[-1]] = f, 1
+    with torch.no_grad():
+        out = model.generate(input_features=torch.from_numpy(batch), attention_mask=torch.from_numpy(mask),
+                             num_beams=beams, max_new_tokens=MAX_NEW, return_timestamps=True, **settings)
+    return [tuple(row[: row.index(EOS)] if EOS in row else row) for row in out.tolist()]
+
+
+def timed(whisper: dict[str, Any], features: list[np.ndarray], beams: int, reader: str = "transcriber",
+          **options: Any) -> list[Any]:
+    transcriber = whisper[reader]
+    config = transcriber.translator.search_config(beams, 1, MAX_NEW, timestamps=True, **options)
+    return transcriber.timed(features, config)
+
+
+def test_manifest_holds_the_timestamp_rules(whisper: dict[str, Any]) -> None:
+    from s2s_deploy.format.manifest import load_manifest
+
+    manifest = load_manifest(whisper["out"])
+    assert manifest.format == "s2s-deploy-manifest/6"
+    search = manifest.search
+    assert search["timestamp_begin"] == BEGIN and search["max_initial_timestamp"] == MAX_INITIAL
+    assert search["time_precision"] == 0.02 and search["timestamp_frames"] == 2
+    assert not search.get("timestamps")
+    config = whisper["transcriber"].translator.search_config(timestamps=True)
+    assert config.decoder_prompt == (FR, TRANSCRIBE)  # <|notimestamps|> dropped, as generate drops it
+
+
+@pytest.mark.parametrize("beams", [1, 4])
+def test_timestamps_match_generate(whisper: dict[str, Any], beams: int) -> None:
+    features = whisper["short"]
+    ours = [s.tokens for s in timed(whisper, features, beams)]
+    theirs = generated(whisper["model"], features, beams)
+    assert ours == theirs
+    stamps = [[t for t in row if t >= BEGIN] for row in theirs]
+    assert all(row and row[0] >= BEGIN for row in theirs)  # the first token is a timestamp
+    assert sum(len(s) >= 2 for s in stamps) > len(theirs) // 2  # segments are timed, not just begun
+    assert all(t - BEGIN <= MAX_INITIAL for t in (row[0] for row in theirs))
+    assert any(any(a >= BEGIN <= b for a, b in pairwise(row)) for row in theirs)  # pairs occur
+
+
+@pytest.mark.parametrize("beams", [1, 4])
+def test_long_form_matches_generate(whisper: dict[str, Any], beams: int) -> None:
+    features = whisper["long"]
+    assert all(f.shape[-1] > 100 for f in features)
+    sought = timed(whisper, features, beams)
+    theirs = generated(whisper["model"], features, beams)
+    assert [s.tokens for s in sought] == theirs
+    assert all(s.pieces[-1].end > 1.0 for s in sought)  # past the first window
+    assert len({len(s.scores) for s in sought}) > 1  # clips take different numbers of windows
+    one = generated(whisper["model"], features[:1], beams)  # a clip alone: generate's batch-of-one path
+    assert [s.tokens for s in timed(whisper, features[:1], beams)] == one == theirs[:1]
+
+
+@pytest.mark.parametrize("beams", [1, 4])
+def test_long_form_detects_the_language_once(whisper: dict[str, Any], beams: int) -> None:
+    """A prompt with an open language slot: chosen on a clip's first window and kept for the rest,
+    as ``generate`` detects it once per clip; both languages occur."""
+    features = whisper["long"] + whisper["short"][:6]
+    sought = timed(whisper, features, beams, reader="detector")
+    assert [s.tokens for s in sought] == generated(whisper["detecting"], features, beams)
+    assert {s.prompt for s in sought} == {(EN,), (FR,)}
+
+
+def test_segments_match_generate(whisper: dict[str, Any]) -> None:
+    """Segment times as ``generate(return_segments=True)`` gives them, for short and long clips."""
+    model, features = whisper["model"], whisper["long"][:3] + whisper["short"][:3]
+    sought = timed(whisper, features, 1)
+    for ours, clip in zip(sought, features, strict=True):
+        with torch.no_grad():
+            out = model.generate(input_features=torch.from_numpy(clip[None]), max_new_tokens=MAX_NEW,
+                                 return_timestamps=True, return_segments=True)
+        segments = out["segments"][0]
+        assert [(p.start, p.end) for p in ours.pieces] == [(float(s["start"]), float(s["end"])) for s in segments]
+        assert [p.tokens for p in ours.pieces] == [tuple(s["tokens"].tolist()) for s in segments]
+
+
+def test_whole_front_end_agrees_with_the_extractor_uncut(whisper: dict[str, Any]) -> None:
+    audio = whisper["long_audio"][0]
+    theirs = whisper["extractor"](audio, sampling_rate=RATE, truncation=False, padding="longest")["input_features"][0]
+    ours = whisper["transcriber"].features(audio, whole=True)
+    assert ours.shape == theirs.shape == (80, len(audio) // 160)
+    np.testing.assert_allclose(ours, theirs, atol=2e-3)
+
+
+@pytest.mark.parametrize("suffix", [".srt", ".vtt", ".json"])
+def test_transcribe_writes_timed_segments(whisper: dict[str, Any], tmp_path: Path, suffix: str) -> None:
+    import soundfile
+
+    from s2s_deploy.cli.media import clock
+
+    path = tmp_path / "clip.wav"
+    soundfile.write(path, whisper["long_audio"][1], RATE)
+    out = tmp_path / f"out{suffix}"
+    result = CliRunner().invoke(main, ["transcribe", str(whisper["out"]), str(path), "--quiet", "--timestamps",
+                                       "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    [want] = whisper["transcriber"]([str(path)], timestamps=True)
+    assert want.segments and want.text
+    if suffix == ".json":  # and on the terminal: one line per segment
+        shown = CliRunner().invoke(main, ["transcribe", str(whisper["out"]), str(path), "--quiet", "--timestamps"])
+        assert shown.exit_code == 0 and len(shown.output.splitlines()) == len(want.segments), shown.output
+        first = want.segments[0]
+        assert shown.output.startswith(f"[{clock(first.start, '.')} --> {clock(first.end, '.')}] {first.text}\n")
+    written = out.read_text()
+    if suffix == ".json":
+        [row] = json.loads(written)
+        assert row["segments"] == [{"start": s.start, "end": s.end, "text": s.text} for s in want.segments]
+    else:
+        assert written.startswith("WEBVTT\n\n" if suffix == ".vtt" else "1\n")
+        assert all(s.text in written for s in want.segments if s.text)
+        assert written.count(" --> ") == len(want.segments)
+
+
+def test_timestamps_are_refused_where_they_do_not_apply(whisper: dict[str, Any], tmp_path: Path) -> None:
+    import soundfile
+
+    path = tmp_path / "clip.wav"
+    soundfile.write(path, whisper["long_audio"][0], RATE)
+    export = str(whisper["out"])
+    result = CliRunner().invoke(main, ["transcribe", export, str(path), "--output", str(tmp_path / "a.srt")])
+    assert result.exit_code == 1 and result.output == "error: --output a.srt writes timed segments: pass --timestamps\n"
+    result = CliRunner().invoke(main, ["transcribe", export, str(path), "--timestamps", "--n-best", "2", "--beam", "2"])
+    assert result.exit_code == 1 and "n_best" in result.output and len(result.output.splitlines()) == 1
+
+
+
+def test_serve_transcribe_returns_segments(whisper: dict[str, Any], tmp_path: Path) -> None:
+    """``/transcribe?timestamps=true`` answers as ``Transcriber(..., timestamps=True)``, segments included."""
+    import soundfile
+    from starlette.testclient import TestClient
+
+    from s2s_deploy.serve.app import BatchLimits, ServeConfig, create_app
+
+    path = tmp_path / "clip.wav"
+    soundfile.write(path, whisper["long_audio"][2], RATE)
+    [want] = whisper["transcriber"]([str(path)], timestamps=True)
+    app = create_app(ServeConfig(str(whisper["out"]), BatchLimits(window_ms=1), threads=1))
+    with TestClient(app) as http:
+        response = http.post("/transcribe", params={"timestamps": "true"}, content=path.read_bytes())
+        assert response.status_code == 200, response.text
+        [got] = response.json()["transcriptions"]
+        assert got["text"] == want.text and got["language"] == "fr"
+        assert got["segments"] == [{"start": s.start, "end": s.end, "text": s.text} for s in want.segments]
+        refused = http.post("/transcribe", params={"timestamps": "yes"}, content=path.read_bytes())
+        assert refused.status_code == 400 and "'timestamps' must be true or false" in refused.text
+
