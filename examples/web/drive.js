@@ -3,10 +3,11 @@
 // A text export's JOB is {"texts": [...], "beams": [1, 4]}; it prints {"1": [{text, ms}, ...], "4": [...]}:
 // the page's own translations for each beam, after clicking Translate on its default sentences.
 // An audio export's JOB is {"clips": [[samples at the front end's rate], ...], "beams": [...],
-// "frontends": [{kind, ...}], "files": [URL relative to the page], "upload": PATH}; it prints
+// "frontends": [{kind, ...}], "files": [URL relative to the page], "upload": PATH, "record": WAV}; it prints
 // {"beams": {beam: [{text, ms}]}, "features": [[data per clip] per front end],
 //  "decoded": [samples per file as the upload decodes it], "files": {beam: [{text, ms}] of those},
-//  "upload": [[source, text, ms] per table row after uploading PATH through the file input]}.
+//  "upload": [[source, text, ms] per table row after uploading PATH through the file input],
+//  "record": the same after recording 3 s from a fake microphone that plays WAV (Chromium's flags)}.
 'use strict';
 const puppeteer = require('puppeteer-core');
 
@@ -16,6 +17,10 @@ async function textPage(page, { texts, beams }) {
   // The page as a user sees it: the default sentences at the default beam, first row's attention.
   await page.click('#translate');
   return results;
+}
+
+function tableRows(page) {
+  return page.$$eval('#results tr', (rows) => rows.map((row) => Array.from(row.cells, (cell) => cell.textContent)));
 }
 
 async function audioPage(page, { clips, beams, frontends, files, upload }) {
@@ -34,7 +39,14 @@ async function audioPage(page, { clips, beams, frontends, files, upload }) {
   const input = await page.$('#files');
   await input.uploadFile(upload);
   await page.waitForFunction(() => /ms each|error/.test(document.getElementById('status').textContent), { timeout: 120000 });
-  results.upload = await page.$$eval('#results tr', (rows) => rows.map((row) => Array.from(row.cells, (cell) => cell.textContent)));
+  results.upload = await tableRows(page);
+  // The microphone: Chromium's fake capture device plays the WAV in a loop.
+  await page.click('#record');
+  await page.waitForFunction(() => document.getElementById('status').textContent === 'recording…', { timeout: 30000 });
+  await new Promise((resolve) => { setTimeout(resolve, 3000); });
+  await page.click('#record');
+  await page.waitForFunction(() => /^recording/.test(document.querySelector('#results td')?.textContent || '') || /error/.test(document.getElementById('status').textContent), { timeout: 120000 });
+  results.record = await tableRows(page);
   return results;
 }
 
@@ -51,7 +63,8 @@ async function main() {
   const browser = await puppeteer.launch({
     executablePath: process.env.CHROMIUM || '/usr/bin/chromium',
     headless: true,
-    args: ['--no-sandbox', '--disable-gpu', '--disable-dev-shm-usage'], // root in a container
+    args: ['--no-sandbox', '--disable-gpu', '--disable-dev-shm-usage', // root in a container
+      ...(job.record ? ['--use-fake-ui-for-media-stream', '--use-fake-device-for-media-stream', `--use-file-for-fake-audio-capture=${job.record}`] : [])],
   });
   try {
     const page = await browser.newPage();

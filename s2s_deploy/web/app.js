@@ -169,7 +169,7 @@ async function busy(label, noun, work) {
     const results = await work();
     show(results);
     const total = results.reduce((sum, r) => sum + r.ms, 0);
-    $('status').textContent = `${results.length} ${noun}, ${(total / Math.max(1, results.length)).toFixed(1)} ms each`;
+    $('status').textContent = `${results.length} ${results.length === 1 ? noun.slice(0, -1) : noun}, ${(total / Math.max(1, results.length)).toFixed(1)} ms each`;
   } catch (error) {
     fail(error);
   } finally {

@@ -215,6 +215,7 @@
       return this.search(this.featureSource(features), options);
     }
 
+    // One source (textSource or featureSource) decoded with the caller's options over the export's defaults.
     async search(source, { beam, alpha, maxLen, attention = false } = {}) {
       const options = resolve(this.manifest, { beam_size: beam, alpha, max_len: maxLen });
       ({ beam_size: beam, alpha, max_len: maxLen } = options);
