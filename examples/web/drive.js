@@ -3,7 +3,7 @@
 // A text export's JOB is {"texts": [...], "beams": [1, 4]}; it prints {"1": [{text, ms}, ...], "4": [...]}:
 // the page's own translations for each beam, after clicking Translate on its default sentences.
 // An audio export's JOB is {"clips": [[samples at the front end's rate], ...], "beams": [...],
-// "frontends": [{kind, ...}], "files": [URL relative to the page], "upload": PATH, "record": WAV}; it prints
+// "frontends": [{kind, ...}], "files": [URL relative to the page], "upload": PATH, "record": WAV (optional)}; it prints
 // {"beams": {beam: [{text, ms}]}, "features": [[data per clip] per front end],
 //  "decoded": [samples per file as the upload decodes it], "files": {beam: [{text, ms}] of those},
 //  "upload": [[source, text, ms] per table row after uploading PATH through the file input],
@@ -23,7 +23,7 @@ function tableRows(page) {
   return page.$$eval('#results tr', (rows) => rows.map((row) => Array.from(row.cells, (cell) => cell.textContent)));
 }
 
-async function audioPage(page, { clips, beams, frontends, files, upload }) {
+async function audioPage(page, { clips, beams, frontends, files, upload, record }) {
   const results = { beams: {}, files: {} };
   for (const beam of beams) results.beams[beam] = await page.evaluate((c, b) => window.s2s.transcribe(c, b), clips, beam);
   // The front end alone, on the very samples the Python side read.
@@ -40,6 +40,7 @@ async function audioPage(page, { clips, beams, frontends, files, upload }) {
   await input.uploadFile(upload);
   await page.waitForFunction(() => /ms each|error/.test(document.getElementById('status').textContent), { timeout: 120000 });
   results.upload = await tableRows(page);
+  if (!record) return results;
   // The microphone: Chromium's fake capture device plays the WAV in a loop.
   await page.click('#record');
   await page.waitForFunction(() => document.getElementById('status').textContent === 'recording…', { timeout: 30000 });
