@@ -145,6 +145,7 @@ def test_page_transcribes_like_the_transcriber(exports, served, tmp_path: Path) 
         print(f"{clip.name} decoded by the browser: {len(samples)} samples (soundfile and soxr: {len(want)}), "
               f"max |difference| {np.abs(np.asarray(samples[:n]) - want[:n]).max():.3g}")
     assert [row[:2] for row in page["upload"]] == [[AT_RATE.name, transcriber(str(AT_RATE), beam=4)[0].text]]
+    assert page["garbage"].startswith("cannot decode the audio: ") and "\n" not in page["garbage"]
     # A recording passes through the browser's lossy codec and starts wherever the loop was: it must be
     # transcribed, but nothing fixes its text.
     [(source, text, _)] = page["record"]

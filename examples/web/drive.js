@@ -6,6 +6,7 @@
 // "frontends": [{kind, ...}], "files": [URL relative to the page], "upload": PATH, "record": WAV (optional)}; it prints
 // {"beams": {beam: [{text, ms}]}, "features": [[data per clip] per front end],
 //  "decoded": [samples per file as the upload decodes it], "files": {beam: [{text, ms}] of those},
+//  "garbage": the error decoding three bytes that are no audio file,
 //  "upload": [[source, text, ms] per table row after uploading PATH through the file input],
 //  "record": the same after recording 3 s from a fake microphone that plays WAV (Chromium's flags)}.
 'use strict';
@@ -35,6 +36,8 @@ async function audioPage(page, { clips, beams, frontends, files, upload, record 
     return decoded;
   }, files);
   for (const beam of beams) results.files[beam] = await page.evaluate((c, b) => window.s2s.transcribe(c, b), results.decoded, beam);
+  // Bytes that are no audio file: the message the page would show.
+  results.garbage = await page.evaluate(() => window.s2s.decodeAudio(new Uint8Array([1, 2, 3])).then(() => null, (error) => error.message));
   // The page as a user sees it: a file chosen in its file input, transcribed at the default beam.
   const input = await page.$('#files');
   await input.uploadFile(upload);
