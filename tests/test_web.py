@@ -1,5 +1,6 @@
 """The browser page in a real headless Chromium (puppeteer-core): it must translate every bundled
-export's samples exactly as ``s2s-deploy translate`` does, greedy and beam 4."""
+export's samples exactly as ``s2s-deploy translate`` does, greedy and beam 4, and transcribe the
+test clips with the bundled speech model exactly as ``Transcriber`` does."""
 
 from __future__ import annotations
 
@@ -12,14 +13,20 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from s2s_deploy.architecture.registry import REGISTRY
 from s2s_deploy.errors import S2SError
+from s2s_deploy.frontends.audio import KaldiFbank, WhisperLogMel, load_audio
+from s2s_deploy.runtime.transcriber import Transcriber
 from s2s_deploy.runtime.translator import Translator
-from s2s_deploy.web.bundle import ORT_DIR, ORT_FILES, PAGE_FILES, write_web_bundle
+from s2s_deploy.web.bundle import ORT_DIR, ORT_FILES, PAGE_FILES, PAGE_FRONTENDS, write_web_bundle
 
 ROOT = Path(__file__).resolve().parents[1]
+CLIPS = sorted((ROOT / "tests" / "data").glob("speech_*hz.flac"))
+AT_RATE = ROOT / "tests" / "data" / "speech_16000hz.flac"
+"""The clip already at the speech model's rate: the browser decodes it without resampling."""
 WEB_DIR = ROOT / "examples" / "web"
 DIST = WEB_DIR / "node_modules" / "onnxruntime-web" / "dist"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -62,6 +69,15 @@ def served(tmp_path: Path) -> Iterator[tuple[Path, str]]:
         server.server_close()
 
 
+def _run_page(url: str, screenshot: Path, job: dict) -> dict:
+    """What examples/web/drive.js prints for ``job`` on the page at ``url``."""
+    result = subprocess.run(["node", "drive.js", url, str(screenshot)], cwd=WEB_DIR, input=json.dumps(job),
+                            capture_output=True, text=True, timeout=600,
+                            env={"CHROMIUM": CHROMIUM, "PATH": "/usr/bin:/bin"})
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
 TEXT_ARCHS = sorted(entry.plugin.name for entry in REGISTRY.entries()
                     if not entry.plugin.source_spec(entry.plugin.preset()).is_features)
 
@@ -76,11 +92,7 @@ def test_page_translates_like_the_cli(exports, served, tmp_path: Path, arch: str
     write_web_bundle(folder, DIST)
     texts = [*manifest.samples, *HARD]
     screenshot = tmp_path / f"{arch}.png"
-    result = subprocess.run(["node", "drive.js", f"{url}/{arch}/index.html", str(screenshot)], cwd=WEB_DIR,
-                            input=json.dumps({"texts": texts, "beams": list(BEAMS)}), capture_output=True, text=True,
-                            timeout=600, env={"CHROMIUM": CHROMIUM, "PATH": "/usr/bin:/bin"})
-    assert result.returncode == 0, result.stderr
-    page = json.loads(result.stdout)
+    page = _run_page(f"{url}/{arch}/index.html", screenshot, {"texts": texts, "beams": list(BEAMS)})
     translator = Translator(folder, device="cpu")
     for beam in BEAMS:
         assert [r["text"] for r in page[str(beam)]] == [t.text for t in translator(texts, beam=beam)], f"beam {beam}"
@@ -89,12 +101,67 @@ def test_page_translates_like_the_cli(exports, served, tmp_path: Path, arch: str
     print(f"screenshot: {screenshot}")
 
 
-def test_web_bundle_refuses_an_encoder_that_reads_features(exports, tmp_path: Path) -> None:
-    """The page tokenises text; an audio model gets one line rather than a page that cannot run."""
-    featured = [e.plugin.name for e in REGISTRY.entries() if e.plugin.name not in TEXT_ARCHS]
-    assert featured, "no plugin reads features: this test has nothing to refuse"
+@needs_browser
+def test_page_transcribes_like_the_transcriber(exports, served, tmp_path: Path) -> None:
+    """The bundled speech model (whisper_log_mel) in the page: the samples Python reads give the same
+    features to float32 rounding (both front ends, Whisper's real 30 s window too) and the same text,
+    greedy and beam 4. A file decoded by the browser is exact at the front end's rate (16 kHz)."""
+    assert len(CLIPS) == 3, "tests/data lost its speech clips"
+    soundfile = pytest.importorskip("soundfile", reason="soundfile is not installed: the clips are read with it")
+    pytest.importorskip("soxr", reason="soxr is not installed: the clips are resampled with it")
+    _, manifest = exports.get("speech")
+    site, url = served
+    folder = site / "speech"
+    shutil.copytree(manifest.directory, folder)
+    write_web_bundle(folder, DIST)
+    for clip in CLIPS:
+        shutil.copy(clip, folder / clip.name)
+    transcriber = Transcriber(folder, device="cpu")
+    clips = [load_audio(clip, transcriber.sampling_rate) for clip in CLIPS]
+    frontends = [transcriber.frontend, WhisperLogMel(), KaldiFbank()]
+    microphone = tmp_path / "microphone.wav"  # what Chromium's fake capture device plays, in a loop
+    soundfile.write(microphone, clips[CLIPS.index(AT_RATE)], transcriber.sampling_rate, subtype="PCM_16")
+    page = _run_page(f"{url}/speech/index.html", tmp_path / "speech.png", {
+        "clips": [clip.tolist() for clip in clips], "beams": list(BEAMS), "files": [clip.name for clip in CLIPS],
+        "frontends": [f.to_json() for f in frontends],
+        "upload": str(AT_RATE), "record": str(microphone)})
+    for frontend, computed in zip(frontends, page["features"], strict=True):
+        for clip, data in zip(clips, computed, strict=True):
+            want = frontend(clip)
+            diff = float(np.abs(np.asarray(data, dtype=np.float32).reshape(want.shape) - want).max())
+            print(f"{frontend.kind} ({want.shape}): max |JS - numpy| {diff:.3g}")
+            assert diff <= 1e-6, frontend  # docs/parity.md: float64 in both, rounded once to float32
+    for beam in BEAMS:
+        assert [r["text"] for r in page["beams"][str(beam)]] == [t.text for t in transcriber(clips, beam=beam)], beam
+    # The browser's own decoding: at the front end's rate no resampler runs; Chromium scales positive
+    # 16-bit samples by 1/32767 (soundfile: 1/32768), which moves no token on this clip.
+    i = CLIPS.index(AT_RATE)
+    decoded = np.asarray(page["decoded"][i], dtype=np.float32)
+    assert decoded.shape == clips[i].shape and np.abs(decoded - clips[i]).max() < 1 / 32767
+    for beam in BEAMS:
+        assert page["files"][str(beam)][i]["text"] == transcriber(clips[i], beam=beam)[0].text
+    for clip, samples, want in zip(CLIPS, page["decoded"], clips, strict=True):  # others: Chromium's resampler
+        n = min(len(samples), len(want))
+        print(f"{clip.name} decoded by the browser: {len(samples)} samples (soundfile and soxr: {len(want)}), "
+              f"max |difference| {np.abs(np.asarray(samples[:n]) - want[:n]).max():.3g}")
+    assert [row[:2] for row in page["upload"]] == [[AT_RATE.name, transcriber(str(AT_RATE), beam=4)[0].text]]
+    assert page["garbage"].startswith("cannot decode the audio: ") and "\n" not in page["garbage"]
+    # A recording passes through the browser's lossy codec and starts wherever the loop was: it must be
+    # transcribed, but nothing fixes its text.
+    [(source, text, _)] = page["record"]
+    print(f"{source}: {text!r}")
+    assert source.startswith("recording (")
+    assert (tmp_path / "speech.png").stat().st_size > 10_000
+
+
+def test_web_bundle_refuses_a_front_end_the_page_does_not_compute(exports, tmp_path: Path) -> None:
+    """An image model gets one line rather than a page that cannot run."""
+    featured = [e.plugin.name for e in REGISTRY.entries()
+                if e.plugin.source_spec(e.plugin.preset()).frontend
+                and e.plugin.source_spec(e.plugin.preset()).frontend["kind"] not in PAGE_FRONTENDS]
+    assert featured, "every front end has a page: this test has nothing to refuse"
     _, manifest = exports.get(featured[0])
-    with pytest.raises(S2SError, match="features, which the browser page does not compute yet"):
+    with pytest.raises(S2SError, match="features, which the browser page does not compute: text models and"):
         write_web_bundle(manifest.directory, tmp_path)
     assert not (manifest.directory / PAGE_FILES[0]).exists()
 

@@ -15,7 +15,8 @@ from s2s_deploy.cli.group import main
 def web_command(export_dir: str, dist: str | None, force: bool) -> None:
     """Write the browser page beside an export.
 
-    Copies index.html, app.js, search.js and onnxruntime-web's files, for any static server.
+    Copies index.html, app.js, frontend.js, search.js and onnxruntime-web's files, for any static server: a
+    translator, or a transcriber for an export that reads audio.
     """
     from s2s_deploy.web.bundle import write_web_bundle
 

@@ -1,6 +1,8 @@
 // The page: loads the export beside it (or the folder in ?export=...), checks each graph's sha256,
-// translates one sentence at a time with search.js and shows the time and the attention map.
-/* global ort, S2SSearch */
+// translates one sentence at a time with search.js and shows the time and the attention map. An
+// export whose encoder reads audio features gets file and microphone input instead of the text
+// box: the browser decodes the audio at the front end's rate, frontend.js computes the features.
+/* global ort, S2SSearch, S2SFrontEnd */
 'use strict';
 
 const folder = new URLSearchParams(location.search).get('export') || '.';
@@ -29,10 +31,54 @@ async function load() {
   const manifest = JSON.parse(new TextDecoder().decode(await fetchBytes('manifest.json')));
   const [encoder, decoder] = await Promise.all([checkedGraph(manifest.graphs.encoder), checkedGraph(manifest.graphs.decoder)]);
   const translator = new S2SSearch.Translator(ort, manifest, encoder, decoder);
+  if (translator.input.kind === 'features') return audioPage(translator);
   const sizes = `${manifest.vocab.source.tokens.length}/${manifest.vocab.target.tokens.length} tokens`;
   $('model').textContent = `${manifest.plugin.name} v${manifest.plugin.version} (${sizes}${translator.hasAttention ? ', with attention' : ''})`;
   $('input').value = (manifest.samples || []).slice(0, 8).join('\n');
   return translator;
+}
+
+function audioPage(translator) {
+  const { manifest } = translator;
+  const frontend = manifest.encoder_input.frontend;
+  if (!S2SFrontEnd.kinds.includes(frontend.kind)) { // e.g. an image front end: refused before any input
+    throw new Error(`this export reads ${frontend.kind} features, which this page does not compute: ${S2SFrontEnd.kinds.join(' and ')} only`);
+  }
+  $('model').textContent = `${manifest.plugin.name} v${manifest.plugin.version} (${frontend.kind} at ${frontend.sampling_rate} Hz, ${manifest.vocab.target.tokens.length} target tokens)`;
+  $('input').hidden = true;
+  $('audio').hidden = false;
+  $('translate').textContent = 'Transcribe';
+  $('output-head').textContent = 'transcription';
+  return translator;
+}
+
+// An encoded audio file's bytes as mono float32 samples at `rate`. decodeAudioData resamples to its
+// context's rate, so a file already at `rate` is decoded without resampling; the channels are then
+// averaged in float64 and rounded to float32, as s2s_deploy/frontends/audio.py reads a file.
+async function decodeAudio(bytes, rate) {
+  const context = new OfflineAudioContext(1, 1, rate);
+  let buffer;
+  try {
+    buffer = await context.decodeAudioData(bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + bytes.byteLength));
+  } catch (error) {
+    throw new Error(`cannot decode the audio: ${error.message}`);
+  }
+  const channels = Array.from({ length: buffer.numberOfChannels }, (_, c) => buffer.getChannelData(c));
+  return Float32Array.from(S2SFrontEnd.mono(channels));
+}
+
+// Clips ({ source, samples at the front end's rate }) in order; each result has its text and the
+// milliseconds of its front end and search together.
+async function transcribeAll(translator, clips, beam) {
+  const frontend = translator.manifest.encoder_input.frontend;
+  const results = [];
+  for (const clip of clips) {
+    const start = performance.now();
+    const features = S2SFrontEnd.compute(frontend, Float32Array.from(clip.samples));
+    const found = await translator.transcribe(features, { beam });
+    results.push({ source: clip.source, text: found.text, ms: performance.now() - start, attention: null });
+  }
+  return results;
 }
 
 // Translates texts in order; each result has its text and milliseconds.
@@ -97,33 +143,101 @@ function show(results) {
 }
 
 const ready = load();
+const plain = (results) => results.map(({ text, ms }) => ({ text, ms }));
 window.s2s = {
   ready,
   // For scripts and tests: plain data, no DOM.
-  translate: async (texts, beam) => (await translateAll(await ready, texts, beam)).map(({ text, ms }) => ({ text, ms })),
+  translate: async (texts, beam) => plain(await translateAll(await ready, texts, beam)),
+  // clips: arrays of mono samples at the front end's sampling_rate.
+  transcribe: async (clips, beam) => plain(await transcribeAll(await ready, clips.map((samples, i) => ({ source: `clip ${i + 1}`, samples })), beam)),
+  // An audio file's bytes as the upload decodes them: mono float32 at the front end's rate.
+  decodeAudio: async (bytes) => decodeAudio(bytes, (await ready).manifest.encoder_input.frontend.sampling_rate),
 };
+
+function fail(error) {
+  $('status').textContent = `error: ${error.message}`;
+  $('status').className = 'error';
+}
+
+// Runs `work` (which returns results) with the buttons disabled, then shows what it found.
+async function busy(label, noun, work) {
+  const buttons = [$('translate'), $('record')];
+  buttons.forEach((b) => { b.disabled = true; });
+  $('status').textContent = label;
+  $('status').className = '';
+  try {
+    const results = await work();
+    show(results);
+    const total = results.reduce((sum, r) => sum + r.ms, 0);
+    $('status').textContent = `${results.length} ${results.length === 1 ? noun.slice(0, -1) : noun}, ${(total / Math.max(1, results.length)).toFixed(1)} ms each`;
+  } catch (error) {
+    fail(error);
+  } finally {
+    $('translate').disabled = false;
+    $('record').disabled = !navigator.mediaDevices; // the microphone needs a secure context (https, localhost)
+  }
+}
+
+// The chosen files, decoded and transcribed at the chosen beam.
+function transcribeFiles(translator) {
+  const rate = translator.manifest.encoder_input.frontend.sampling_rate;
+  return busy('transcribing…', 'clips', async () => {
+    const clips = [];
+    for (const file of $('files').files) {
+      clips.push({ source: file.name, samples: await decodeAudio(new Uint8Array(await file.arrayBuffer()), rate) });
+    }
+    if (!clips.length) throw new Error('choose an audio file or record a clip first');
+    return transcribeAll(translator, clips, Number($('beam').value));
+  });
+}
+
+// Record toggles a MediaRecorder on the microphone; the recording (the browser's own codec, e.g.
+// Opus in WebM) is decoded like an upload when it stops.
+function recorder(translator) {
+  const rate = translator.manifest.encoder_input.frontend.sampling_rate;
+  let recording = null;
+  return async () => {
+    if (recording) {
+      recording.stop();
+      return;
+    }
+    try {
+      const stream = await navigator.mediaDevices.getUserMedia({ audio: true });
+      const chunks = [];
+      recording = new MediaRecorder(stream);
+      recording.addEventListener('dataavailable', (event) => chunks.push(event.data));
+      recording.addEventListener('stop', () => {
+        stream.getTracks().forEach((track) => track.stop());
+        recording = null;
+        $('record').textContent = 'Record';
+        busy('transcribing…', 'clips', async () => {
+          const bytes = new Uint8Array(await new Blob(chunks).arrayBuffer());
+          const samples = await decodeAudio(bytes, rate);
+          return transcribeAll(translator, [{ source: `recording (${(samples.length / rate).toFixed(1)} s)`, samples }], Number($('beam').value));
+        });
+      });
+      recording.start();
+      $('record').textContent = 'Stop';
+      $('status').textContent = 'recording…';
+    } catch (error) {
+      fail(new Error(`microphone: ${error.message}`));
+    }
+  };
+}
 
 ready.then((translator) => {
   const button = $('translate');
   button.disabled = false;
   $('status').textContent = 'ready';
-  button.addEventListener('click', async () => {
+  if (translator.input.kind === 'features') {
+    $('record').disabled = !navigator.mediaDevices;
+    $('record').addEventListener('click', recorder(translator));
+    $('files').addEventListener('change', () => transcribeFiles(translator));
+    button.addEventListener('click', () => transcribeFiles(translator));
+    return;
+  }
+  button.addEventListener('click', () => busy('translating…', 'sentences', () => {
     const texts = $('input').value.split('\n').filter((line) => line.trim());
-    button.disabled = true;
-    $('status').textContent = 'translating…';
-    try {
-      const results = await translateAll(translator, texts, Number($('beam').value));
-      show(results);
-      const total = results.reduce((sum, r) => sum + r.ms, 0);
-      $('status').textContent = `${results.length} sentences, ${(total / Math.max(1, results.length)).toFixed(1)} ms each`;
-    } catch (error) {
-      $('status').textContent = `error: ${error.message}`;
-      $('status').className = 'error';
-    } finally {
-      button.disabled = false;
-    }
-  });
-}, (error) => {
-  $('status').textContent = `error: ${error.message}`;
-  $('status').className = 'error';
-});
+    return translateAll(translator, texts, Number($('beam').value));
+  }));
+}, fail);

@@ -1,5 +1,6 @@
 """Copy the browser page and onnxruntime-web's wasm build beside an export, so that any static
-file server serves a translator. onnxruntime-web itself comes from npm (never from this package)."""
+file server serves a translator (or, for an export that reads audio, a transcriber).
+onnxruntime-web itself comes from npm (never from this package)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from s2s_deploy.errors import S2SError
 from s2s_deploy.format.files import write_atomically
 from s2s_deploy.format.manifest import load_manifest
 
-PAGE_FILES = ("index.html", "app.js", "search.js")
+PAGE_FILES = ("index.html", "app.js", "frontend.js", "search.js")
+PAGE_FRONTENDS = ("whisper_log_mel", "kaldi_fbank")
+"""The front ends frontend.js computes (its ``kinds``); an export that reads another gets no page."""
 ORT_FILES = ("ort.wasm.min.js", "ort-wasm-simd-threaded.mjs", "ort-wasm-simd-threaded.wasm")
 """onnxruntime-web's WebAssembly-only build: its script, the module it imports and its binary."""
 ORT_DIR = "ort"
@@ -30,10 +33,10 @@ def write_web_bundle(export_dir: str | Path, dist: str | Path | None = None, for
     """The page files into ``export_dir`` and onnxruntime-web into ``export_dir/ort``; refuses to
     replace existing files unless ``force``. Returns the paths written."""
     manifest = load_manifest(export_dir)  # a bad folder fails before anything is written
-    if manifest.encoder_input.is_features:
-        frontend = (manifest.encoder_input.frontend or {}).get("kind")
-        raise S2SError(f"{manifest.directory} reads {frontend} features, which the browser page does not compute yet: "
-                       "it runs text models only")
+    frontend = (manifest.encoder_input.frontend or {}).get("kind")
+    if manifest.encoder_input.is_features and frontend not in PAGE_FRONTENDS:
+        raise S2SError(f"{manifest.directory} reads {frontend} features, which the browser page does not compute: "
+                       f"text models and the {' and '.join(PAGE_FRONTENDS)} front ends only")
     folder = find_dist(dist)
     directory = manifest.directory
     targets = [directory / name for name in PAGE_FILES] + [directory / ORT_DIR / name for name in ORT_FILES]

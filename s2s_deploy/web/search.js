@@ -1,7 +1,8 @@
 // Greedy and beam search over an s2s-deploy export, written from docs/manifest.md alone.
 // Shared by the browser page (a classic <script>: global S2SSearch) and the Node example (require).
 // The caller makes the two ONNX Runtime sessions (onnxruntime-web or onnxruntime-node) and passes
-// its `ort` module, so this file loads no files and imports nothing.
+// its `ort` module, so this file loads no files and imports nothing. A text export's source is a
+// sentence (translate); a features export's is the front end's output (transcribe: frontend.js).
 (function (root, factory) {
   if (typeof module === 'object' && module.exports) module.exports = factory();
   else root.S2SSearch = factory();
@@ -83,10 +84,14 @@
         throw new Error(`unsupported manifest format ${manifest.format}`);
       }
       const input = manifest.encoder_input || { kind: 'tokens' }; // formats 2 and 3 read token ids
-      if (input.kind !== 'tokens') {
-        throw new Error(`this encoder reads ${input.kind} from the ${input.frontend && input.frontend.kind} front end, which this search module does not compute: text models only (docs/manifest.md)`);
+      if (!['tokens', 'features'].includes(input.kind)) throw new Error(`unknown encoder_input.kind ${input.kind}`);
+      if (input.kind === 'features' && input.dtype !== 'float32') {
+        throw new Error(`this encoder reads ${input.dtype} features, which this search module does not feed: float32 only`);
       }
-      for (const side of [manifest.vocab.source, manifest.vocab.target]) { // subword levels need a JS tokenizer
+      this.input = input;
+      // A features export's source vocabulary only records the training transcripts: nothing tokenises with it.
+      const sides = input.kind === 'tokens' ? [manifest.vocab.source, manifest.vocab.target] : [manifest.vocab.target];
+      for (const side of sides) { // subword levels need a JS tokenizer
         if (!['char', 'word', undefined].includes(side.level)) throw new Error(`a ${side.level} vocabulary needs its tokenizer library, which this search module does not run: char and word only (docs/manifest.md)`);
       }
       this.ort = ort;
@@ -130,11 +135,31 @@
       return words.join(this.tgt.level === 'char' ? '' : ' ');
     }
 
-    // The decoder's first feeds for `rows` copies of one sentence (manifest steps 2-4).
-    async start(ids, rows) {
+    // One sentence's encoder input (manifest step 1): { src: [type, data, dims], length } with a batch of one.
+    textSource(text) {
+      if (this.input.kind !== 'tokens') throw new Error(`this export reads ${this.input.frontend.kind} features, not text: transcribe`);
+      const ids = this.encodeText(text);
+      return { src: ['int64', ...int64(ids, [1, ids.length])], length: ids.length };
+    }
+
+    // One clip's features ({ data, dims } from frontend.js) checked against encoder_input.shape: every
+    // fixed entry must match, and the "frames" entry's length is src_len (1 without one: a fixed item).
+    featureSource({ data, dims }) {
+      if (this.input.kind !== 'features') throw new Error('this export reads text (token ids), not features: translate');
+      const shape = this.input.shape;
+      const fits = dims.length === shape.length && shape.every((d, i) => d === 'frames' || d === dims[i]);
+      if (!fits) throw new Error(`features of shape [${dims}] do not fit the encoder's [${shape}]`);
+      const axis = shape.indexOf('frames');
+      const length = axis < 0 ? 1 : dims[axis];
+      if (!length) throw new Error('the clip is too short to make a single frame of features');
+      return { src: ['float32', Float32Array.from(data), [1, ...dims]], length };
+    }
+
+    // The decoder's first feeds for `rows` copies of one source (manifest steps 2-4).
+    async start(source, rows) {
       const encoded = await this.encoder.run({
-        src: this.tensor('int64', ...int64(ids, [1, ids.length])),
-        src_len: this.tensor('int64', ...int64([ids.length], [1])),
+        src: this.tensor(...source.src),
+        src_len: this.tensor('int64', ...int64([source.length], [1])),
       });
       const feeds = {};
       const tile = (tensor, axis) => (rows === 1 ? tensor
@@ -184,20 +209,30 @@
 
     // One sentence: { text, tokens, score, attention: [[src weights] per output token] | null }.
     // Options left out take the export's defaults (this.defaults).
-    async translate(text, { beam, alpha, maxLen, attention = false } = {}) {
-      const options = resolve(this.manifest, { beam_size: beam, alpha, max_len: maxLen });
-      ({ beam_size: beam, alpha, max_len: maxLen } = options);
-      const ids = this.encodeText(text);
-      const { max_len_a: a, max_len_b: b, min_len: minLen } = options;
-      if (a || b) maxLen = Math.min(maxLen, Math.max(minLen, 1, Math.ceil(a * ids.length + b))); // the sentence's own limit
-      const withMaps = attention && this.hasAttention;
-      const found = beam === 1 ? await this.greedy(ids, maxLen, alpha, withMaps)
-        : await this.beamSearch(ids, beam, maxLen, alpha, withMaps);
-      return { ...found, text: this.decodeIds(found.tokens), sourceTokens: split(text, this.src.level).concat('<eos>') };
+    async translate(text, options = {}) {
+      const found = await this.search(this.textSource(text), options);
+      return { ...found, sourceTokens: split(text, this.src.level).concat('<eos>') };
     }
 
-    async greedy(ids, maxLen, alpha, withMaps) {
-      const feeds = await this.start(ids, 1);
+    // One clip's features ({ data, dims }, frontend.js): { text, tokens, score, attention }, as translate.
+    async transcribe(features, options = {}) {
+      return this.search(this.featureSource(features), options);
+    }
+
+    // One source (textSource or featureSource) decoded with the caller's options over the export's defaults.
+    async search(source, { beam, alpha, maxLen, attention = false } = {}) {
+      const options = resolve(this.manifest, { beam_size: beam, alpha, max_len: maxLen });
+      ({ beam_size: beam, alpha, max_len: maxLen } = options);
+      const { max_len_a: a, max_len_b: b, min_len: minLen } = options;
+      if (a || b) maxLen = Math.min(maxLen, Math.max(minLen, 1, Math.ceil(a * source.length + b))); // the source's own limit
+      const withMaps = attention && this.hasAttention;
+      const found = beam === 1 ? await this.greedy(source, maxLen, alpha, withMaps)
+        : await this.beamSearch(source, beam, maxLen, alpha, withMaps);
+      return { ...found, text: this.decodeIds(found.tokens) };
+    }
+
+    async greedy(source, maxLen, alpha, withMaps) {
+      const feeds = await this.start(source, 1);
       const eos = this.special.eos;
       const tokens = [];
       const maps = [];
@@ -220,11 +255,11 @@
     }
 
     // Beam search as docs/manifest.md's "Search, exactly" has it, for one sentence (K rows), n-best 1.
-    async beamSearch(ids, k, maxLen, alpha, withMaps) {
+    async beamSearch(source, k, maxLen, alpha, withMaps) {
       const vocab = this.tgt.tokens.length;
       if (k >= vocab) throw new Error(`beam size ${k} must be smaller than the vocabulary (${vocab})`);
       const eos = this.special.eos;
-      const feeds = await this.start(ids, k);
+      const feeds = await this.start(source, k);
       const width = Math.min(2 * k, vocab);
       let costs = Array.from({ length: k }, (_, r) => (r === 0 ? 0 : Infinity)); // only row 0 may extend at first
       let tokens = new Array(k).fill(this.special.decoder_start);
