@@ -127,14 +127,20 @@ class Vocab:
         if eos in ids:
             ids = ids[: ids.index(eos)]
         skip = {sp.get("pad"), sp.get("bos"), sp.get("decoder_start")} | self.hidden
+        if self.level == "hf":  # hidden ids split the text into runs, each decoded alone
+            runs, run = [], []
+            for i in ids:
+                if i in self.hidden:
+                    runs, run = [*runs, run], []
+                elif i not in skip:
+                    run.append(i)
+            return "".join(self._hf.decode(r, skip_special_tokens=True) for r in [*runs, run] if r)
         kept = [i for i in ids if i not in skip]
         if self.level == "char":
             return "".join(self.tokens[i] for i in kept)
         if self.level == "word":
             return " ".join(self.tokens[i] for i in kept)
-        if self.level == "sentencepiece":
-            return self._sp.decode_pieces([self.tokens[i] for i in kept])
-        return self._hf.decode(kept, skip_special_tokens=True)
+        return self._sp.decode_pieces([self.tokens[i] for i in kept])  # sentencepiece
 
 
 # ----------------------------------------------------------------------------- the export

@@ -94,6 +94,10 @@ class ArchitecturePlugin(ABC):
     hf_task_codes: ClassVar[str | None] = None
     """Likewise for the target tokens naming a task (Whisper's ``<|translate|>``): listed as the
     target vocabulary's ``tasks``, so the ``task`` option takes a code."""
+    hf_hidden_tokens: ClassVar[str | None] = None
+    """Likewise for target tokens that are never text (Whisper's timestamps ``<|1.20|>``, which its
+    tokenizer's ``decode`` filters out): listed as the target vocabulary's ``hidden``, so ``decode``
+    drops them as it drops pad and bos."""
     hf_files: ClassVar[tuple[str, ...]] = ()
     """JSON files of a Hugging Face folder that ``from_hf`` reads besides ``config.json`` (a speech
     family's ``preprocessor_config.json``: its front end); each must be there, and is passed as ``files``."""

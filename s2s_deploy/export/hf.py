@@ -294,9 +294,9 @@ def sample_texts(vocab: Vocabulary, count: int = SAMPLE_COUNT) -> tuple[str, ...
     return tuple(text for text in texts if text.strip())
 
 
-def language_ids(vocab: Vocabulary, pattern: str) -> tuple[int, ...]:
-    """The ids whose tokens the plugin's ``hf_language_codes`` (or ``hf_task_codes``) matches in
-    full (none for an ids-only vocabulary, whose tokens are ``t<id>``)."""
+def matching_ids(vocab: Vocabulary, pattern: str) -> tuple[int, ...]:
+    """The ids whose tokens the plugin's ``hf_language_codes`` (``hf_task_codes``, ``hf_hidden_tokens``)
+    matches in full (none for an ids-only vocabulary, whose tokens are ``t<id>``)."""
     code = re.compile(pattern)
     return tuple(i for i, token in enumerate(vocab.tokens) if code.fullmatch(token))
 
@@ -319,8 +319,9 @@ def load_hf(plugin: ArchitecturePlugin, directory: str | Path) -> HFSource:
     weights = plugin.from_hf(folder.config, folder.tensors, **({"files": files} if files else {}))
     ids = special_ids(folder.config, folder.generation)
     src_vocab, tgt_vocab = text_vocabularies(plugin, Path(directory), weights, ids)
-    listed = {name: language_ids(tgt_vocab, pattern) for name, pattern in
-              (("languages", plugin.hf_language_codes), ("tasks", plugin.hf_task_codes)) if pattern is not None}
+    listed = {name: matching_ids(tgt_vocab, pattern) for name, pattern in
+              (("languages", plugin.hf_language_codes), ("tasks", plugin.hf_task_codes),
+               ("hidden", plugin.hf_hidden_tokens)) if pattern is not None}
     tgt_vocab = replace(tgt_vocab, **listed)
     search = plugin.hf_search(folder.config, folder.generation, search_defaults(folder.config, folder.generation))
     if OPEN_SLOT in search.get("decoder_prompt", ()) and not tgt_vocab.languages:

@@ -148,14 +148,20 @@ class Vocabulary:
         return found
 
     def decode(self, ids: Iterable[int]) -> str:
-        kept = []
+        """At the ``hf`` level a hidden id also splits the text: each run of kept ids between hidden
+        ones is detokenised alone, as Whisper's tokenizer decodes around the timestamps it then drops
+        (two bytes of one character on either side of a timestamp stay two broken characters)."""
+        kept, runs = [], []
         for i in ids:
             if i == self.eos_id:
                 break
-            if i not in self._skip:
+            if i in self.hidden and isinstance(self._model, HFTokenizer):
+                runs.append(kept)
+                kept = []
+            elif i not in self._skip:
                 kept.append(i)
         if isinstance(self._model, HFTokenizer):
-            return self._model.text(kept)
+            return "".join(self._model.text(run) for run in (*runs, kept) if run)
         words = [self.tokens[i] if 0 <= i < len(self.tokens) else UNK for i in kept]
         if self._model is not None:
             return self._model.text(words)

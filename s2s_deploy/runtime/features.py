@@ -141,10 +141,9 @@ class FeatureReader:
         return seek_windows(features, window, self.translator.engine.search, config)
 
     def _with_segments(self, label: str, sought: Sought, config: SearchConfig) -> Decoded:
-        vocab, begin = self.manifest.tgt_vocab, config.timestamp_begin
-        segments = tuple(Segment(piece.start, piece.end, vocab.decode([t for t in piece.tokens if t < begin]))
-                         for piece in sought.pieces)
-        text = vocab.decode([t for t in sought.tokens if t < begin])
+        vocab = self.manifest.tgt_vocab  # timestamps are among its hidden ids (the plugin's hf_hidden_tokens)
+        segments = tuple(Segment(piece.start, piece.end, vocab.decode(piece.tokens)) for piece in sought.pieces)
+        text = vocab.decode(sought.tokens)
         score = float(np.mean(sought.scores)) if sought.scores else 0.0
         language = next((vocab.code_of(i) for i in sought.prompt if i in vocab.languages), None)
         return Decoded(label, text, score, ((text, score),), language, segments)
