@@ -35,7 +35,8 @@ The engines:
   ``WhisperModel.transcribe`` per clip at batch 1, ``BatchedInferencePipeline.transcribe`` over the
   8 clips laid end to end with one ``clip_timestamps`` window each at batch 8 (``language="en"``,
   no VAD, temperature 0 only, no fallback thresholds, ``max_new_tokens=60``, so ``max_length`` 64
-  and 32 tokens, EOS suppressed);
+  and 32 tokens, the folder's ``suppress_tokens`` and EOS suppressed; ``_Multilingual`` makes it
+  prompt with ``<|en|> <|transcribe|>``, which CTranslate2's reading of this folder drops);
 - ``optimum``: ``ORTModelForSpeechSeq2Seq`` (optimum-onnx's export, merged decoder) with
   ``generate(min_new_tokens=32, max_new_tokens=32)``; ``transformers``' ``WhisperFeatureExtractor``
   for its features. fp32; int8 too where ``optimum-int8/`` exists (``optimum-cli onnxruntime quantize``).
@@ -352,6 +353,21 @@ class CT2:
         return found
 
 
+class _Multilingual:
+    """CTranslate2 4.8.5 reads this folder as English-only (``is_multilingual`` False, though its
+    51,865 ids and ``lang_ids`` are multilingual Whisper's), and faster-whisper then prompts with
+    ``<|startoftranscript|> <|notimestamps|>`` only; this says multilingual, so it prompts with
+    ``<|en|> <|transcribe|>`` as for Whisper-base. Everything else is the model's own."""
+
+    is_multilingual = True
+
+    def __init__(self, model: Any) -> None:
+        self._model = model
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)
+
+
 class FasterWhisper:
     """faster-whisper's own pipeline (whole transcriptions only)."""
 
@@ -361,12 +377,17 @@ class FasterWhisper:
         self.name = f"faster-whisper {compute_type} (WhisperModel / BatchedInferencePipeline)"
         self.model = WhisperModel(str(folder), device="cpu", compute_type=compute_type, cpu_threads=THREADS,
                                   num_workers=1, local_files_only=True)
+        if not self.model.model.is_multilingual:
+            self.model.model = _Multilingual(self.model.model)
+        # Its -1 means the tokenizer's non-speech symbols (Whisper's own list, which a real folder's
+        # suppress_tokens equals); this word-level tokenizer has none, so the folder's list is given.
+        suppress = json.loads((folder / "config.json").read_text())["suppress_ids"]
         self.batched = BatchedInferencePipeline(self.model)
         self.clips = clips
         self.options = dict(language="en", task="transcribe", best_of=1, temperature=0.0, without_timestamps=True,
                             compression_ratio_threshold=None, log_prob_threshold=None, no_speech_threshold=None,
                             condition_on_previous_text=False, vad_filter=False, max_new_tokens=FW_MAX_NEW_TOKENS,
-                            suppress_tokens=[-1, EOS], word_timestamps=False)
+                            suppress_tokens=[*suppress, EOS], word_timestamps=False)
 
     def whole(self, beam: int, batch: int) -> list[list[int]]:
         if batch == 1:
