@@ -51,9 +51,13 @@ for a smoke run):
     /work/peers-venv/bin/ct2-transformers-converter --model $R/hf --output_dir $R/ct2-int8 \\
         --copy_files tokenizer.json preprocessor_config.json --quantization int8 --force
     /work/peers-venv/bin/optimum-cli export onnx --model $R/hf --task automatic-speech-recognition-with-past $R/optimum
+    /work/peers-venv/bin/optimum-cli onnxruntime quantize --onnx_model $R/optimum --avx2 -o $R/optimum-int8
     s2s-deploy export --hf $R/hf --out $R/s2s-fp32 --no-checkpoint
     s2s-deploy quantize $R/s2s-fp32 --int8 --out $R/s2s-int8
-    python benchmarks/race_whisper.py race --root $R --peer-python $P --reps 5
+    python benchmarks/race_whisper.py race --root $R --peer-python $P --reps 5    # ours: s2s-deploy's venv
+
+``--precisions``, ``--parts``, ``--cells`` and ``--clips`` narrow a run; a peer that fails to load
+or to run a cell is reported and left out, and the race goes on.
 """
 
 from __future__ import annotations
