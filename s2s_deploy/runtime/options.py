@@ -48,8 +48,24 @@ def sentence_seeds(seed: int, src: np.ndarray, src_len: np.ndarray) -> list[np.r
 
 
 def top_of(values: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Each row's ``k`` best values and ids, best first, ties to the lower id (as ONNX TopK)."""
-    ids = np.argsort(-values, axis=1, kind="stable")[:, :k]
+    """Each row's ``k`` best values and ids, best first, ties to the lower id (as ONNX TopK).
+
+    A row's k-th best value is found by partition, and only the ids at or above it are sorted (a
+    stable sort of the whole row cost a beam-5 Whisper step over 51,865 ids more than the model);
+    a row with fewer than ``k`` ordered values (NaN) is sorted whole, as before."""
+    rows, width = values.shape
+    negated = -values
+    if k >= width:
+        ids = np.argsort(negated, axis=1, kind="stable")[:, :k]
+        return np.take_along_axis(values, ids, axis=1), ids
+    kth = np.partition(negated, k - 1, axis=1)[:, k - 1]
+    ids = np.empty((rows, k), dtype=np.intp)
+    for row in range(rows):
+        candidates = np.flatnonzero(negated[row] <= kth[row])  # ascending ids: the stable sort keeps ties so
+        if len(candidates) < k:
+            ids[row] = np.argsort(negated[row], kind="stable")[:k]
+        else:
+            ids[row] = candidates[np.argsort(negated[row, candidates], kind="stable")[:k]]
     return np.take_along_axis(values, ids, axis=1), ids
 
 
