@@ -46,18 +46,19 @@ INPUTS = 20
 RATE = 16000
 
 
-def whisper_config() -> Any:
+def whisper_config(vocab: int = VOCAB) -> Any:
     return transformers.WhisperConfig(
-        vocab_size=VOCAB, num_mel_bins=80, d_model=64, encoder_layers=2, decoder_layers=2,
+        vocab_size=vocab, num_mel_bins=80, d_model=64, encoder_layers=2, decoder_layers=2,
         encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128,
         max_source_positions=50, max_target_positions=64, pad_token_id=EOS, bos_token_id=EOS, eos_token_id=EOS,
         decoder_start_token_id=SOT, suppress_tokens=SUPPRESS, begin_suppress_tokens=BEGIN_SUPPRESS,
         init_std=0.3)  # peaked, tie-free logits (0.02 gives near-uniform ones, where rounding picks)
 
 
-def favour_eos(model: Any, features: torch.Tensor, strength: float = 0.85) -> None:
-    """Random weights almost never pick EOS: point its output row along the mean state the output
-    layer reads, so its logit is ``strength`` times a typical best one and sentences end at varied lengths."""
+def lean(model: Any, features: torch.Tensor, rows: list[int], strength: float, keep: float = 0.0) -> None:
+    """Random weights almost never pick EOS (or, with timestamps, end a segment): point each of ``rows``'
+    output rows (``keep`` of it kept) along the mean state the output layer reads, so its logit is about
+    ``strength`` times a typical best one and sentences and segments end at varied lengths."""
     head = model.get_output_embeddings()
     seen = []
     hook = head.register_forward_hook(lambda _m, args, out: seen.append((args[0], out)))
@@ -65,10 +66,12 @@ def favour_eos(model: Any, features: torch.Tensor, strength: float = 0.85) -> No
     with torch.no_grad():
         model(input_features=features[:8], decoder_input_ids=torch.randint(0, 100, (8, 12), generator=generator))
     hook.remove()
-    states, logits = seen[0][0].reshape(-1, seen[0][0].shape[-1]), seen[0][1].reshape(-1, VOCAB)
+    states, logits = seen[0][0].reshape(-1, seen[0][0].shape[-1]), seen[0][1].reshape(-1, head.weight.shape[0])
     mean = states.mean(0)
     with torch.no_grad():
-        head.weight[EOS] = mean * (strength * logits.max(-1).values.median()) / mean.dot(mean)
+        for row in rows:
+            head.weight[row] = head.weight[row] * keep + mean * (strength * logits.max(-1).values.median()) / mean.dot(
+                mean)
 
 
 def balance_languages(model: Any, features: torch.Tensor) -> None:
@@ -90,11 +93,11 @@ def balance_languages(model: Any, features: torch.Tensor) -> None:
             head.weight[FR] += mean * (ratios[len(ratios) // 2 - 1] + ratios[len(ratios) // 2]) / 2
 
 
-def tokenizer_json(folder: Path) -> None:
+def tokenizer_json(folder: Path, vocab: int = VOCAB, special: dict[int, str] = SPECIAL_TOKENS) -> None:
     """One id per word: Whisper's special tokens at their ids, ``w<id>`` elsewhere."""
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
 
-    table = {SPECIAL_TOKENS.get(i, f"w{i}"): i for i in range(VOCAB)}
+    table = {special.get(i, f"w{i}"): i for i in range(vocab)}
     tokenizer = Tokenizer(models.WordLevel(table, unk_token="<|endoftext|>"))
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tokenizer.post_processor = processors.TemplateProcessing(
@@ -102,12 +105,13 @@ def tokenizer_json(folder: Path) -> None:
     tokenizer.save(str(folder / "tokenizer.json"))
 
 
-def clips(count: int = INPUTS) -> list[np.ndarray]:
-    """Seeded synthetic audio of 0.3 to 1.4 s (longer than the window is cut): chirps, tones and noise."""
-    rng = np.random.default_rng(0)
+def clips(count: int = INPUTS, low: float = 0.3, high: float = 1.4, seed: int = 0) -> list[np.ndarray]:
+    """Seeded synthetic audio, chirps in noise, ``low`` to ``high`` seconds long (longer than the window is cut
+    unless timestamps seek through it)."""
+    rng = np.random.default_rng(seed)
     found = []
     for _ in range(count):
-        t = np.arange(int(RATE * rng.uniform(0.3, 1.4))) / RATE
+        t = np.arange(int(RATE * rng.uniform(low, high))) / RATE
         f0, f1 = rng.uniform(100, 3000, 2)
         audio = 0.3 * np.sin(2 * np.pi * (f0 + (f1 - f0) * t / (2 * t[-1])) * t) + rng.normal(0, rng.uniform(0.01, 0.2),
                                                                                                 len(t))
@@ -137,7 +141,7 @@ def whisper(tmp_path_factory: pytest.TempPathFactory, one_thread: Any) -> dict[s
                                                      chunk_length=1, n_fft=400)
     audio = clips()
     features = torch.from_numpy(np.stack([extractor(a, sampling_rate=RATE)["input_features"][0] for a in audio]))
-    favour_eos(model, features)
+    lean(model, features, [EOS], 0.85)
     balance_languages(model, features)
     generation = model.generation_config
     generation.lang_to_id = {"<|en|>": EN, "<|fr|>": FR}

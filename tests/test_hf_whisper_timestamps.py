@@ -1,13 +1,13 @@
 """Whisper timestamps and long-form audio against ``generate(return_timestamps=True)``.
 
-The tiny random Whisper of tests/test_hf_whisper.py, with 51 more ids after ``<|notimestamps|>``
-(127): the timestamps ``<|0.00|>`` .. ``<|1.00|>`` of its one-second window. Random weights rarely
-emit timestamps, as a trained model does at a segment's end: so each timestamp's output row is
-moved along the mean decoder state by a share of a typical best logit (``favour_timestamps``), the
-way a trained model's rows lean toward the states that end segments; the tests assert that
-timestamps, pairs and mid-window seeks actually occur. Clips of 0.3-1.4 s (one window) and 1.2-3.5
-s (two to four windows) decode token-identically to ``generate``, greedy and beam 4, the long ones
-as one batch with the ``attention_mask`` transformers requires.
+The tiny random Whisper of tests/test_hf_whisper.py (whose helpers build this one), with 51 more
+ids after ``<|notimestamps|>`` (127): the timestamps ``<|0.00|>`` .. ``<|1.00|>`` of its one-second
+window. Random weights rarely emit timestamps, as a trained model does at a segment's end: so each
+timestamp's output row is moved along the mean decoder state by a share of a typical best logit
+(``lean``), the way a trained model's rows lean toward the states that end segments; the tests
+assert that timestamps, pairs and mid-window seeks actually occur. Clips of 0.3-1.4 s (one window)
+and 1.2-3.5 s (two to four windows) decode token-identically to ``generate``, greedy and beam 4,
+the long ones as one batch with the ``attention_mask`` transformers requires.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
+from test_hf_whisper import clips, lean, tokenizer_json, whisper_config
 
 from s2s_deploy.cli import main
 
@@ -43,53 +44,6 @@ MAX_NEW = 20
 RATE = 16000
 
 
-def whisper_config() -> Any:
-    return transformers.WhisperConfig(
-        vocab_size=VOCAB, num_mel_bins=80, d_model=64, encoder_layers=2, decoder_layers=2,
-        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128,
-        max_source_positions=50, max_target_positions=64, pad_token_id=EOS, bos_token_id=EOS, eos_token_id=EOS,
-        decoder_start_token_id=SOT, suppress_tokens=SUPPRESS, begin_suppress_tokens=BEGIN_SUPPRESS, init_std=0.3)
-
-
-def clips(count: int, low: float, high: float, seed: int) -> list[np.ndarray]:
-    """Seeded chirps in noise, ``low`` to ``high`` seconds long."""
-    rng = np.random.default_rng(seed)
-    found = []
-    for _ in range(count):
-        t = np.arange(int(RATE * rng.uniform(low, high))) / RATE
-        f0, f1 = rng.uniform(100, 3000, 2)
-        audio = 0.3 * np.sin(2 * np.pi * (f0 + (f1 - f0) * t / (2 * t[-1])) * t)
-        found.append((audio + rng.normal(0, rng.uniform(0.01, 0.2), len(t))).astype(np.float32))
-    return found
-
-
-def lean(model: Any, features: torch.Tensor, rows: list[int], strength: float) -> None:
-    """Move output rows ``rows`` along the mean state the output layer reads, so their logits are
-    about ``strength`` times a typical best one: EOS ends sentences, timestamps end segments."""
-    head = model.get_output_embeddings()
-    seen = []
-    hook = head.register_forward_hook(lambda _m, args, out: seen.append((args[0], out)))
-    generator = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        model(input_features=features[:8], decoder_input_ids=torch.randint(0, 100, (8, 12), generator=generator))
-    hook.remove()
-    states, logits = seen[0][0].reshape(-1, seen[0][0].shape[-1]), seen[0][1].reshape(-1, VOCAB)
-    mean = states.mean(0)
-    with torch.no_grad():
-        for row in rows:
-            head.weight[row] = head.weight[row] * 0.5 + mean * (strength * logits.max(-1).values.median()) / mean.dot(
-                mean)
-
-
-def tokenizer_json(folder: Path) -> None:
-    from tokenizers import Tokenizer, models, pre_tokenizers
-
-    table = {SPECIAL_TOKENS.get(i, f"w{i}"): i for i in range(VOCAB)}
-    tokenizer = Tokenizer(models.WordLevel(table, unk_token="<|endoftext|>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer.save(str(folder / "tokenizer.json"))
-
-
 @pytest.fixture(scope="module")
 def whisper(tmp_path_factory: pytest.TempPathFactory) -> Any:
     from s2s_deploy.runtime.transcriber import Transcriber
@@ -99,13 +53,13 @@ def whisper(tmp_path_factory: pytest.TempPathFactory) -> Any:
     root = tmp_path_factory.mktemp("whisper-ts")
     hf_dir, out = root / "hf", root / "out"
     torch.manual_seed(0)
-    model = transformers.WhisperForConditionalGeneration(whisper_config()).eval()
+    model = transformers.WhisperForConditionalGeneration(whisper_config(VOCAB)).eval()
     extractor = transformers.WhisperFeatureExtractor(feature_size=80, sampling_rate=RATE, hop_length=160,
                                                      chunk_length=1, n_fft=400)
     short = clips(20, 0.3, 1.4, seed=0)
     features = torch.from_numpy(np.stack([extractor(a, sampling_rate=RATE)["input_features"][0] for a in short]))
-    lean(model, features, [EOS], 0.85)
-    lean(model, features, list(range(BEGIN, VOCAB)), 0.55)
+    lean(model, features, [EOS], 0.85, keep=0.5)
+    lean(model, features, list(range(BEGIN, VOCAB)), 0.55, keep=0.5)
     generation = model.generation_config
     generation.lang_to_id = {"<|en|>": EN, "<|fr|>": FR}
     generation.task_to_id = {"translate": TRANSLATE, "transcribe": TRANSCRIBE}
@@ -116,7 +70,7 @@ def whisper(tmp_path_factory: pytest.TempPathFactory) -> Any:
     generation._from_model_config = False
     model.save_pretrained(hf_dir)
     extractor.save_pretrained(hf_dir)
-    tokenizer_json(hf_dir)
+    tokenizer_json(hf_dir, VOCAB, SPECIAL_TOKENS)
     detect_dir, detect_out = root / "detect-hf", root / "detect"
     shutil.copytree(hf_dir, detect_dir)
     raw = json.loads((detect_dir / "generation_config.json").read_text())

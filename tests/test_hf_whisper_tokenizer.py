@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
+from test_hf_whisper import clips, lean
 
 from s2s_deploy.cli import main
 
@@ -51,34 +52,6 @@ def whisper_tokenizer(root: Path) -> Any:
     return tokenizer
 
 
-def clips(count: int) -> list[np.ndarray]:
-    rng = np.random.default_rng(3)
-    found = []
-    for _ in range(count):
-        t = np.arange(int(RATE * rng.uniform(0.3, 1.0))) / RATE
-        tone = 0.3 * np.sin(2 * np.pi * rng.uniform(100, 3000) * t)
-        found.append((tone + rng.normal(0, rng.uniform(0.01, 0.2), len(t))).astype(np.float32))
-    return found
-
-
-def lean(model: Any, features: torch.Tensor, rows: list[int], strength: float) -> None:
-    """Move output rows along the mean state the output layer reads (``strength`` of a typical best
-    logit): random weights otherwise never end a sentence or a segment."""
-    head = model.get_output_embeddings()
-    seen = []
-    hook = head.register_forward_hook(lambda _m, args, out: seen.append((args[0], out)))
-    with torch.no_grad():
-        model(input_features=features, decoder_input_ids=torch.randint(0, 300, (len(features), 8),
-                                                                       generator=torch.Generator().manual_seed(1)))
-    hook.remove()
-    states, logits = seen[0][0].reshape(-1, seen[0][0].shape[-1]), seen[0][1].reshape(-1, head.weight.shape[0])
-    mean = states.mean(0)
-    with torch.no_grad():
-        for row in rows:
-            head.weight[row] = head.weight[row] * 0.5 + mean * (strength * logits.max(-1).values.median()) / mean.dot(
-                mean)
-
-
 @pytest.fixture(scope="module")
 def whisper(tmp_path_factory: pytest.TempPathFactory) -> Any:
     from s2s_deploy.runtime.transcriber import Transcriber
@@ -101,10 +74,10 @@ def whisper(tmp_path_factory: pytest.TempPathFactory) -> Any:
     model = transformers.WhisperForConditionalGeneration(config).eval()
     extractor = transformers.WhisperFeatureExtractor(feature_size=80, sampling_rate=RATE, hop_length=160,
                                                      chunk_length=1, n_fft=400)
-    audio = clips(CLIPS)
+    audio = clips(CLIPS, 0.3, 1.0, seed=3)
     features = torch.from_numpy(np.stack([extractor(a, sampling_rate=RATE)["input_features"][0] for a in audio]))
-    lean(model, features, [eos], 0.85)
-    lean(model, features, list(range(no_timestamps + 1, no_timestamps + 52)), 0.45)  # the window's 0.00-1.00
+    lean(model, features, [eos], 0.85, keep=0.5)
+    lean(model, features, list(range(no_timestamps + 1, no_timestamps + 52)), 0.45, keep=0.5)  # 0.00-1.00 s
     generation = model.generation_config
     generation.lang_to_id = {f"<|{code}|>": ids(f"<|{code}|>") for code in whisper_tokenization.LANGUAGES}
     generation.task_to_id = {"translate": ids("<|translate|>"), "transcribe": ids("<|transcribe|>")}
