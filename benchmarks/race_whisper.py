@@ -75,6 +75,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from peers_interleaved import _cells  # the NLLB/mT5 race's parser of beam x batch cells
 
 SEED = 20261127
 CLIPS = 8
@@ -621,16 +622,6 @@ def _report(precision: str, part: str, beam: int, batch: int, times: dict[str, l
                      f"; lengths {row['lengths']}")
         print(line, flush=True)
     return cell
-
-
-def _cells(text: str) -> tuple[tuple[int, int], ...]:
-    try:
-        cells = tuple(tuple(int(n) for n in cell.split("x")) for cell in text.split(","))
-    except ValueError:
-        cells = ()
-    if not cells or any(len(cell) != 2 or min(cell) < 1 for cell in cells):
-        raise argparse.ArgumentTypeError(f"expected cells like 1x1,5x8 (beam x batch), got {text!r}")
-    return cells
 
 
 def main() -> None:
