@@ -41,6 +41,7 @@ def decode_files(reader_type: type, export_dir: str, files: tuple[str, ...], wha
     """Every check before any work (the folder, --output's kind, each file, the options), then
     ``reader_type`` (``Transcriber``, ``Captioner``) over ``files``; ``what`` names a file in messages."""
     from s2s_deploy.errors import S2SError
+    from s2s_deploy.format.files import write_atomically
     from s2s_deploy.format.manifest import not_an_export
 
     if not Path(export_dir).is_dir():
@@ -50,6 +51,8 @@ def decode_files(reader_type: type, export_dir: str, files: tuple[str, ...], wha
     for path in files:
         if not Path(path).is_file():
             raise S2SError(f"{what} file not found: {path}")
+    if output_path is not None and any(Path(output_path).resolve() == Path(f).resolve() for f in files):
+        raise S2SError(f"--output {output_path} is one of the {what} files: it would be overwritten")
     options = given_decoding(decoding)
     reader = reader_type(export_dir, device=device, threads=threads)
     config = reader.translator.search_config(**options)  # bad options before any work
@@ -80,7 +83,7 @@ def decode_files(reader_type: type, export_dir: str, files: tuple[str, ...], wha
     else:
         data = "".join(line + "\n" for line in lines)
     try:
-        Path(output_path).write_text(data, encoding="utf-8")
+        write_atomically(Path(output_path), data.encode("utf-8"))
     except OSError as exc:
         raise S2SError(f"cannot write {output_path}: {exc.strerror}") from exc
 
