@@ -83,6 +83,7 @@ PLUGIN = TinyPlugin()
 '''
 
 BUILD = "return Tiny(config, src_vocab_size, tgt_vocab_size)"
+TINY_CLASS = "class Tiny(Seq2SeqModel):\n"
 FEED = 'StateSpec("feed", 0, "zeros", ("batch", config.hidden))'
 RETURNED = 'StepOutput(torch.log_softmax(self.output(feed), -1), {"keys": keys, "feed": feed})'
 ENCODED = "enc = self.src_embedding(src) * mask[..., None]"
@@ -121,6 +122,9 @@ MISTAKES = {  # name: ((text, replacement), ...), what the one line must say
                                "decode_step() changes its input state 'feed' in place"),
     "declared_float16": (((FEED, FEED.replace("))", "), dtype=\"float16\")")),),
                          "as float32, but float16 is declared"),
+    "false_memory_per_sentence": (((TINY_CLASS, TINY_CLASS + "    memory_per_sentence = True\n"),),
+                                  "memory_per_sentence is claimed, but decode_step() fails on one memory row per 3 "
+                                  "rows"),
     "unknown_dtype": (((FEED, FEED.replace("))", "), dtype=\"float99\")")),),
                       "'feed' declares dtype 'float99', which torch does not know"),
 }

@@ -5,6 +5,8 @@ A new architecture adds one row to ARCH_CASES; test_every_plugin_has_a_row fails
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -79,6 +81,23 @@ def test_mixed_length_batch_equals_one_at_a_time(exports, arch: str, max_len: in
             alone = search(backend, *encode_batch([text], manifest.src_vocab), config)[0]
             assert [h.tokens for h in hyps] == [h.tokens for h in alone]
             np.testing.assert_allclose([h.score for h in hyps], [h.score for h in alone], atol=1e-5)
+
+
+@pytest.mark.parametrize(("arch", "max_len"), ARCHS)
+def test_memory_once_per_sentence_decodes_as_memory_repeated_per_beam(exports, arch: str, max_len: int) -> None:
+    """Where the decoder takes the memory once per sentence (manifest ``memory_per_sentence``),
+    beam search gives what it gives on the memory repeated per beam, as before."""
+    _, manifest = exports.get(arch)
+    assert manifest.memory_per_sentence == (arch in {"transformer", "marian", "bart", "t5"})
+    once = OrtBackend(manifest, device="cpu")
+    repeated = OrtBackend(dataclasses.replace(manifest, memory_per_sentence=False), device="cpu")
+    src, src_len = encode_batch(list(manifest.samples)[:6], manifest.src_vocab)
+    for config in (SearchConfig(4, 2, max_len), SearchConfig(2, 1, max_len)):
+        want = search(repeated, src, src_len, config)
+        got = search(once, src, src_len, config)
+        assert [[h.tokens for h in hyps] for hyps in got] == [[h.tokens for h in hyps] for hyps in want]
+        np.testing.assert_allclose([[h.score for h in hyps] for hyps in got],
+                                   [[h.score for h in hyps] for hyps in want], atol=1e-5)
 
 
 @pytest.mark.parametrize(("arch", "max_len"), ARCHS)

@@ -179,6 +179,7 @@ class Export:
             self.graphs[role] = g
             setattr(self, role, ort.InferenceSession(gpath, opts, providers=["CPUExecutionProvider"]))
         self.memory = m["memory"]
+        self.memory_per_sentence = bool(m.get("memory_per_sentence", False))
         self.state = m["state"]
         self.dec_inputs = self.graphs["decoder"]["inputs"]
         self.dec_outputs = {o["role"]: o["name"] for o in self.graphs["decoder"]["outputs"]
@@ -204,7 +205,8 @@ class Export:
         memory = {}
         for spec in self.memory:
             x = out[spec["name"]]
-            memory[spec["name"]] = np.repeat(x, K, axis=spec["batch_axis"]) if K > 1 else x
+            repeat = K > 1 and not self.memory_per_sentence  # step 4: the decoder groups the rows itself
+            memory[spec["name"]] = np.repeat(x, K, axis=spec["batch_axis"]) if repeat else x
         state = {}
         rows_n = B * K
         for spec in self.state:

@@ -151,6 +151,8 @@ class Stack(nn.Module):
 
 
 class T5(Seq2SeqModel):
+    memory_per_sentence = True
+
     def __init__(self, cfg: T5Config, src_vocab_size: int, tgt_vocab_size: int) -> None:
         super().__init__()
         if src_vocab_size != tgt_vocab_size:

@@ -30,7 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from s2s_deploy.export.contract import Seq2SeqModel, StepOutput
-from s2s_deploy.export.parts import layer_name, padding_bias
+from s2s_deploy.export.parts import grouped_queries, layer_name, padding_bias, ungrouped
 from s2s_deploy_plugins.transformer import TransformerConfig
 
 
@@ -88,10 +88,11 @@ class MultiHeadAttention(nn.Module):
 
     def step_cross(self, x: Tensor, keys: Tensor, values: Tensor, bias: Tensor) -> tuple[Tensor, Tensor]:
         """``attend`` (eval mode) for one query ``x`` ``(B, 1, d)`` against ``cross_memory``:
-        the output ``(B, 1, d)`` and the weights ``(B, H, 1, S)``."""
-        q = self.one_position_heads(self.w_q(x))
+        the output ``(B, 1, d)`` and the weights ``(B, H, 1, S)``; the memory may hold one row per
+        sentence of rows grouped sentence-major (``memory_per_sentence``)."""
+        q = grouped_queries(self.w_q(x), keys.shape[0], self.num_heads, self.head_dim)
         weights = torch.softmax(q @ keys / math.sqrt(self.head_dim) + bias, dim=-1)
-        return self.merge_one_position(weights @ values), weights
+        return self.merge_one_position(ungrouped(weights @ values)), ungrouped(weights)
 
     def one_position_heads(self, x: Tensor) -> Tensor:
         """``(B, 1, d)`` → ``(B, H, 1, head_dim)``: with one position, ``split_heads`` is a Reshape."""
@@ -168,6 +169,8 @@ class DecoderBlock(nn.Module):
 
 
 class Transformer(Seq2SeqModel):
+    memory_per_sentence = True
+
     def __init__(self, cfg: TransformerConfig, src_vocab_size: int, tgt_vocab_size: int) -> None:
         super().__init__()
         self.cfg = cfg

@@ -261,6 +261,37 @@ def check_model_torch(plugin: ArchitecturePlugin, model: Seq2SeqModel, config: A
     if source.length_axis is not None:  # fixed-size items are never padded
         pad = source.pad_value if source.is_features else src_vocab.pad_id
         _check_padding(plugin, model, memory, state, src, pad, tokens, source.length_axis)
+    if getattr(model, "memory_per_sentence", False):
+        _check_memory_per_sentence(plugin, model, memory, state, mem, out.state, tokens, len(tgt_vocab))
+
+
+def _check_memory_per_sentence(plugin: ArchitecturePlugin, model: Seq2SeqModel, memory: Sequence[MemorySpec],
+                               state: Sequence[StateSpec], mem: dict[str, torch.Tensor],
+                               past: dict[str, torch.Tensor], first_tokens: torch.Tensor, vocab: int) -> None:
+    """A model claiming ``memory_per_sentence`` must give rows grouped by sentence (3 each here)
+    the same step on one memory row per sentence as on that memory repeated per row, within the
+    plugin's own ONNX tolerance (the two differ only in the order of float32 sums)."""
+    group = 3
+    rows = {s.name: past[s.name].repeat_interleave(group, s.batch_axis) for s in state}
+    tokens = (first_tokens.repeat_interleave(group) + torch.arange(group * len(first_tokens),
+                                                                   device=first_tokens.device)) % vocab
+    repeated = {m.name: mem[m.name].repeat_interleave(group, m.batch_axis) for m in memory}
+    want = _step(plugin.name, model, tokens, 1, repeated, rows, state)
+    label = f"plugin {plugin.name!r}: memory_per_sentence is claimed, but decode_step()"
+    fix = ("likely fix: split the rows into (sentences, rows per sentence) against the memory's rows (as "
+           "parts.grouped_queries does), or leave memory_per_sentence False")
+    try:
+        got = model.decode_step(tokens, torch.tensor(1, dtype=torch.int64, device=tokens.device), dict(mem),
+                                {name: value.clone() for name, value in rows.items()})
+    except Exception as exc:  # a plugin's own code: any failure is the claim failing
+        raise PluginError(f"{label} fails on one memory row per {group} rows ({type(exc).__name__}: "
+                          f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}); {fix}") from exc
+    shape = tuple(getattr(got.log_probs, "shape", ()))
+    diff = (float((got.log_probs - want.log_probs).abs().max()) if shape == tuple(want.log_probs.shape)
+            else float("inf"))
+    if not diff <= plugin.parity_atol:
+        raise PluginError(f"{label} on one memory row per {group} rows differs from the same memory repeated per "
+                          f"row by {diff:.2e} in log-probs (shape {shape}); {fix}")
 
 
 def _first_state(state: Sequence[StateSpec], encoded: dict[str, torch.Tensor], batch: int,

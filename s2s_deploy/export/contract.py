@@ -8,7 +8,7 @@ whole contract from this module.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 from torch import Tensor, nn
 
@@ -36,6 +36,13 @@ class StepOutput(NamedTuple):
 
 class Seq2SeqModel(nn.Module, ABC):
     """The trainable module a plugin builds, with the two halves that are exported."""
+
+    memory_per_sentence: ClassVar[bool] = False
+    """Whether ``decode_step`` also takes each memory tensor with one row per sentence while its
+    tokens and state have several rows per sentence, grouped sentence-major (a sentence's beams or
+    samples side by side), so beam search never copies the encoder's memory K times nor reads it
+    K times a step. Checked at export against the same step on repeated memory; the manifest's
+    ``memory_per_sentence`` then tells runtimes that they may skip the repeat."""
 
     @abstractmethod
     def forward(self, src: Tensor, src_len: Tensor, tgt_in: Tensor) -> Tensor:

@@ -43,8 +43,10 @@ ENCODER_FILE = "encoder.onnx"
 DECODER_FILE = "decoder.onnx"
 CHECKPOINT_FILE = "checkpoint.safetensors"
 # Example sizes: distinct and >= 2 so no dynamic axis is specialised or unified with another.
-_EXAMPLE = {"batch": 3, "src_len": 7, "past_len": 4}
-_PROBE = {"batch": 2, "src_len": 9, "past_len": 5}
+# ``rows``: the decoder's rows where its memory has one row per sentence (``memory_per_sentence``),
+# several per sentence, so the two batch axes stay apart; otherwise the rows are the ``batch``.
+_EXAMPLE = {"batch": 3, "src_len": 7, "past_len": 4, "rows": 12}
+_PROBE = {"batch": 2, "src_len": 9, "past_len": 5, "rows": 10}
 
 
 class ExportShapeError(S2SError):
@@ -69,6 +71,11 @@ class _Specs:
     state: tuple[StateSpec, ...]
     io: GraphIO
     source: SourceSpec = TOKEN_SOURCE
+    memory_per_sentence: bool = False
+
+    def rows(self, sizes: dict[str, int]) -> int:
+        """The decoder example's rows: several per sentence where its memory is per sentence."""
+        return sizes["rows"] if self.memory_per_sentence else sizes["batch"]
 
 
 def export_model(
@@ -106,7 +113,8 @@ def export_model(
     _check_finite(plugin, model)
     exporter = exporter or plugin.exporter
     memory, state = plugin.memory_specs(config), plugin.state_specs(config)
-    specs = _Specs(memory, state, io_names(memory, state, with_attention), plugin.source_spec(config))
+    specs = _Specs(memory, state, io_names(memory, state, with_attention), plugin.source_spec(config),
+                   bool(getattr(model, "memory_per_sentence", False)))
     if specs.source.is_features:
         check_frontend(plugin.name, specs.source)
         samples = ()  # text samples are no input to an encoder of features
@@ -123,7 +131,8 @@ def export_model(
             check_model_torch(plugin, model, config, src_vocab, tgt_vocab)
             vocab_sizes = (len(src_vocab), len(tgt_vocab))
             dec_args = _decoder_inputs(encoder, specs, vocab_sizes, _EXAMPLE)
-            check_batch_axes(plugin.name, "state", specs.state, dec_args[3 + len(specs.memory):], _EXAMPLE["batch"])
+            check_batch_axes(plugin.name, "state", specs.state, dec_args[3 + len(specs.memory):],
+                             specs.rows(_EXAMPLE))
             enc_axes = _dynamic_axes(encoder, enc_args, _encoder_inputs(specs.source, len(src_vocab), _PROBE))
         with plugin_errors(plugin.name, "decode_step() on example inputs"):
             dec_axes = _dynamic_axes(step, dec_args, _decoder_inputs(encoder, specs, vocab_sizes, _PROBE))
@@ -132,7 +141,7 @@ def export_model(
                     enc_axes, exporter, opset)
         with plugin_errors(plugin.name, f"{exporter} export of the decoder step"):
             _export(step, dec_args, work / DECODER_FILE, specs.io.decoder_inputs, specs.io.decoder_outputs,
-                    dec_axes, exporter, opset)
+                    dec_axes, exporter, opset, _past_rows(specs))
         _add_top_k(work / DECODER_FILE)
         graph_paths = (work / ENCODER_FILE, work / DECODER_FILE)
         for path in graph_paths:
@@ -157,7 +166,7 @@ def export_model(
                         "forward_step_max_abs_diff": forward_step.max_abs_diff},
             samples=samples, training=training or {}, ort_optimized=optimize,
             checkpoint=CheckpointEntry(CHECKPOINT_FILE, sha256_of(checkpoint_path), include_checkpoint),
-            encoder_input=specs.source,
+            encoder_input=specs.source, memory_per_sentence=specs.memory_per_sentence,
         )
         for role, path in zip(("encoder", "decoder"), graph_paths, strict=True):
             _write_metadata(path, manifest.graph_facts(role))
@@ -219,10 +228,12 @@ def _decoder_inputs(
     past_len: int | None = None,
 ) -> tuple[torch.Tensor, ...]:
     """Decoder inputs with a non-empty past, so tracing sees the growing axis as dynamic.
-    ``vocab_sizes`` is (source, target): the encoder reads source ids, the step target ids."""
+    ``vocab_sizes`` is (source, target): the encoder reads source ids, the step target ids. The
+    memory has one row per sentence; the tokens and state ``specs.rows`` rows, sentence-major."""
     src_vocab_size, vocab_size = vocab_sizes
     past_len = sizes["past_len"] if past_len is None else past_len
-    batch = sizes["batch"]
+    batch = specs.rows(sizes)
+    per_sentence = batch // sizes["batch"]
     with torch.no_grad():
         example = _encoder_inputs(specs.source, src_vocab_size, sizes)
         encoded = dict(zip(specs.io.encoder_outputs, encoder(*example), strict=True))
@@ -233,7 +244,7 @@ def _decoder_inputs(
     past = []
     for spec in specs.state:
         if spec.init == "encoder":
-            past.append(encoded[init_name(spec.name)])
+            past.append(encoded[init_name(spec.name)].repeat_interleave(per_sentence, spec.batch_axis))
         else:
             past.append(torch.randn(_zeros(spec, batch, past_len).shape, generator=generator))
     return (tokens, torch.tensor(past_len, dtype=torch.int64), reorder, *memory, *past)
@@ -269,10 +280,26 @@ def _axis_name(tensor: torch.Tensor, axis: int, sizes: dict[str, int]) -> str:
     return f"size{size}"  # one name per size: a length derived from src_len (e.g. downsampled) stays one axis
 
 
+def _past_rows(specs: _Specs) -> dict[tuple[int, int], str]:
+    """The decoder's past state has rows of its own: a beam's first step after the narrow one
+    reads one row per sentence and ``reorder`` widens them. Named apart from the tokens' rows, a
+    shape the graph computes from the rows (a head split over per-sentence memory) is never read
+    off a past input."""
+    first = 3 + len(specs.memory)
+    return {(first + i, s.batch_axis): "past_rows" for i, s in enumerate(specs.state)}
+
+
 def _export(
     module: torch.nn.Module, args: tuple[torch.Tensor, ...], path: Path, input_names: tuple[str, ...],
     output_names: tuple[str, ...], axes: dict[str, Any], exporter: str, opset: int,
+    renamed: dict[tuple[int, int], str] | None = None,
 ) -> None:
+    """``renamed``: (input index, axis) → the name of a dynamic axis that must stay its own."""
+    renamed = renamed or {}
+
+    def name(index: int, tensor: torch.Tensor, axis: int) -> str:
+        return renamed.get((index, axis)) or _axis_name(tensor, axis, _EXAMPLE)
+
     with torch.no_grad():
         outputs = module(*args)
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)
@@ -283,8 +310,8 @@ def _export(
             return dims.setdefault(name, torch.export.Dim(name, min=1 if name == "batch" else 0))
 
         per_arg = [
-            {axis: dim(_axis_name(arg, axis, _EXAMPLE)) for axis in arg_axes} or None
-            for arg, arg_axes in zip(args, axes["inputs"], strict=True)
+            {axis: dim(name(index, arg, axis)) for axis in arg_axes} or None
+            for index, (arg, arg_axes) in enumerate(zip(args, axes["inputs"], strict=True))
         ]
         dynamic_shapes = _group_varargs(module, per_arg)
         with warnings.catch_warnings():
@@ -296,10 +323,10 @@ def _export(
         program.save(str(path), external_data=False)
     else:
         dynamic_axes = {
-            name: {axis: _axis_name(tensor, axis, _EXAMPLE) for axis in tensor_axes}
-            for name, tensor, tensor_axes in zip(
+            io_name: {axis: name(index, tensor, axis) for axis in tensor_axes}
+            for index, (io_name, tensor, tensor_axes) in enumerate(zip(
                 input_names + output_names, (*args, *outputs), axes["inputs"] + axes["outputs"], strict=True
-            )
+            ))
             if tensor_axes
         }
         with warnings.catch_warnings(), quiet_stderr():  # C++ shape-inference chatter, not errors
@@ -371,7 +398,9 @@ def _compare_with_onnxruntime(
     tgt_vocab_size: int, atol: float, rtol: float = DEFAULT_RTOL,
 ) -> dict[str, float]:
     """Run both graphs in ONNX Runtime on fresh sizes, from an empty cache through several
-    reordered steps, and fail on any shape mismatch or difference above the plugin's atol."""
+    reordered steps, and fail on any shape mismatch or difference above the plugin's atol. Where
+    the memory is per sentence, ONNX Runtime gets it so, against PyTorch on it repeated per row:
+    that checks the model's ``memory_per_sentence`` claim."""
     from s2s_deploy.runtime.ort.backend import create_session
 
     enc_sess = create_session(paths[0], device="cpu")
@@ -385,16 +414,24 @@ def _compare_with_onnxruntime(
     ort_enc = enc_sess.run(list(specs.io.encoder_outputs), {"src": src.numpy(), "src_len": src_len.numpy()})
     _record(diffs, specs.io.encoder_outputs, torch_enc, ort_enc, "encoder")
     encoded = dict(zip(specs.io.encoder_outputs, torch_enc, strict=True))
+    group = 2 if specs.memory_per_sentence else 1
+    rows = 2 * group
     memory = [encoded[m.name] for m in specs.memory]
-    state = [encoded[init_name(s.name)] if s.init == "encoder" else _zeros(s, 2, 0) for s in specs.state]
+    repeated = [value.repeat_interleave(group, m.batch_axis) for m, value in zip(specs.memory, memory, strict=True)]
+    state = [encoded[init_name(s.name)].repeat_interleave(group, s.batch_axis) if s.init == "encoder"
+             else _zeros(s, rows, 0) for s in specs.state]
     generator = torch.Generator().manual_seed(0)
     tolerance, searchable = StepTolerance(atol, rtol), NO_DIFF
     for position in range(4):
-        tokens = torch.randint(4, tgt_vocab_size, (2,), generator=generator)
-        reorder = torch.tensor([position % 2, 1 - position % 2], dtype=torch.int64)
-        args = (tokens, torch.tensor(position, dtype=torch.int64), reorder, *memory, *state)
+        tokens = torch.randint(4, tgt_vocab_size, (rows,), generator=generator)
+        # every other step swaps the pasts: within each sentence where the memory is per sentence
+        reorder = torch.arange(rows, dtype=torch.int64)
+        if position % 2:
+            reorder = reorder.reshape(-1, group if group > 1 else rows).flip(1).reshape(-1)
+        head = (tokens, torch.tensor(position, dtype=torch.int64), reorder)
         with torch.no_grad():
-            torch_out = step(*args)
+            torch_out = step(*head, *repeated, *state)
+        args = (*head, *memory, *state)
         feeds = {name: arg.numpy() for name, arg in zip(specs.io.decoder_inputs, args, strict=True)
                  if name in dec_inputs}
         feeds[TOP_K] = np.array([3], dtype=np.int64)

@@ -196,9 +196,23 @@ class Attention(nn.Module):
         return self.merge_one(weights @ values), keys, values
 
     def step_cross(self, x: Tensor, keys: Tensor, values: Tensor, bias: Tensor) -> tuple[Tensor, Tensor]:
-        """One query against ``cross_memory``: the output and the weights ``(B, H, 1, S)``."""
-        weights = torch.softmax(self.scores(self.one(self.project(0, x)), keys) + bias, dim=-1)
-        return self.merge_one(weights @ values), weights
+        """One query per row against ``cross_memory``: the output and the weights ``(B, H, 1, S)``.
+        The memory may hold one row per sentence for rows grouped sentence-major (beams): each
+        sentence's queries then share one product with its keys (``memory_per_sentence``)."""
+        queries = grouped_queries(self.project(0, x), keys.shape[0], self.heads, self.head_dim)
+        weights = torch.softmax(self.scores(queries, keys) + bias, dim=-1)
+        return self.merge_one(ungrouped(weights @ values)), ungrouped(weights)
+
+
+def grouped_queries(x: Tensor, sentences: int, heads: int, head_dim: int) -> Tensor:
+    """``(rows, 1, heads * head_dim)`` queries → ``(sentences, heads, rows / sentences, head_dim)``:
+    a sentence's rows (its beams) become the query positions of one attention over its memory."""
+    return x.reshape(sentences, -1, heads, head_dim).transpose(1, 2)
+
+
+def ungrouped(x: Tensor) -> Tensor:
+    """``(sentences, heads, group, n)`` → ``(rows, heads, 1, n)``: ``grouped_queries`` undone."""
+    return x.transpose(1, 2).reshape(-1, x.shape[1], 1, x.shape[3])
 
 
 def split_denominators(dim: int) -> Tensor:
@@ -390,6 +404,8 @@ class EncoderDecoder(Seq2SeqModel):
     """The model of ``EncoderDecoderConfig``: module names as ``transformers``' BART-style models
     minus ``model.``; the encoder computes every decoder layer's cross K/V and the step decoder
     carries one K/V cache per layer (``cross_memory_specs``, ``self_attention_cache``)."""
+
+    memory_per_sentence = True
 
     def __init__(self, cfg: EncoderDecoderConfig, src_vocab_size: int, tgt_vocab_size: int) -> None:
         super().__init__()

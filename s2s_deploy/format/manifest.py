@@ -163,6 +163,9 @@ class Manifest:
     exporter: str = ""
     opset: int | None = None
     ort_optimized: bool = False
+    memory_per_sentence: bool = False
+    """Whether the decoder also takes the memory with one row per sentence while its rows are
+    several per sentence (beams, samples), grouped sentence-major: a runtime need not repeat it."""
     encoder_input: SourceSpec = TOKEN_SOURCE
     """What ``src`` holds: token ids, or features from the front end it names (format 4)."""
     _document: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
@@ -176,7 +179,7 @@ class Manifest:
         memory: Sequence[MemorySpec], state: Sequence[StateSpec], src_vocab: Vocabulary, tgt_vocab: Vocabulary,
         limits: tuple[int | None, int | None], search: Mapping[str, Any], validation: Mapping[str, Any],
         samples: Sequence[str], training: Mapping[str, Any], checkpoint: CheckpointEntry, ort_optimized: bool,
-        encoder_input: SourceSpec = TOKEN_SOURCE,
+        encoder_input: SourceSpec = TOKEN_SOURCE, memory_per_sentence: bool = False,
     ) -> Manifest:
         """A new export's manifest from what the exporter knows; ``plugin`` is (name, version,
         description, origin); ``graphs`` maps a role to (file, inputs, outputs), hashed later by
@@ -205,6 +208,7 @@ class Manifest:
             "checkpoint": {"file": checkpoint.file, "sha256": checkpoint.sha256, "included": checkpoint.included},
             "training": dict(training),
             "ort_optimized": ort_optimized,
+            "memory_per_sentence": memory_per_sentence,
             "encoder_input": encoder_input.to_json(),
         }
         return _typed(Path(directory), document, (src_vocab, tgt_vocab))
@@ -414,6 +418,7 @@ def _typed(directory: Path, doc: dict[str, Any], vocabs: tuple[Vocabulary, Vocab
         exporter=doc.get("exporter", ""),
         opset=doc.get("opset"),
         ort_optimized=bool(doc.get("ort_optimized", False)),
+        memory_per_sentence=bool(doc.get("memory_per_sentence", False)),
         encoder_input=_encoder_input(doc, encoder),
         _document=doc,
     )
@@ -632,8 +637,11 @@ def _check_against_graphs(path: Path, manifest: Manifest, encoder: Any, decoder:
         dtype, dims = declared["decoder"][0][s.decoder_input]
         _, out_dims = declared["decoder"][1][s.decoder_output]
         _check_dtype(where, s.dtype, dtype, s.decoder_input)
-        _check_batch_axis(where, s.batch_axis, dims, batch, s.decoder_input)
-        growing = [axis for axis, (a, b) in enumerate(zip(dims, out_dims, strict=False)) if a != b]
+        # the past's rows have a name of their own (a beam's first wide step reads one per sentence)
+        _check_batch_axis(where, s.batch_axis, dims, None, s.decoder_input)
+        _check_batch_axis(where, s.batch_axis, out_dims, batch, s.decoder_output)
+        growing = [axis for axis, (a, b) in enumerate(zip(dims, out_dims, strict=False))
+                   if a != b and axis != s.batch_axis]
         if s.grow_axis not in (growing or [None]):
             raise ManifestError(f"{where}.grow_axis: {s.grow_axis}, but {s.decoder_input} grows along "
                                 f"{growing[0] if growing else 'no axis'} in the graph")

@@ -112,6 +112,7 @@ PROPERTIES: dict[str, Any] = {
     "config": {"type": "object"},
     "source": {"type": "string"},
     "ort_optimized": {"type": "boolean"},
+    "memory_per_sentence": {"type": "boolean"},
     "encoder_input": {"type": "object", "required": ["kind"],
                       "properties": {"kind": {"enum": ["tokens", "features"]}, "dtype": _DTYPE,
                                      "shape": {"type": "array", "maxItems": 16, "items": _DIM},

@@ -298,11 +298,13 @@ class _Fuser:
 
     def start_values(self, encoded: dict[str, ir.Value], batch: ir.Value,
                      k: ir.Value | None) -> tuple[dict[str, ir.Value], list[ir.Value]]:
-        """Decoder memory and initial state, each repeated ``k`` times per sentence for beam search."""
+        """Decoder memory and initial state, each repeated ``k`` times per sentence for beam search
+        (the memory not where the decoder takes it once per sentence)."""
         op = self.op
         rows = batch if k is None else op.Mul(batch, k)
         accepted = {value.name for value in self.decoder.inputs}
-        memory = {m.name: encoded[m.name] if k is None else self.repeat(encoded[m.name], m.batch_axis, k)
+        shared = k is None or self.m.memory_per_sentence
+        memory = {m.name: encoded[m.name] if shared else self.repeat(encoded[m.name], m.batch_axis, k)
                   for m in self.m.memory if m.name in accepted}
         state = []
         for s in self.m.state:

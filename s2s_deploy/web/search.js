@@ -164,7 +164,11 @@
       const feeds = {};
       const tile = (tensor, axis) => (rows === 1 ? tensor
         : this.tensor(tensor.type, ...repeatRows(tensor.data, tensor.dims, axis, rows)));
-      for (const m of this.manifest.memory) if (this.inputs.has(m.name)) feeds[m.name] = tile(encoded[m.name], m.batch_axis);
+      // one memory row serves every row where the decoder groups rows by sentence (manifest step 4)
+      const shared = this.manifest.memory_per_sentence === true;
+      for (const m of this.manifest.memory) {
+        if (this.inputs.has(m.name)) feeds[m.name] = shared ? encoded[m.name] : tile(encoded[m.name], m.batch_axis);
+      }
       for (const s of this.manifest.state) {
         if (s.init === 'encoder') {
           feeds[`past_${s.name}`] = tile(encoded[`init_${s.name}`], s.batch_axis);

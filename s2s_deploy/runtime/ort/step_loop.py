@@ -14,7 +14,8 @@ its own, and the addresses are made to repeat from batch to batch:
 
 * every state lives in two flat buffers; step t reads a view of one and writes the one-longer
   view of the other;
-* memory is copied into buffers kept per memory shape;
+* memory is copied into buffers kept per memory shape (once per sentence where the decoder takes
+  it so, ``memory_per_sentence``: beams then neither copy it K times nor read it K times a step);
 * tokens, position and reorder are small tensors written in place before each step;
 * the requested outputs land in buffers kept per (rows, outputs): host arrays on CPU, read in
   place; on CUDA the session's own allocations, copied out after each run.
@@ -378,9 +379,10 @@ class FixedRun(DecodeRun):
         self.history: list[tuple[np.ndarray, np.ndarray, tuple[str, ...], int]] | None = [] if steps.capture else None
         """While capturing, every step's inputs so far: replayed if a capture fails."""
         self.keep_attention = keep_attention
-        tiled = {m.name: np.repeat(encoded[m.name], expand, axis=m.batch_axis) if expand > 1 else encoded[m.name]
-                 for m in manifest.memory}
-        self.memory_id, self.memory = steps.memory(rows, tiled)
+        repeat = expand > 1 and not manifest.memory_per_sentence
+        memory = {m.name: np.repeat(encoded[m.name], expand, axis=m.batch_axis) if repeat else encoded[m.name]
+                  for m in manifest.memory}
+        self.memory_id, self.memory = steps.memory(rows, memory)
         self.initial = _initial_states(manifest, encoded, rows, expand)
         self.start_lengths = [None if s.grow_axis is None else int(array.shape[s.grow_axis])
                               for s, array in zip(manifest.state, self.initial, strict=True)]
