@@ -57,7 +57,7 @@ def parity_command(export_dir: str, input_path: str | None, beam: int, max_len: 
         whole_features,
     )
     from s2s_deploy.format.manifest import load_manifest
-    from s2s_deploy.runtime.decoding import resolve
+    from s2s_deploy.runtime.decoding import manifest_defaults, resolve
     from s2s_deploy.runtime.ort.backend import OrtBackend
     from s2s_deploy.runtime.search import StepLoop
 
@@ -65,7 +65,7 @@ def parity_command(export_dir: str, input_path: str | None, beam: int, max_len: 
     if atol is not None and not 0 <= atol < float("inf"):
         raise S2SError(f"--atol must be a finite number >= 0, not {atol}")
     manifest = load_manifest(export_dir)
-    timed = resolve(manifest).timestamps if timestamps is None else timestamps
+    timed = manifest_defaults(manifest).get("timestamps", False) if timestamps is None else timestamps
     window = timestamp_window(manifest) if timed else None  # where timestamps cannot apply: one line, now
     source = manifest.encoder_input
     sources = read_lines(input_path) if input_path else list(manifest.samples)
