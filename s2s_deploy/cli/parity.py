@@ -26,13 +26,18 @@ from s2s_deploy.cli.group import device_option, echo_device, load_plugin_files, 
 @click.option("--reference", "reference_dir", type=click.Path(file_okay=False), default=None,
               help="A Hugging Face model folder: compare tokens with transformers' own generate at the folder's "
                    "settings, and log-probs with its model (needs [hf]).")
+@click.option("--timestamps/--no-timestamps", default=None,
+              help="Also check timestamped decoding (transcribe --timestamps): tokens and timed segments of each "
+                   "input read whole, window by window, greedy and beam; with --reference, against generate("
+                   "return_timestamps=True); synthetic inputs gain clips longer than the window [default: on where "
+                   "the export's search turns timestamps on].")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--ort-format", is_flag=True, help="Check the .ort graphs instead of the .onnx ones.")
 @device_option
 @plugin_option
 def parity_command(export_dir: str, input_path: str | None, beam: int, max_len: int | None, atol: float | None,
-                   rtol: float | None, checkpoint: str | None, reference_dir: str | None, as_json: bool,
-                   ort_format: bool, device: str, plugin_files: tuple[str, ...]) -> None:
+                   rtol: float | None, checkpoint: str | None, reference_dir: str | None, timestamps: bool | None,
+                   as_json: bool, ort_format: bool, device: str, plugin_files: tuple[str, ...]) -> None:
     """Check that ONNX Runtime decodes exactly like PyTorch.
 
     Decodes with both, greedy and beam; exits 1 unless they agree.
@@ -44,29 +49,41 @@ def parity_command(export_dir: str, input_path: str | None, beam: int, max_len: 
 
     from s2s_deploy.errors import S2SError
     from s2s_deploy.export.parity import check_parity, torch_backend_for
+    from s2s_deploy.export.timestamp_parity import (
+        check_timestamps,
+        long_inputs,
+        stepwise,
+        timestamp_window,
+        whole_features,
+    )
     from s2s_deploy.format.manifest import load_manifest
+    from s2s_deploy.runtime.decoding import manifest_defaults, resolve
     from s2s_deploy.runtime.ort.backend import OrtBackend
+    from s2s_deploy.runtime.search import StepLoop
 
     load_plugin_files(plugin_files)
     if atol is not None and not 0 <= atol < float("inf"):
         raise S2SError(f"--atol must be a finite number >= 0, not {atol}")
     manifest = load_manifest(export_dir)
+    timed = manifest_defaults(manifest).get("timestamps", False) if timestamps is None else timestamps
+    window = timestamp_window(manifest) if timed else None  # where timestamps cannot apply: one line, now
     source = manifest.encoder_input
     sources = read_lines(input_path) if input_path else list(manifest.samples)
-    encode = None
+    encode, whole = None, {}
     if source.is_features:  # --input lists audio or image files; without it, seeded synthetic ones
         from s2s_deploy.export.parity import feature_encoder, feature_inputs
         from s2s_deploy.frontends.source import frontend_for
 
         inputs = feature_inputs(frontend_for(source), sources if input_path else None)
         sources, encode = list(inputs), feature_encoder(manifest, inputs)
+        if timed:  # read whole, so that a clip longer than the window is sought through
+            whole = whole_features(manifest, inputs | ({} if input_path else long_inputs(manifest)))
     if not sources:
         raise S2SError(f"{export_dir} stores no sample inputs; pass --input FILE")
     generate = None
     if reference_dir is not None:
         from s2s_deploy.architecture.registry import exported_plugin
         from s2s_deploy.export.hf_reference import GenerateEngine, HFBackend, load_transformers_model
-        from s2s_deploy.runtime.decoding import resolve
 
         if checkpoint:
             raise S2SError("--reference and --checkpoint name two originals: give one")
@@ -79,8 +96,6 @@ def parity_command(export_dir: str, input_path: str | None, beam: int, max_len: 
     else:
         reference = torch_backend_for(manifest, checkpoint)
         if manifest.search.get("decoder_prompt"):  # 64 tokens after the prompt may not fit the positions
-            from s2s_deploy.runtime.decoding import resolve
-
             max_len = max_len or min(64, resolve(manifest).max_len)
     if max_len is None and manifest.max_target_length is not None:
         # the teacher-forced comparison feeds one step past a hypothesis cut at max_len
@@ -89,10 +104,16 @@ def parity_command(export_dir: str, input_path: str | None, beam: int, max_len: 
     echo_device(candidate.choice.notice(), candidate.choice.provider)
     report = check_parity(manifest, reference, candidate, sources, beam_size=beam, max_len=max_len or 64, atol=atol,
                           rtol=rtol, reference_search=generate, encode=encode)
+    timed_rows = ()
+    if timed:
+        timed_reference = generate.timed if generate is not None else stepwise(StepLoop(reference), window)
+        timed_rows = check_timestamps(manifest, timed_reference, stepwise(StepLoop(candidate), window), whole,
+                                      beam_size=beam, max_len=max_len or 64)
+    passed = report.passed and all(t.agreement >= report.min_token_agreement for t in timed_rows)
     tol = report.forward_tolerance
     if as_json:
         click.echo(json.dumps({
-            "passed": report.passed, "inputs": report.inputs, "atol": report.atol,
+            "passed": passed, "inputs": report.inputs, "atol": report.atol,
             "rtol": None if report.tolerance is None else report.tolerance.rtol,
             "min_token_agreement": report.min_token_agreement,
             "step_max_abs_diff": report.step_max_abs_diff, "step_worst_ratio": report.step.worst,
@@ -104,6 +125,11 @@ def parity_command(export_dir: str, input_path: str | None, beam: int, max_len: 
                           "agreement": s.agreement, "max_score_diff": s.max_score_diff,
                           "mismatches": [dict(zip(("source", "pytorch", "onnx"), m, strict=True))
                                          for m in s.mismatches]} for s in report.searches],
+            "timestamps": [{"mode": t.mode, "inputs": t.total, "longer_than_window": t.long, "segments": t.segments,
+                            "tokens_identical": t.tokens_identical, "segments_identical": t.segments_identical,
+                            "identical": t.identical, "agreement": t.agreement,
+                            "mismatches": [dict(zip(("source", "pytorch", "onnx"), m, strict=True))
+                                           for m in t.mismatches]} for t in timed_rows],
         }, indent=2, ensure_ascii=False))
     else:
         if report.atol is None:
@@ -127,6 +153,13 @@ def parity_command(export_dir: str, input_path: str | None, beam: int, max_len: 
                        f"score max |diff| {s.max_score_diff:.2e} {verdict}")
             for source, want, got in s.mismatches[:5]:
                 click.echo(f"  {source!r}: {'generate' if generate else 'pytorch'} {want!r} onnx {got!r}")
-        click.echo("parity: PASS" if report.passed else "parity: FAIL")
-    if not report.passed:
+        for t in timed_rows:
+            verdict = "ok" if t.agreement >= report.min_token_agreement else "FAIL"
+            click.echo(f"{t.mode:<8} tokens identical {t.tokens_identical}/{t.total}, segments identical "
+                       f"{t.segments_identical}/{t.total} ({t.segments} segments; {t.long} inputs longer than the "
+                       f"window) {verdict}")
+            for source, want, got in t.mismatches[:5]:
+                click.echo(f"  {source!r}: {'generate' if generate else 'pytorch'} {want!r} onnx {got!r}")
+        click.echo("parity: PASS" if passed else "parity: FAIL")
+    if not passed:
         sys.exit(1)

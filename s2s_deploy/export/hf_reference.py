@@ -9,6 +9,9 @@ nothing of ours in the path. A family whose uncached forward is not what its cac
 computes (the plugin's ``hf_step_cache``) is stepped with transformers' own cache instead, one
 token a step, the cache reordered by the search's backpointers as ``generate`` reorders it.
 
+With timestamps (``parity --timestamps``), ``GenerateEngine.timed`` is the reference for tokens and
+segments: ``generate(return_timestamps=True, return_segments=True)`` on each whole clip alone.
+
 Features of different lengths (a batch of clips padded along their frames) are encoded, and
 generated from, one input at a time at its own length: a ``transformers`` encoder may let a
 batch's padding into a convolution despite its ``attention_mask`` (Speech2Text's subsampler
@@ -17,7 +20,7 @@ does), and an export must not, so the reference is what ``generate`` gives for e
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -26,6 +29,7 @@ import numpy as np
 import torch
 
 from s2s_deploy.errors import S2SError
+from s2s_deploy.export.timestamp_parity import Timed
 from s2s_deploy.format.decoding import OPEN_SLOT
 from s2s_deploy.format.source import TOKEN_SOURCE, SourceSpec
 from s2s_deploy.frontends import AUDIO, IMAGE
@@ -33,6 +37,7 @@ from s2s_deploy.frontends.source import frontend_for
 from s2s_deploy.runtime.backend import Backend, DecodeRun
 from s2s_deploy.runtime.decoding import SearchConfig
 from s2s_deploy.runtime.search import Hypothesis
+from s2s_deploy.runtime.timestamps import Piece
 
 AUTO_CLASSES = ("AutoModelForSeq2SeqLM", "AutoModelForSpeechSeq2Seq", "AutoModelForImageTextToText",
                 "AutoModelForVision2Seq")
@@ -222,4 +227,24 @@ class GenerateEngine:
             score = scored[i]
             prompt = tuple(full[1: len(head)]) if ours else tuple(config.decoder_prompt)
             found.append([Hypothesis(tokens, (), score, finished, prompt)])
+        return found
+
+    @torch.no_grad()
+    def timed(self, features: Sequence[np.ndarray], config: SearchConfig) -> list[Timed]:
+        """``generate(return_timestamps=True, return_segments=True)`` on each whole input alone, at its
+        own length and without a mask (so a clip longer than the window goes through ``generate``'s own
+        seek loop): its new tokens up to EOS, and its segments' times and tokens. Only the beam size and
+        ``max_len`` (per window) are passed, as in ``search``."""
+        name = INPUT_NAMES[frontend_for(self.source).reads]
+        found = []
+        with in_transformers("generate"):
+            for item in features:
+                data = torch.from_numpy(np.ascontiguousarray(item[None], dtype=np.float32))
+                out = self.model.generate(**{name: data}, num_beams=config.beam_size, max_new_tokens=config.max_len,
+                                          return_timestamps=True, return_segments=True)
+                row = out["sequences"][0].tolist()
+                tokens = tuple(row[: row.index(self.eos_id)] if self.eos_id in row else row)
+                segments = tuple(Piece(float(s["start"]), float(s["end"]), tuple(s["tokens"].tolist()))
+                                 for s in out["segments"][0])
+                found.append(Timed(tokens, segments))
         return found

@@ -136,16 +136,18 @@ def feature_inputs(frontend: FrontEnd, paths: Sequence[str] | None = None) -> di
     return {path: load_image(path) for path in paths}
 
 
-def synthetic_clips(sampling_rate: int, count: int = 16, seed: int = 0) -> dict[str, np.ndarray]:
+def synthetic_clips(sampling_rate: int, count: int = 16, seed: int = 0, seconds: tuple[float, float] = (0.3, 1.5),
+                    label: str = "synthetic clip") -> dict[str, np.ndarray]:
     """Seeded parity audio for an export that reads features and stores no samples: chirps of
-    0.3-1.5 s in noise of varied levels; shapes and decoding rules, not words, are what they test."""
+    ``seconds`` (0.3-1.5 s) in noise of varied levels; shapes and decoding rules, not words, are what
+    they test. Timestamped parity adds a few longer than the window, under another ``label``."""
     rng = np.random.default_rng(seed)
     clips = {}
     for i in range(count):
-        t = np.arange(int(sampling_rate * rng.uniform(0.3, 1.5))) / sampling_rate
+        t = np.arange(int(sampling_rate * rng.uniform(*seconds))) / sampling_rate
         f0, f1 = rng.uniform(100, min(3000, sampling_rate / 3), 2)
         chirp = 0.3 * np.sin(2 * np.pi * (f0 + (f1 - f0) * t / (2 * t[-1])) * t)
-        clips[f"synthetic clip {i + 1}"] = (chirp + rng.normal(0, rng.uniform(0.01, 0.2), len(t))).astype(np.float32)
+        clips[f"{label} {i + 1}"] = (chirp + rng.normal(0, rng.uniform(0.01, 0.2), len(t))).astype(np.float32)
     return clips
 
 
@@ -182,9 +184,10 @@ def check_parity(
     """Tokens of ``reference_search`` (default: our search over ``reference``) against our search
     over ``candidate``, greedy and beam, and each step's log-probs of ``reference`` against
     ``candidate``'s. With a ``reference_search`` of its own (``generate``), both sides decode at the
-    export's own settings (the manifest's ``search`` block), but the beam size and ``max_len``;
-    without one, plain searches from the export's decoder prompt. ``encode``: how ``sources``
-    become the encoder's input (default: texts through the source vocabulary)."""
+    export's own settings (the manifest's ``search`` block), but the beam size and ``max_len``, and
+    untimed (export/timestamp_parity.py checks timestamps); without one, plain searches from the
+    export's decoder prompt. ``encode``: how ``sources`` become the encoder's input (default: texts
+    through the source vocabulary)."""
     plugin = exported_plugin(manifest.plugin, manifest.plugin_origin)
     quantised = manifest.quantization is not None
     tolerance = None if quantised and atol is None and rtol is None else plugin_tolerance(plugin, atol, rtol)
@@ -196,7 +199,7 @@ def check_parity(
         modes = [(name, SearchConfig(beam, 1, max_len, decoder_prompt=prompt))
                  for name, beam in (("greedy", 1), (f"beam{beam_size}", beam_size))]
     else:
-        modes = [(name, resolve(manifest, {"beam_size": beam, "n_best": 1, "max_len": max_len}))
+        modes = [(name, resolve(manifest, {"beam_size": beam, "n_best": 1, "max_len": max_len, "timestamps": False}))
                  for name, beam in (("greedy", 1), (f"beam{beam_size}", beam_size))]
     agreements = {name: [0, 0.0, []] for name, _ in modes}
     step_diff, forward_diff = NO_DIFF, NO_DIFF
