@@ -179,6 +179,7 @@ class WhisperPlugin(EncoderDecoderPlugin):
     hf_language_codes = r"<\|[a-z]{2,3}\|>"  # every code of transformers' Whisper LANGUAGES: en, haw, yue, ...
     hf_task_codes = r"<\|(transcribe|translate)\|>"
     hf_hidden_tokens = r"<\|\d+\.\d\d\|>"  # timestamps: WhisperTokenizer.decode drops them from text
+    hf_prompt_token = r"<\|startofprev\|>"  # get_prompt_ids puts it before the prompt's text
     hf_files = (PREPROCESSOR_FILE,)
     model = "s2s_deploy_plugins.models.whisper:WhisperModel"
 
