@@ -1,6 +1,7 @@
 """Hugging Face Whisper (``WhisperForConditionalGeneration``, ``model_type`` ``whisper``), written
 from ``transformers``' arithmetic without importing it; transcription (or translation), with
-timestamps and long-form audio when the runtime's ``timestamps`` option is on.
+timestamps when the runtime's ``timestamps`` option is on, long-form audio always, and a prompt of
+earlier text (``prompt``, after ``<|startofprev|>``: ``hf_prompt_token``).
 
 The encoder reads ``(batch, n_mels, frames)`` log-mel features from the ``whisper_log_mel`` front
 end, whose parameters come from the folder's ``preprocessor_config.json``: two convolutions

@@ -167,6 +167,14 @@ def resolve(manifest: Manifest, given: Mapping[str, Any] | None = None) -> Searc
     return config
 
 
+def with_timestamps(config: SearchConfig, size: int) -> SearchConfig:
+    """``config`` with ``timestamps`` on by rule 3 (a closing no-timestamps token dropped): how an input
+    longer than the encoder's window is read, as ``generate`` turns timestamps on for long-form input."""
+    values = {name: getattr(config, name) for name in NAMES} | {"timestamps": True}
+    _timestamped(values, size)
+    return SearchConfig(**values)
+
+
 def _as_ids(vocab: Vocabulary, kind: Ids, value: Any) -> Any:
     """A caller's token option as ids: strings per ``kind.strings``, lists as tuples."""
     if kind.strings == "text":

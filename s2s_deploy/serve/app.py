@@ -227,10 +227,10 @@ def create_app(config: ServeConfig) -> Starlette:
             search = parse_query(dict(request.query_params), transcriber.translator, config.max_beam)
             # the front end (decode, resample, features) runs beside the batch thread, not in the event loop
             features = await asyncio.get_running_loop().run_in_executor(state["front_end"], transcriber.features,
-                                                                        data, "from the upload", search.timestamps)
+                                                                        data, "from the upload", True)
             frames = int(features.shape[transcriber.source.length_axis - 1])
-            if search.timestamps:  # a batch runs a window at a time
-                frames = min(frames, transcriber.manifest.max_source_length or frames)
+            if transcriber.source.length_axis == len(transcriber.source.shape):  # a long clip runs a window at a time
+                frames = min(frames, transcriber.window([features]))
             [result] = await batcher.submit([features], [frames], search)
         except S2SError as exc:
             return _refusal(exc)
