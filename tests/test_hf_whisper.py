@@ -446,3 +446,28 @@ def test_prompt_refusals(whisper: dict[str, Any], tmp_path: Path) -> None:
     with pytest.raises(S2SError, match="takes no prompt"):
         Transcriber(tmp_path / "out", device="cpu", prompt=PROMPT)
 
+
+def test_a_clip_longer_than_the_window_is_read_window_by_window(whisper: dict[str, Any], tmp_path: Path) -> None:
+    """This export has no timestamp tokens: a clip of two to three windows is decoded one whole window
+    after another (never cut to the first), each window as ``generate`` decodes it alone."""
+    import soundfile
+
+    transcriber = whisper["transcriber"]
+    audio = clips(3, 2.2, 2.9, seed=5)
+    ours = transcriber(audio + clips(1, high=1.0))
+    for clip, got in zip(audio, ours[:3], strict=True):
+        whole = transcriber.features(clip, whole=True)
+        windows = np.zeros((3, 80, 100), dtype=np.float32)
+        for i in range(3):
+            part = whole[:, 100 * i: 100 * (i + 1)]
+            windows[i, :, : part.shape[-1]] = part
+        want = [f"w{t}" for row in generated(whisper["model"], windows, 1) for t in row]
+        assert got.text.split() == want and not got.segments
+    assert ours[-1].text == transcriber(clips(1, high=1.0))[0].text  # a clip within the window, as alone
+    path = tmp_path / "long.wav"
+    soundfile.write(path, audio[0], RATE)
+    result = CliRunner().invoke(main, ["transcribe", str(whisper["out"]), str(path), "--quiet"])
+    assert result.exit_code == 0 and result.output.split() == ours[0].text.split(), result.output
+    result = CliRunner().invoke(main, ["transcribe", str(whisper["out"]), str(path), "--beam", "2", "--n-best", "2"])
+    assert result.exit_code == 1 and len(result.output.splitlines()) == 1, result.output
+    assert result.output.startswith(f"error: {path} is longer than the encoder's window of 100 frames")

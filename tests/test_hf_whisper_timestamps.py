@@ -256,3 +256,19 @@ def test_prompt_with_timestamps_matches_generate(whisper: dict[str, Any], beams:
     theirs = generated(whisper["model"], features, beams, prompt_ids=torch.tensor([PREV, 12, 40, 77]))
     assert ours == theirs and theirs != generated(whisper["model"], features, beams)
 
+
+@pytest.mark.parametrize("beams", [1, 4])
+def test_long_clips_without_timestamps_match_generate(whisper: dict[str, Any], beams: int) -> None:
+    """``generate`` on long-form input without ``return_timestamps`` turns timestamps on to seek through
+    it: so does ``Transcriber`` without ``timestamps``, for such clips alone, and returns their text only.
+    A clip within the window decodes as usual, whatever its batchmates."""
+    transcriber, features = whisper["transcriber"], whisper["long"]
+    theirs = generated(whisper["model"], features, beams, timestamps=None)
+    config = transcriber.translator.search_config(beams, 1, MAX_NEW)
+    sought = transcriber.long_form(features, config, ["clip"] * len(features))
+    assert [s.tokens for s in sought] == theirs and all(len(s.scores) > 1 for s in sought)  # not cut to a window
+    vocab = transcriber.manifest.tgt_vocab
+    found = transcriber(whisper["long_audio"] + [whisper["short_audio"][0]], beam=beams, max_len=MAX_NEW)
+    assert [t.text for t in found[:-1]] == [vocab.decode(row) for row in theirs]
+    assert all(not t.segments and t.language == "fr" for t in found)
+    assert found[-1].text == transcriber(whisper["short_audio"][0], beam=beams, max_len=MAX_NEW)[0].text
