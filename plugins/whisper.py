@@ -1,6 +1,7 @@
 """Hugging Face Whisper (``WhisperForConditionalGeneration``, ``model_type`` ``whisper``), written
 from ``transformers``' arithmetic without importing it; transcription (or translation), with
-timestamps and long-form audio when the runtime's ``timestamps`` option is on.
+timestamps when the runtime's ``timestamps`` option is on, long-form audio always, and a prompt of
+earlier text (``prompt``, after ``<|startofprev|>``: ``hf_prompt_token``).
 
 The encoder reads ``(batch, n_mels, frames)`` log-mel features from the ``whisper_log_mel`` front
 end, whose parameters come from the folder's ``preprocessor_config.json``: two convolutions
@@ -179,6 +180,7 @@ class WhisperPlugin(EncoderDecoderPlugin):
     hf_language_codes = r"<\|[a-z]{2,3}\|>"  # every code of transformers' Whisper LANGUAGES: en, haw, yue, ...
     hf_task_codes = r"<\|(transcribe|translate)\|>"
     hf_hidden_tokens = r"<\|\d+\.\d\d\|>"  # timestamps: WhisperTokenizer.decode drops them from text
+    hf_prompt_token = r"<\|startofprev\|>"  # get_prompt_ids puts it before the prompt's text
     hf_files = (PREPROCESSOR_FILE,)
     model = "s2s_deploy_plugins.models.whisper:WhisperModel"
 

@@ -26,6 +26,7 @@ import torch
 from click.testing import CliRunner
 
 from s2s_deploy.cli import main
+from s2s_deploy.errors import S2SError
 
 transformers = pytest.importorskip("transformers")
 
@@ -274,7 +275,7 @@ def test_transcribe_takes_language_and_task_codes(whisper: dict[str, Any], tmp_p
     import soundfile
 
     path = tmp_path / "clip.wav"
-    soundfile.write(path, clips(1)[0], RATE)
+    soundfile.write(path, clips(1, high=1.0)[0], RATE)  # within the window
     features = whisper["transcriber"].features(str(path))[None]
     result = CliRunner().invoke(main, ["transcribe", str(whisper["out"]), str(path), "--quiet"])
     assert result.exit_code == 0, result.output
@@ -344,7 +345,129 @@ def test_timestamps_need_timestamp_tokens(whisper: dict[str, Any], tmp_path: Pat
 
     assert "timestamp_begin" not in load_manifest(whisper["out"]).search
     path = tmp_path / "clip.wav"
-    soundfile.write(path, clips(1)[0], RATE)
+    soundfile.write(path, clips(1, high=1.0)[0], RATE)  # within the window
     result = CliRunner().invoke(main, ["transcribe", str(whisper["out"]), str(path), "--timestamps"])
     assert result.exit_code == 1 and result.output == ("error: timestamps: this export has no timestamp tokens (its "
                                                        "search block sets no timestamp_begin)\n")
+
+
+PROMPT = "w12 w40 w77 w3 w91"
+PROMPT_IDS = (12, 40, 77, 3, 91)
+
+
+def prompt_ids(ids: tuple[int, ...] = PROMPT_IDS) -> torch.Tensor:
+    """What ``WhisperProcessor.get_prompt_ids`` makes: ``<|startofprev|>``, then the text's ids."""
+    return torch.tensor([PREV, *ids])
+
+
+@pytest.mark.parametrize("beams", [1, 4])
+def test_prompt_matches_generate(whisper: dict[str, Any], beams: int) -> None:
+    """``prompt`` (text, or ids) is ``generate(prompt_ids=...)``: fed before ``<|startoftranscript|>``,
+    stripped from the output, the export's decoder prompt unchanged after it."""
+    model, features = whisper["model"], whisper["features"]
+    theirs = generated(model, features, beams, prompt_ids=prompt_ids())
+    ours = searched(whisper["transcriber"], features, beams, prompt=PROMPT)
+    assert [h.tokens for h in ours] == theirs
+    assert {h.prompt for h in ours} == {(FR, TRANSCRIBE, NO_TIMESTAMPS)}
+    assert theirs != generated(model, features, beams)  # the prompt is read
+    assert decoded(whisper, beams, rows=5, prompt=list(PROMPT_IDS)) == theirs[:5]
+
+
+@pytest.mark.parametrize("beams", [1, 4])
+def test_prompt_with_language_detection_matches_generate(whisper: dict[str, Any], beams: int) -> None:
+    """An open language slot is chosen as ``detect_language`` chooses it, without the prompt."""
+    model, features = whisper["detecting"], whisper["features"]
+    ours = searched(whisper["detector"], features, beams, prompt=PROMPT)
+    assert [h.tokens for h in ours] == generated(model, features, beams, prompt_ids=prompt_ids())
+    detected = model.detect_language(torch.from_numpy(features)).tolist()
+    assert [h.prompt for h in ours] == [(lang, NO_TIMESTAMPS) for lang in detected] and set(detected) == {EN, FR}
+
+
+def test_prompt_lengths_follow_generate(whisper: dict[str, Any]) -> None:
+    """Without a caller's max_len, the export's (20 here: max_length's) stays while the prompt fits half the
+    64 positions, as ``generate`` keeps it; a prompt past the positions left shrinks it to them (the start
+    token counted, as ``generate`` counts it); a caller's max_len that does not fit is one line."""
+    model, features, transcriber = whisper["model"], whisper["features"][:8], whisper["transcriber"]
+    ids = tuple(10 + 2 * i for i in range(20))
+    config = transcriber.translator.search_config(prompt=list(ids))
+    assert config.max_len == 20
+    src_len = np.full(len(features), features.shape[-1], dtype=np.int64)
+    ours = [hyps[0].tokens for hyps in transcriber.translator.engine.search(features, src_len, config)]
+    with torch.no_grad():
+        out = model.generate(input_features=torch.from_numpy(features), prompt_ids=prompt_ids(ids)).tolist()
+    assert ours == [tuple(row[: row.index(EOS)] if EOS in row else row) for row in out]
+    assert transcriber.translator.search_config(prompt=list(range(10, 52))).max_len == 64 - 1 - 43 - 3
+    with pytest.raises(S2SError, match="max_len 41 and the 24 prompt tokens"):
+        transcriber.translator.search_config(max_len=41, prompt=list(ids))
+
+
+def test_transcribe_takes_a_prompt(whisper: dict[str, Any], tmp_path: Path) -> None:
+    import soundfile
+
+    from s2s_deploy.runtime.transcriber import Transcriber
+    from s2s_deploy.serve.app import parse_query
+
+    path = tmp_path / "clip.wav"
+    soundfile.write(path, clips(1, high=1.0)[0], RATE)  # within the window
+    features = whisper["transcriber"].features(str(path))[None]
+    want = [f"w{i}" for i in generated(whisper["model"], features, 1, prompt_ids=prompt_ids())[0]]
+    result = CliRunner().invoke(main, ["transcribe", str(whisper["out"]), str(path), "--quiet", "--prompt", PROMPT])
+    assert result.exit_code == 0, result.output
+    assert result.output.split() == want
+    prompted = Transcriber(whisper["out"], device="cpu", prompt=PROMPT)
+    assert prompted([str(path)])[0].text.split() == want
+    assert prompted([str(path)], prompt="")[0].text == whisper["transcriber"]([str(path)])[0].text
+    config = parse_query({"prompt": PROMPT}, whisper["transcriber"].translator, 4)
+    assert config.prompt == PROMPT_IDS and config.prompt_start == PREV
+
+
+def test_prompt_refusals(whisper: dict[str, Any], tmp_path: Path) -> None:
+    """A folder whose tokenizer has no ``<|startofprev|>`` takes no prompt, and a prompt holds text
+    only: one line each, exit 1."""
+    import soundfile
+
+    from s2s_deploy.format.manifest import load_manifest
+    from s2s_deploy.runtime.transcriber import Transcriber
+
+    assert load_manifest(whisper["out"]).search["prompt_start"] == PREV
+    path = tmp_path / "clip.wav"
+    soundfile.write(path, clips(1, high=1.0)[0], RATE)  # within the window
+    result = CliRunner().invoke(main, ["transcribe", str(whisper["out"]), str(path), "--prompt", "<|en|> w5"])
+    assert result.exit_code == 1 and result.output == "error: prompt holds '<|en|>' (id 102), which is not text\n"
+    folder = tmp_path / "hf"
+    shutil.copytree(whisper["hf_dir"], folder)
+    tokenizer_json(folder, special={k: v for k, v in SPECIAL_TOKENS.items() if k != PREV})
+    result = CliRunner().invoke(main, ["export", "--hf", str(folder), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    assert "prompt_start" not in load_manifest(tmp_path / "out").search
+    result = CliRunner().invoke(main, ["transcribe", str(tmp_path / "out"), str(path), "--prompt", PROMPT])
+    assert result.exit_code == 1 and result.output == ("error: prompt: this export takes no prompt (its search "
+                                                       "block sets no prompt_start)\n")
+    with pytest.raises(S2SError, match="takes no prompt"):
+        Transcriber(tmp_path / "out", device="cpu", prompt=PROMPT)
+
+
+def test_a_clip_longer_than_the_window_is_read_window_by_window(whisper: dict[str, Any], tmp_path: Path) -> None:
+    """This export has no timestamp tokens: a clip of two to three windows is decoded one whole window
+    after another (never cut to the first), each window as ``generate`` decodes it alone."""
+    import soundfile
+
+    transcriber = whisper["transcriber"]
+    audio = clips(3, 2.2, 2.9, seed=5)
+    ours = transcriber(audio + clips(1, high=1.0))
+    for clip, got in zip(audio, ours[:3], strict=True):
+        whole = transcriber.features(clip, whole=True)
+        windows = np.zeros((3, 80, 100), dtype=np.float32)
+        for i in range(3):
+            part = whole[:, 100 * i: 100 * (i + 1)]
+            windows[i, :, : part.shape[-1]] = part
+        want = [f"w{t}" for row in generated(whisper["model"], windows, 1) for t in row]
+        assert got.text.split() == want and not got.segments
+    assert ours[-1].text == transcriber(clips(1, high=1.0))[0].text  # a clip within the window, as alone
+    path = tmp_path / "long.wav"
+    soundfile.write(path, audio[0], RATE)
+    result = CliRunner().invoke(main, ["transcribe", str(whisper["out"]), str(path), "--quiet"])
+    assert result.exit_code == 0 and result.output.split() == ours[0].text.split(), result.output
+    result = CliRunner().invoke(main, ["transcribe", str(whisper["out"]), str(path), "--beam", "2", "--n-best", "2"])
+    assert result.exit_code == 1 and len(result.output.splitlines()) == 1, result.output
+    assert result.output.startswith(f"error: {path} is longer than the encoder's window of 100 frames")

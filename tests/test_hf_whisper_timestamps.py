@@ -85,13 +85,14 @@ def whisper(tmp_path_factory: pytest.TempPathFactory) -> Any:
     long = clips(6, 1.2, 3.5, seed=1)
     yield {"hf_dir": hf_dir, "out": out, "model": loaded, "transcriber": transcriber, "extractor": extractor,
            "short": [transcriber.features(a, whole=True) for a in short],
-           "long": [transcriber.features(a, whole=True) for a in long], "long_audio": long,
+           "long": [transcriber.features(a, whole=True) for a in long], "long_audio": long, "short_audio": short,
            "detecting": detecting, "detector": Transcriber(detect_out, device="cpu")}
     torch.set_num_threads(threads)
 
 
-def generated(model: Any, features: list[np.ndarray], beams: int, **settings: Any) -> list[tuple[int, ...]]:
-    """``generate(return_timestamps=True)``'s tokens per clip (EOS-padded: cut at the first EOS);
+def generated(model: Any, features: list[np.ndarray], beams: int, timestamps: bool | None = True,
+              **settings: Any) -> list[tuple[int, ...]]:
+    """``generate(return_timestamps=timestamps)``'s tokens per clip (EOS-padded: cut at the first EOS);
     clips of several lengths go as one zero-padded batch with their ``attention_mask``."""
     frames = max(f.shape[-1] for f in features)
     batch = np.zeros((len(features), features[0].shape[0], frames), dtype=np.float32)
@@ -100,7 +101,7 @@ def generated(model: Any, features: list[np.ndarray], beams: int, **settings: An
         batch[i, :, : f.shape[-1]], mask[i, : f.shape[-1]] = f, 1
     with torch.no_grad():
         out = model.generate(input_features=torch.from_numpy(batch), attention_mask=torch.from_numpy(mask),
-                             num_beams=beams, max_new_tokens=MAX_NEW, return_timestamps=True, **settings)
+                             num_beams=beams, max_new_tokens=MAX_NEW, return_timestamps=timestamps, **settings)
     return [tuple(row[: row.index(EOS)] if EOS in row else row) for row in out.tolist()]
 
 
@@ -243,3 +244,31 @@ def test_serve_transcribe_returns_segments(whisper: dict[str, Any], tmp_path: Pa
         refused = http.post("/transcribe", params={"timestamps": "yes"}, content=path.read_bytes())
         assert refused.status_code == 400 and "'timestamps' must be true or false" in refused.text
 
+
+
+@pytest.mark.parametrize("beams", [1, 4])
+def test_prompt_with_timestamps_matches_generate(whisper: dict[str, Any], beams: int) -> None:
+    """``generate(prompt_ids=..., return_timestamps=True)`` feeds the prompt before every window."""
+    import torch
+
+    features = whisper["long"] + whisper["short"][:6]
+    ours = [s.tokens for s in timed(whisper, features, beams, prompt="w12 w40 w77")]
+    theirs = generated(whisper["model"], features, beams, prompt_ids=torch.tensor([PREV, 12, 40, 77]))
+    assert ours == theirs and theirs != generated(whisper["model"], features, beams)
+
+
+@pytest.mark.parametrize("beams", [1, 4])
+def test_long_clips_without_timestamps_match_generate(whisper: dict[str, Any], beams: int) -> None:
+    """``generate`` on long-form input without ``return_timestamps`` turns timestamps on to seek through
+    it: so does ``Transcriber`` without ``timestamps``, for such clips alone, and returns their text only.
+    A clip within the window decodes as usual, whatever its batchmates."""
+    transcriber, features = whisper["transcriber"], whisper["long"]
+    theirs = generated(whisper["model"], features, beams, timestamps=None)
+    config = transcriber.translator.search_config(beams, 1, MAX_NEW)
+    sought = transcriber.long_form(features, config, ["clip"] * len(features))
+    assert [s.tokens for s in sought] == theirs and all(len(s.scores) > 1 for s in sought)  # not cut to a window
+    vocab = transcriber.manifest.tgt_vocab
+    found = transcriber(whisper["long_audio"] + [whisper["short_audio"][0]], beam=beams, max_len=MAX_NEW)
+    assert [t.text for t in found[:-1]] == [vocab.decode(row) for row in theirs]
+    assert all(not t.segments and t.language == "fr" for t in found)
+    assert found[-1].text == transcriber(whisper["short_audio"][0], beam=beams, max_len=MAX_NEW)[0].text

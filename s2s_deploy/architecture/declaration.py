@@ -98,6 +98,10 @@ class ArchitecturePlugin(ABC):
     """Likewise for target tokens that are never text (Whisper's timestamps ``<|1.20|>``, which its
     tokenizer's ``decode`` filters out): listed as the target vocabulary's ``hidden``, so ``decode``
     drops them as it drops pad and bos."""
+    hf_prompt_token: ClassVar[str | None] = None
+    """Likewise for the one target token that opens earlier text fed before the start token
+    (Whisper's ``<|startofprev|>``): the export writes its id as the search block's ``prompt_start``,
+    so the ``prompt`` option takes text."""
     hf_files: ClassVar[tuple[str, ...]] = ()
     """JSON files of a Hugging Face folder that ``from_hf`` reads besides ``config.json`` (a speech
     family's ``preprocessor_config.json``: its front end); each must be there, and is passed as ``files``."""

@@ -86,6 +86,9 @@ class Ids:
     """A caller (never a manifest) may also give one id tuple per sentence of the batch."""
     open_slot: bool = False
     """``OPEN_SLOT`` (-1) may stand for an id (``decoder_prompt``'s language detection)."""
+    continues: bool = False
+    """A string is earlier text that the output continues (``prompt``): stripped, then tokenised after
+    one space, as a tokenizer splits it in running text (Whisper's ``get_prompt_ids``)."""
 
     @property
     def nested(self) -> bool:
@@ -223,6 +226,12 @@ OPTIONS: tuple[Option, ...] = (
     Option("task", Code("tasks", after="languages"), "",
            "Task by its code (a token the export lists as a task: translate for <|translate|>), in the decoder "
            "prompt.", shown_default="none"),
+    Option("prompt", Ids("text", continues=True), (),
+           "Earlier text (the previous passage, names, spellings) fed before the start token after prompt_start: "
+           "not scored, not counted in max_len, not in the output (Whisper's initial prompt).", flag="--prompt"),
+    Option("prompt_start", Whole(-1, MAX_ID), -1,
+           "The token fed before a prompt's text (Whisper's <|startofprev|>). -1: the export takes no prompt.",
+           flag=None),
     Option("timestamps", Switch(), False,
            "Timestamp tokens between segments (ids from timestamp_begin on), by the rules of docs/decoding.md; "
            "audio longer than the encoder's window is then decoded window by window.", flag="--timestamps"),

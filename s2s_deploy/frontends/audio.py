@@ -167,6 +167,10 @@ class WhisperLogMel(AudioFrontEnd):
     def n_frames(self) -> int:
         return self.n_samples // self.hop_length
 
+    @property
+    def window(self) -> int:
+        return self.n_frames
+
     def __call__(self, audio: np.ndarray) -> np.ndarray:
         """(n_mels, n_frames) float32 features of one clip at ``sampling_rate``."""
         clip = mono(audio)[: self.n_samples]

@@ -28,6 +28,12 @@ class FrontEndConfig:
         features of the declared shape from it."""
         raise NotImplementedError
 
+    @property
+    def window(self) -> int | None:
+        """The frames of the fixed window the front end cuts an input to (None: it cuts nothing), so
+        a runtime can tell that ``whole`` made more and read the rest window by window."""
+        return None
+
     def whole(self, item: Any) -> Any:
         """The features of the whole input, for a search that seeks through it window by window
         (timestamps): the front end's own features unless it cuts a fixed window (then it overrides this)."""

@@ -6,7 +6,9 @@ Ray all call ``resolve``; docs/manifest.md states its rules. Imports numpy only.
 The rules, in order:
 1. Each option is the caller's value (None: not given), else the manifest's ``search`` value under
    its name, else under an alias (``alpha``: ``length_penalty_alpha``), else the built-in default.
-   The built-in ``max_len`` is ``limits.max_target_length`` (less a decoder prompt's tokens), else 256.
+   The built-in ``max_len`` is ``limits.max_target_length`` (less the prompt's and the decoder prompt's
+   tokens), else 256; with a ``prompt``, the export's ``max_len`` yields to that room less the start
+   token too, as ``generate`` shrinks ``max_length`` for ``prompt_ids``.
 2. A manifest ``min_len`` (never the caller's) yields to a shorter ``max_len``.
 3. Token options given as strings become target ids (format/decoding.py says how, per option); a
    code option (``target_lang``, ``task``) becomes the id of the target token it names among the
@@ -15,7 +17,8 @@ The rules, in order:
    after its token (or open slot) of the row's ``after`` list; else it sets the row's ``sets``
    option (``forced_bos``); else it is refused.
    With ``timestamps`` on, the export must set ``timestamp_begin``, and a decoder prompt ending in the
-   id before it (the no-timestamps token) loses that token.
+   id before it (the no-timestamps token) loses that token. A ``prompt`` (text: stripped, tokenised
+   after a space) needs the export's ``prompt_start`` and may hold no special, language, task or hidden id.
 4. Every value is checked against its row, then the rules between options; then against the
    export: a caller's ``max_len`` within the position table, the beam below the vocabulary size,
    every id inside the target vocabulary.
@@ -133,13 +136,21 @@ def resolve(manifest: Manifest, given: Mapping[str, Any] | None = None) -> Searc
     if OPEN_SLOT in values["decoder_prompt"] and not vocab.languages:
         raise DecodingError(f"decoder_prompt holds {OPEN_SLOT} (the language the model scores best), but this "
                             "export lists no language tokens")
-    prompt = len(values["decoder_prompt"])
-    if prompt and limit is not None:  # the prompt takes decoder positions too
-        if "max_len" not in given and "max_len" not in stored:
-            values["max_len"] = max(1, limit - prompt)
-        elif values["max_len"] + prompt > limit:
-            raise DecodingError(f"max_len {values['max_len']} and the decoder prompt's {prompt} tokens exceed the "
-                                f"model's limit of {limit} target positions")
+    if values["prompt"]:
+        _prompted(values, vocab)
+    context = 1 + len(values["prompt"]) if values["prompt"] else 0
+    prompt = context + len(values["decoder_prompt"])
+    if prompt and limit is not None:  # the prompts take decoder positions too
+        if "max_len" in given or ("max_len" in stored and not context):
+            if values["max_len"] + prompt > limit:
+                raise DecodingError(f"max_len {values['max_len']} and the {prompt} prompt tokens fed before the "
+                                    f"first generated one exceed the model's limit of {limit} target positions")
+        else:  # a default yields: to the limit less the prompts, and with a caller's prompt the start token too,
+            room = limit - prompt - (1 if context else 0)  # as generate shrinks max_length to fit prompt_ids
+            if room < 1:
+                raise DecodingError(f"the {prompt} prompt tokens fed before the first generated one leave no room "
+                                    f"in the model's {limit} target positions")
+            values["max_len"] = min(values["max_len"], room)
     if "min_len" in stored and "min_len" not in given:
         values["min_len"] = min(stored["min_len"], values["max_len"])
     values = {name: float(value) if isinstance(BY_NAME[name].kind, Real) else value for name, value in values.items()}
@@ -156,9 +167,19 @@ def resolve(manifest: Manifest, given: Mapping[str, Any] | None = None) -> Searc
     return config
 
 
+def with_timestamps(config: SearchConfig, size: int) -> SearchConfig:
+    """``config`` with ``timestamps`` on by rule 3 (a closing no-timestamps token dropped): how an input
+    longer than the encoder's window is read, as ``generate`` turns timestamps on for long-form input."""
+    values = {name: getattr(config, name) for name in NAMES} | {"timestamps": True}
+    _timestamped(values, size)
+    return SearchConfig(**values)
+
+
 def _as_ids(vocab: Vocabulary, kind: Ids, value: Any) -> Any:
     """A caller's token option as ids: strings per ``kind.strings``, lists as tuples."""
     if kind.strings == "text":
+        if isinstance(value, str) and kind.continues:
+            return tuple(vocab.encode(" " + value.strip(), add_eos=False)) if value.strip() else ()
         if isinstance(value, str):
             return tuple(vocab.encode(value, add_eos=False))
         if kind.per_sentence and isinstance(value, list | tuple) and value and not _is_int(value[0]):
@@ -216,6 +237,20 @@ def _place(option: Any, code: str, vocab: Vocabulary, values: dict[str, Any], gi
         raise DecodingError(f"{option.name} {code!r}: this export's decoder prompt holds no {names} token to "
                             "place it by")
     values["decoder_prompt"] = tuple(prompt)
+
+
+def _prompted(values: dict[str, Any], vocab: Vocabulary) -> None:
+    """Rule 3: a prompt needs the export's ``prompt_start``, and holds text: none of the target
+    vocabulary's special, language, task or hidden ids (``get_prompt_ids`` refuses special tokens)."""
+    start = values["prompt_start"]
+    if start < 0:
+        raise DecodingError("prompt: this export takes no prompt (its search block sets no prompt_start)")
+    if start >= len(vocab):
+        raise DecodingError(f"prompt_start {start} is outside the target vocabulary (0..{len(vocab) - 1})")
+    reserved = {start, *vocab.special_ids().values(), *vocab.languages, *vocab.tasks, *vocab.hidden}
+    found = next((i for i in values["prompt"] if i in reserved), None)
+    if found is not None:
+        raise DecodingError(f"prompt holds {vocab.tokens[found]!r} (id {found}), which is not text")
 
 
 def _timestamped(values: dict[str, Any], size: int) -> None:

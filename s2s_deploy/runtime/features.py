@@ -4,6 +4,11 @@ time with the text path's search (greedy, beam, n-best, every option of docs/dec
 
 A subclass says what it reads (``reads``, the front end's medium) and how one input becomes the
 front end's input; nothing here names a model.
+
+An input longer than the encoder's window is never cut: it is read window by window
+(runtime/timestamps.py), with timestamps on inside where the export has timestamp tokens, as
+``generate`` does for long-form input without ``return_timestamps``, else one whole window after
+another; its result is then the text alone, unless the caller asked for ``timestamps``.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import numpy as np
 from s2s_deploy.errors import S2SError
 from s2s_deploy.format.source import SourceSpec
 from s2s_deploy.frontends.source import checked_features, frontend_for, use_instead
-from s2s_deploy.runtime.decoding import SearchConfig
+from s2s_deploy.runtime.decoding import SearchConfig, with_timestamps
 from s2s_deploy.runtime.search import Hypothesis
 from s2s_deploy.runtime.timestamps import Sought, seek_windows
 from s2s_deploy.runtime.translator import Translator
@@ -98,7 +103,7 @@ class FeatureReader:
 
     def features(self, item: Any, label: str | None = None, whole: bool = False) -> np.ndarray:
         """One input's encoder input: the front end's features, checked against the declared shape;
-        ``whole``: uncut, for timestamped decoding's window-by-window seeking."""
+        ``whole``: uncut, for window-by-window decoding (what ``__call__`` and ``serve`` read)."""
         label = label or self.label
         make = self.frontend.whole if whole else self.frontend
         return checked_features(self.source, make(self.load(item, label)), label)
@@ -116,7 +121,7 @@ class FeatureReader:
         found: list[Decoded] = []
         for start in range(0, len(items), batch_size):
             chunk = range(start, min(start + batch_size, len(items)))
-            features = [self.features(items[i], labels[i], whole=config.timestamps) for i in chunk]
+            features = [self.features(items[i], labels[i], whole=True) for i in chunk]
             found += self.decode(features, config, [labels[i] for i in chunk])
         return found
 
@@ -127,26 +132,52 @@ class FeatureReader:
         labels = labels if labels is not None else [f"{self.label} {i + 1}" for i in range(len(features))]
         if config.timestamps:
             timed = self.timed(features, config)
-            return [self._with_segments(label, sought, config) for label, sought in zip(labels, timed, strict=True)]
-        src, src_len = pad_features(features, self.source)
-        return [self._decoded(label, hyps)
-                for label, hyps in zip(labels, self.translator.engine.search(src, src_len, config), strict=True)]
+            return [self._with_segments(label, sought, True) for label, sought in zip(labels, timed, strict=True)]
+        window = self.window(features) if self.source.length_axis == len(self.source.shape) else None
+        long = [i for i, f in enumerate(features) if window is not None and int(f.shape[-1]) > window]
+        found: list[Decoded | None] = [None] * len(features)
+        if long:
+            for i, sought in zip(long, self.long_form([features[i] for i in long], config, [labels[i] for i in long]),
+                                 strict=True):
+                found[i] = self._with_segments(labels[i], sought, False)
+        short = [i for i in range(len(features)) if found[i] is None]
+        if short:
+            src, src_len = pad_features([features[i] for i in short], self.source)
+            for i, hyps in zip(short, self.translator.engine.search(src, src_len, config), strict=True):
+                found[i] = self._decoded(labels[i], hyps)
+        return [decoded for decoded in found if decoded is not None]
+
+    def window(self, features: Sequence[np.ndarray]) -> int:
+        """The frames one encoder call reads: ``limits.max_source_length``, else the front end's fixed
+        window, else the longest of ``features``."""
+        return self.manifest.max_source_length or self.frontend.window or max(int(f.shape[-1]) for f in features)
 
     def timed(self, features: Sequence[np.ndarray], config: SearchConfig) -> list[Sought]:
-        """Timestamped decoding (runtime/timestamps.py): windows of the encoder's most frames
-        (``limits.max_source_length``; without one, each batch's longest input)."""
+        """Timestamped decoding (runtime/timestamps.py), ``window`` frames at a time."""
         if self.source.length_axis != len(self.source.shape):
             raise S2SError("timestamps: this encoder's input has no frames axis last to seek along")
-        window = self.manifest.max_source_length or max(int(f.shape[-1]) for f in features)
-        return seek_windows(features, window, self.translator.engine.search, config)
+        return seek_windows(features, self.window(features), self.translator.engine.search, config)
 
-    def _with_segments(self, label: str, sought: Sought, config: SearchConfig) -> Decoded:
+    def long_form(self, features: Sequence[np.ndarray], config: SearchConfig, labels: Sequence[str]) -> list[Sought]:
+        """Inputs longer than the window, without ``timestamps`` asked for: read window by window with
+        timestamps on where the export has timestamp tokens (``generate`` turns them on for such input),
+        else one whole window after another."""
+        if config.n_best != 1:
+            raise S2SError(f"{labels[0]} is longer than the encoder's window of {self.window(features)} frames and "
+                           f"is read window by window, which gives one hypothesis: n_best must be 1, not "
+                           f"{config.n_best}")
+        if config.timestamp_begin >= 1:
+            config = with_timestamps(config, len(self.manifest.tgt_vocab))
+        return seek_windows(features, self.window(features), self.translator.engine.search, config)
+
+    def _with_segments(self, label: str, sought: Sought, timed: bool) -> Decoded:
+        """``sought`` as text, with its segments when the caller asked for ``timestamps`` (``timed``)."""
         vocab = self.manifest.tgt_vocab  # timestamps are among its hidden ids (the plugin's hf_hidden_tokens)
         segments = tuple(Segment(piece.start, piece.end, vocab.decode(piece.tokens)) for piece in sought.pieces)
         text = vocab.decode(sought.tokens)
         score = float(np.mean(sought.scores)) if sought.scores else 0.0
         language = next((vocab.code_of(i) for i in sought.prompt if i in vocab.languages), None)
-        return Decoded(label, text, score, ((text, score),), language, segments)
+        return Decoded(label, text, score, ((text, score),), language, segments if timed else ())
 
     def _decoded(self, label: str, hyps: list[Hypothesis]) -> Decoded:
         vocab = self.manifest.tgt_vocab

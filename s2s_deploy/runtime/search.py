@@ -88,9 +88,30 @@ class StepLoop:
 
 def search(backend: Backend, src: np.ndarray, src_len: np.ndarray, config: SearchConfig) -> list[list[Hypothesis]]:
     """n-best hypotheses per sentence, best first. Tokens exclude the start token and the EOS."""
+    if config.prompt and OPEN_SLOT in config.decoder_prompt:
+        return _detected_first(backend, src, src_len, config)
     if config.beam_size == 1:
         return [[h] for h in greedy(backend, src, src_len, config)]
     return beam_search(backend, src, src_len, config)
+
+
+def _detected_first(backend: Backend, src: np.ndarray, src_len: np.ndarray,
+                    config: SearchConfig) -> list[list[Hypothesis]]:
+    """A decoder prompt's open slot chosen without the ``prompt``'s earlier text, as Whisper's
+    ``detect_language`` reads the start token alone: one pass up to the slot (its own encoder run),
+    then the search once per chosen prompt."""
+    slot, batch = config.decoder_prompt.index(OPEN_SLOT), len(src)
+    with backend.start(src, src_len) as started:
+        probe = PromptedRun(started, backend.decoder_start_id, config.decoder_prompt[: slot + 1], backend.language_ids)
+        probe.step_top(np.full(batch, backend.decoder_start_id, dtype=np.int64), np.arange(batch, dtype=np.int64), 1)
+        prompts = [chosen + config.decoder_prompt[slot + 1:] for chosen in probe.prompts(batch)]
+    found: list[list[Hypothesis]] = [[] for _ in range(batch)]
+    for prompt in dict.fromkeys(prompts):
+        rows = np.array([i for i, p in enumerate(prompts) if p == prompt])
+        for row, hyps in zip(rows.tolist(), search(backend, src[rows], src_len[rows],
+                                                   replace(config, decoder_prompt=prompt)), strict=True):
+            found[row] = hyps
+    return found
 
 
 def step_options(backend: Backend, src: np.ndarray, src_len: np.ndarray, config: SearchConfig) -> StepOptions | None:
@@ -106,16 +127,21 @@ class PromptedRun(DecodeRun):
     step the search asks for is fed the last prompt token. So the prompt is neither scored, nor
     counted in ``max_len``, nor output, as ``generate`` treats Whisper's
     ``<|startoftranscript|> <|en|> <|transcribe|> <|notimestamps|>``; the search's own loop is unchanged.
+    ``context`` (``prompt_start`` and a ``prompt``'s ids) goes before the start token the same way,
+    as ``generate`` puts ``prompt_ids`` before ``<|startoftranscript|>``.
 
     An open slot (-1) is, per row, the token of ``languages`` with the best log-prob after the
     tokens before it (the first of equal ones, ascending ids), with no option applied: Whisper's
     ``detect_language``. ``fed`` holds each row's prompt once the first step ran."""
 
-    def __init__(self, run: DecodeRun, start_id: int, prompt: tuple[int, ...], languages: tuple[int, ...]) -> None:
+    def __init__(self, run: DecodeRun, start_id: int, prompt: tuple[int, ...], languages: tuple[int, ...],
+                 context: tuple[int, ...] = ()) -> None:
         if OPEN_SLOT in prompt and not languages:
             raise S2SError(f"the decoder prompt holds {OPEN_SLOT} (the language the model scores best), but the "
                            "backend knows no language tokens")
-        self.run, self.start, self.prompt = run, start_id, prompt
+        if OPEN_SLOT in prompt and context:  # search() chooses it first, without the context
+            raise S2SError("a decoder prompt's open slot after a prompt: choose the language first")
+        self.run, self.start, self.prompt, self.context = run, start_id, prompt, context
         self.languages = np.asarray(sorted(languages), dtype=np.int64)
         self.fed: np.ndarray | None = None  # (rows, prompt tokens)
 
@@ -124,6 +150,8 @@ class PromptedRun(DecodeRun):
             return tokens
         rows = len(tokens)
         identity = np.arange(rows, dtype=np.int64)
+        for token in self.context:
+            self.run.step_top(np.full(rows, token, dtype=np.int64), identity, 1)
         columns = [np.full(rows, token, dtype=np.int64) for token in (self.start, *self.prompt)]
         for position, token in enumerate(self.prompt):  # feeds the column before each prompt token
             if token == OPEN_SLOT:  # chosen by the log-probs after the column before it
@@ -131,7 +159,7 @@ class PromptedRun(DecodeRun):
                 columns[position + 1] = self.languages[np.argmax(log_probs[:, self.languages], axis=1)]
             else:
                 self.run.step_top(columns[position], identity, 1)
-        self.fed = np.stack(columns[1:], axis=1)
+        self.fed = np.stack(columns[1:], axis=1) if self.prompt else np.empty((rows, 0), dtype=np.int64)
         return columns[-1]
 
     def prompts(self, sentences: int) -> list[tuple[int, ...]]:
@@ -155,10 +183,11 @@ class PromptedRun(DecodeRun):
 
 
 def prompted(run: DecodeRun, backend: Backend, config: SearchConfig) -> DecodeRun:
-    """``run`` itself without a decoder prompt (the common case costs nothing), else a ``PromptedRun``."""
-    if not config.decoder_prompt:
+    """``run`` itself without a prompt or decoder prompt (the common case costs nothing), else a ``PromptedRun``."""
+    if not config.decoder_prompt and not config.prompt:
         return run
-    return PromptedRun(run, backend.decoder_start_id, tuple(config.decoder_prompt), backend.language_ids)
+    context = (config.prompt_start, *config.prompt) if config.prompt else ()
+    return PromptedRun(run, backend.decoder_start_id, tuple(config.decoder_prompt), backend.language_ids, context)
 
 
 def with_prompts(found: list[list[Hypothesis]], run: DecodeRun) -> list[list[Hypothesis]]:
@@ -275,7 +304,7 @@ def beam_search(
     # The K beams of a sentence start identical, so a large batch's first step runs one row per
     # sentence (as CTranslate2 does) and the next step's reorder tiles its K best into the beams.
     # (not after a decoder prompt: a backend takes its own first step, a prompt token, as the narrow one)
-    narrow = k > 1 and batch >= NARROW_FIRST_STEP_FROM and not config.decoder_prompt
+    narrow = k > 1 and batch >= NARROW_FIRST_STEP_FROM and not config.decoder_prompt and not config.prompt
     tokens = np.full(batch if narrow else rows, backend.decoder_start_id, dtype=np.int64)
     reorder = np.arange(len(tokens), dtype=np.int64)
     if not narrow:

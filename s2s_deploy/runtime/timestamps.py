@@ -8,7 +8,9 @@ This is ``WhisperForConditionalGeneration.generate(return_timestamps=True)``'s s
 ``window`` frames (fewer at its end, zero-padded); a window's output is cut after every pair of
 adjacent timestamps. If it ends with a lone timestamp, or holds no pair, the whole window is
 consumed; else the tokens after the last pair are dropped and the next window starts at that
-pair's first timestamp. An input is done once its window start reaches its frame count.
+pair's first timestamp. An input is done once its window start reaches its frame count. Without
+``timestamps`` (an export with no timestamp tokens) every window is consumed whole, as one holding no
+timestamp pair is.
 """
 
 from __future__ import annotations
@@ -78,12 +80,20 @@ def split(tokens: Sequence[int], seek: int, frames: int, config: SearchConfig) -
     return pieces, (tokens[last - 2] - begin) * stride
 
 
+def whole_window(tokens: Sequence[int], seek: int, frames: int, config: SearchConfig) -> tuple[list[Piece], int]:
+    """One window's output without timestamps: one piece over the whole window, all of it consumed."""
+    scale = config.time_precision / config.timestamp_frames
+    return [Piece(seek * scale, (seek + frames) * scale, tuple(tokens))], frames
+
+
 def seek_windows(features: Sequence[np.ndarray], window: int, search: Search, config: SearchConfig) -> list[Sought]:
     """Every input (features with frames last) decoded window by window, batched across inputs.
     An open language slot is chosen on an input's first window and kept for the rest, as
     ``generate`` detects the language once per input."""
     if config.n_best != 1:
-        raise S2SError(f"timestamps give one hypothesis per input: n_best must be 1, not {config.n_best}")
+        raise S2SError(f"window-by-window decoding gives one hypothesis per input: n_best must be 1, not "
+                       f"{config.n_best}")
+    cut = split if config.timestamps else whole_window
     count = len(features)
     totals = [int(f.shape[-1]) for f in features]
     seeks = [0] * count
@@ -106,7 +116,7 @@ def seek_windows(features: Sequence[np.ndarray], window: int, search: Search, co
                            replace(config, decoder_prompt=prompt))
             for i, n, hyps in zip(members, frames, found, strict=True):
                 best = hyps[0]
-                window_pieces, advance = split(best.tokens, seeks[i], n, config)
+                window_pieces, advance = cut(best.tokens, seeks[i], n, config)
                 if advance <= 0:
                     raise S2SError("a window's timestamps did not advance the search (the model's timestamp "
                                    "tokens break the rules of docs/decoding.md)")

@@ -16,6 +16,7 @@ import numpy as np
 from s2s_deploy.errors import S2SError
 from s2s_deploy.frontends import AUDIO, decode_audio, load_audio, resample
 from s2s_deploy.runtime.features import Decoded, FeatureReader, Segment, pad_features
+from s2s_deploy.runtime.translator import Translator
 
 Clip = str | Path | bytes | np.ndarray | tuple[np.ndarray, int]
 """A file path, an encoded file's bytes (an upload), samples at the model's sampling rate, or
@@ -34,11 +35,26 @@ class Transcriber(FeatureReader):
     A clip is a path to an audio file (any format soundfile reads, resampled to the model's rate),
     a float array of samples already at ``sampling_rate``, or ``(samples, rate)``. ``options``: any
     decoding option by name, as ``Translator`` takes them; defaults come from the manifest.
-    ``timestamps=True`` (an export with timestamp tokens) times segments and reads a clip longer than
-    the encoder's window window by window (docs/decoding.md, "Timestamps")."""
+    ``timestamps=True`` (an export with timestamp tokens) times segments; a clip longer than the
+    encoder's window is read window by window either way (docs/decoding.md, "Timestamps").
+    ``prompt``: earlier text every call is fed before the start token (Whisper's initial prompt:
+    the previous passage, names, spellings) unless the call gives its own (``""``: none)."""
 
     reads = AUDIO
     label = "clip"
+
+    def __init__(self, export_dir: str | Path | Translator, device: str = "auto", threads: int | None = None,
+                 spin: bool = True, prompt: str | None = None) -> None:
+        super().__init__(export_dir, device, threads, spin)
+        self.prompt = prompt
+        if prompt is not None:
+            self.translator.search_config(prompt=prompt)  # a folder that takes no prompt says so now
+
+    def __call__(self, items: Any, beam: int | None = None, n_best: int | None = None, max_len: int | None = None,
+                 alpha: float | None = None, batch_size: int = 16, **options: Any) -> list[Decoded]:
+        if options.get("prompt") is None:
+            options["prompt"] = self.prompt
+        return super().__call__(items, beam, n_best, max_len, alpha, batch_size, **options)
 
     @property
     def sampling_rate(self) -> int:

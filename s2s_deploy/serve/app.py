@@ -34,9 +34,11 @@ from s2s_deploy.serve.batcher import Batcher, BatchLimits, Decode, QueueFullErro
 CONFIG_ENV = "S2S_DEPLOY_SERVE_CONFIG"
 """How ``--workers N`` hands the settings to each worker process (uvicorn imports the factory)."""
 
-OPTIONS = ("beam", "n_best", "alpha", "max_len", "target_lang", "task", "timestamps")
+OPTIONS = ("beam", "n_best", "alpha", "max_len", "target_lang", "task", "timestamps", "prompt")
 CODES = tuple(o.name for o in DECODING_OPTIONS if isinstance(o.kind, Code) and o.name in OPTIONS)
-"""Options whose value is a code (a string), as the option table kinds them: the rest are numbers."""
+"""Options whose value is a code (a string), as the option table kinds them."""
+STRINGS = (*CODES, "prompt")
+"""Options whose value is a string (codes, and the prompt's text): the rest are numbers or switches."""
 MAX_BODY_BYTES = 1 << 20
 """A larger JSON body is refused (413) before it is read."""
 MAX_AUDIO_BYTES = 32 << 20
@@ -84,15 +86,15 @@ def parse_options(fields: dict[str, Any], translator: Translator, max_beam: int)
     if alpha is not None and (isinstance(alpha, bool) or not isinstance(alpha, (int, float))
                               or not math.isfinite(alpha) or alpha < 0):
         raise BadRequestError("'alpha' must be a finite number >= 0")
-    codes = {key: fields.get(key) for key in CODES}
-    for key, code in codes.items():
-        if code is not None and not isinstance(code, str):
-            raise BadRequestError(f"{key!r} must be a code string")
+    strings = {key: fields.get(key) for key in STRINGS}
+    for key, value in strings.items():
+        if value is not None and not isinstance(value, str):
+            raise BadRequestError(f"{key!r} must be a {'code ' if key in CODES else ''}string")
     timestamps = fields.get("timestamps")
     if timestamps is not None and not isinstance(timestamps, bool):
         raise BadRequestError("'timestamps' must be true or false")
     # what the request leaves out: the export's
-    config = translator.search_config(beam, n_best, max_len, alpha, timestamps=timestamps, **codes)
+    config = translator.search_config(beam, n_best, max_len, alpha, timestamps=timestamps, **strings)
     if config.beam_size > max_beam:
         raise BadRequestError(f"the export's default beam {config.beam_size} exceeds this server's largest, "
                               f"{max_beam}: name a smaller 'beam'")
@@ -128,7 +130,7 @@ def parse_query(query: dict[str, str], translator: Translator, max_beam: int) ->
                     raise BadRequestError(f"'timestamps' must be true or false, not {text!r}")
                 fields[key] = text == "true"
                 continue
-            fields[key] = text if key in CODES else float(text) if key == "alpha" else int(text)
+            fields[key] = text if key in STRINGS else float(text) if key == "alpha" else int(text)
         except ValueError:
             raise BadRequestError(f"{key!r} must be a number, not {text!r}") from None
     return parse_options(fields, translator, max_beam)
@@ -225,10 +227,10 @@ def create_app(config: ServeConfig) -> Starlette:
             search = parse_query(dict(request.query_params), transcriber.translator, config.max_beam)
             # the front end (decode, resample, features) runs beside the batch thread, not in the event loop
             features = await asyncio.get_running_loop().run_in_executor(state["front_end"], transcriber.features,
-                                                                        data, "from the upload", search.timestamps)
+                                                                        data, "from the upload", True)
             frames = int(features.shape[transcriber.source.length_axis - 1])
-            if search.timestamps:  # a batch runs a window at a time
-                frames = min(frames, transcriber.manifest.max_source_length or frames)
+            if transcriber.source.length_axis == len(transcriber.source.shape):  # a long clip runs a window at a time
+                frames = min(frames, transcriber.window([features]))
             [result] = await batcher.submit([features], [frames], search)
         except S2SError as exc:
             return _refusal(exc)

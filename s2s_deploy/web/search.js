@@ -50,12 +50,12 @@
     beam_size: 1, n_best: 1, alpha: 0.75, min_len: 0, sampling_topk: 1, sampling_topp: 1, sampling_temperature: 1,
     seed: 0, repetition_penalty: 1, no_repeat_ngram_size: 0, prefix: [], suppress_tokens: [], disable_unk: false,
     bad_words_ids: [], forced_eos: false, max_len_a: 0, max_len_b: 0, early_stopping: false,
-    begin_suppress_tokens: [], decoder_prompt: [], target_lang: '', task: '', timestamps: false,
-    timestamp_begin: -1, max_initial_timestamp: -1, time_precision: 0.02, timestamp_frames: 2,
+    begin_suppress_tokens: [], decoder_prompt: [], target_lang: '', task: '', prompt: [], prompt_start: -1,
+    timestamps: false, timestamp_begin: -1, max_initial_timestamp: -1, time_precision: 0.02, timestamp_frames: 2,
   };
-  // the timestamp parameters change nothing while timestamps is off (which is refused when on)
+  // prompt_start and the timestamp parameters change nothing while prompt and timestamps are off (refused when on)
   const RUN_HERE = new Set(['beam_size', 'n_best', 'alpha', 'max_len', 'max_len_a', 'max_len_b', 'seed', 'early_stopping',
-    'timestamp_begin', 'max_initial_timestamp', 'time_precision', 'timestamp_frames']);
+    'prompt_start', 'timestamp_begin', 'max_initial_timestamp', 'time_precision', 'timestamp_frames']);
 
   function resolve(manifest, given = {}) {
     const stored = manifest.search || {};

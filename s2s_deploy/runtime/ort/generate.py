@@ -140,9 +140,9 @@ class GraphEngine:
     def _run(self, src: np.ndarray, src_len: np.ndarray, config: SearchConfig) -> list[list[Hypothesis]]:
         started = time.perf_counter()
         feeds = generate_feeds(src, src_len, config, self.beam)
-        if config.decoder_prompt:
-            raise S2SError(f"{self.path.name} starts from the start token alone, not a decoder prompt: use the step "
-                           "loop (engine 'loop')")
+        if config.decoder_prompt or config.prompt:
+            raise S2SError(f"{self.path.name} starts from the start token alone, not a prompt or decoder prompt: use "
+                           "the step loop (engine 'loop')")
         if config.early_stopping is not False and config.beam_size > 1:
             raise S2SError(f"{self.path.name} stops beam search as early_stopping=false does, not "
                            f"{config.early_stopping!r}: use the step loop (engine 'loop')")
