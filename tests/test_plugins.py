@@ -89,6 +89,8 @@ def test_memory_once_per_sentence_decodes_as_memory_repeated_per_beam(exports, a
     beam search gives what it gives on the memory repeated per beam, as before."""
     _, manifest = exports.get(arch)
     assert manifest.memory_per_sentence == (arch in {"transformer", "marian", "bart", "t5"})
+    if not manifest.memory_per_sentence:
+        return  # memory repeated per beam either way: nothing to compare
     once = OrtBackend(manifest, device="cpu")
     repeated = OrtBackend(dataclasses.replace(manifest, memory_per_sentence=False), device="cpu")
     src, src_len = encode_batch(list(manifest.samples)[:6], manifest.src_vocab)
