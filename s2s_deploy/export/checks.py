@@ -286,8 +286,9 @@ def _check_memory_per_sentence(plugin: ArchitecturePlugin, model: Seq2SeqModel, 
     except Exception as exc:  # a plugin's own code: any failure is the claim failing
         raise PluginError(f"{label} fails on one memory row per {group} rows ({type(exc).__name__}: "
                           f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}); {fix}") from exc
-    shape = tuple(getattr(got.log_probs, "shape", ()))
-    diff = (float((got.log_probs - want.log_probs).abs().max()) if shape == tuple(want.log_probs.shape)
+    log_probs = getattr(got, "log_probs", None)  # not a StepOutput here: a mismatch, not an AttributeError
+    shape = tuple(getattr(log_probs, "shape", ()))
+    diff = (float((log_probs - want.log_probs).abs().max()) if shape == tuple(want.log_probs.shape)
             else float("inf"))
     if not diff <= plugin.parity_atol:
         raise PluginError(f"{label} on one memory row per {group} rows differs from the same memory repeated per "
