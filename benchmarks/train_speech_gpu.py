@@ -13,6 +13,8 @@ and the log to ``--out``.
 
     python benchmarks/train_speech_gpu.py prepare                      # here
     python3 benchmarks/train_speech_gpu.py run --out "$OUT"            # on the device, carry .speechdebs
+    python benchmarks/train_speech_gpu.py prepare --copies 2           # each training sentence read twice
+    python3 benchmarks/train_speech_gpu.py run --out "$OUT" --init plugins/checkpoints/speech.safetensors
     python benchmarks/train_speech_gpu.py prepare --task /tmp/tiny --utterances 200 --valid 50 --test 50
     python benchmarks/train_speech_gpu.py run --task /tmp/tiny --out /tmp/sp --data /tmp/spdata --epochs 1 \\
         --device cpu --workers 2 --shard-size 50                       # the same path, tiny, on a CPU
@@ -62,7 +64,8 @@ def prepare(args: argparse.Namespace) -> None:
     task = Path(args.task)
     task.mkdir(parents=True, exist_ok=True)
     for split in ("train", "valid", "test"):
-        rows = "".join(f"{pair.source}\t{pair.target}\n" for pair in getattr(splits, split))
+        copies = args.copies if split == "train" else 1  # each copy of a pair is read by a voice of its own
+        rows = "".join(f"{pair.source}\t{pair.target}\n" for _ in range(copies) for pair in getattr(splits, split))
         (task / f"{split}.tsv").write_text(rows, encoding="utf-8")
     (KIT / "debs").mkdir(parents=True, exist_ok=True)
     subprocess.run(["apt-get", "download", *DEBS], cwd=KIT / "debs", check=True)
@@ -180,7 +183,7 @@ def run(args: argparse.Namespace) -> None:
         raise SystemExit(f"error: {budget:.0f} s left to train; give more --total-minutes or fewer --utterances")
     log(f"training for at most {budget:.0f} s")
     result = train_speech(PLUGIN, PLUGIN.preset(args.preset), data, cfg, out / "speech.safetensors",
-                          info={"command": command, "preset": args.preset}, time_limit=budget, log=log)
+                          info={"command": command, "preset": args.preset}, time_limit=budget, init=args.init, log=log)
     size = (out / "speech.safetensors").stat().st_size
     log(f"wrote speech.safetensors ({size / 2**20:.2f} MiB), epoch {result.best_epoch}: valid {result.best.summary()}")
     if result.test is not None:
@@ -194,6 +197,8 @@ def main() -> None:
     ready.add_argument("--utterances", type=int, default=16000, help="training utterances")
     ready.add_argument("--valid", type=int, default=500)
     ready.add_argument("--test", type=int, default=1000, help="held-out-voice utterances scored at the end")
+    ready.add_argument("--copies", type=int, default=1,
+                       help="readings of each training pair, each by its own voice, speed and pitch")
     go = commands.add_parser("run", help="synthesise, train and score (on the device)")
     go.add_argument("--out", required=True, help="folder for speech.safetensors and train_speech.log")
     go.add_argument("--data", default="/tmp/s2s-speechdata", help="dataset folder (a rerun resumes it)")
@@ -210,6 +215,9 @@ def main() -> None:
     go.add_argument("--lr", type=float, default=1.5e-3)
     go.add_argument("--warmup", type=int, default=400)
     go.add_argument("--device", default="cuda")
+    go.add_argument("--init", default=None,
+                    help="start from this checkpoint's weights (same architecture and vocabularies), "
+                         "e.g. plugins/checkpoints/speech.safetensors")
     go.add_argument("--kit", default=str(KIT), help="the folder prepare filled [default: ROOT/.speechdebs]")
     for command in (ready, go):
         command.add_argument("--task", default=None,

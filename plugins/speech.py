@@ -43,6 +43,10 @@ class SpeechConfig:
     freq_mask_width: int = 12
     time_masks: int = 0
     time_mask_width: int = 40
+    warp: float = 0.0
+    """Vocal tract length perturbation in training only: each utterance's mel axis is stretched by a
+    factor drawn from ``[1 - warp, 1 + warp]``, so an unseen voice's formants, higher or lower than
+    any training voice's, still land where the model looks (0: off)."""
 
     def frontend(self) -> WhisperLogMel:
         return WhisperLogMel(sampling_rate=self.sampling_rate, n_mels=self.n_mels, n_fft=self.n_fft,
@@ -68,7 +72,7 @@ class SpeechPlugin(EncoderDecoderPlugin):
     model = "s2s_deploy_plugins.models.speech:SpeechModel"
     has_attention = False  # the attention pictures label source tokens; this source is frames
     presets: ClassVar[dict[str, SpeechConfig]] = {
-        "small": SpeechConfig(freq_masks=2, time_masks=2),
+        "small": SpeechConfig(freq_masks=2, time_masks=2, warp=0.1),
         "tiny": SpeechConfig(n_mels=16, chunk_length=1, d_model=32, encoder_layers=1, decoder_layers=1,
                              attention_heads=2, ffn_dim=64, max_target_positions=32, dropout=0.0),
     }

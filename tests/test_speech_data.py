@@ -23,7 +23,7 @@ def test_the_test_split_is_read_only_by_held_out_voices_and_speeds() -> None:
     for name in ("accents", "variants", "speeds"):
         assert not set(getattr(plan.train, name)) & set(getattr(plan.test, name)), name
         assert plan.held_out()[name] == sorted(getattr(plan.test, name))
-    pairs = [speech_data.Pair(f"{n} days", f"{n} jours") for n in range(200)]
+    pairs = [speech_data.Pair(f"{n} days", f"{n} jours") for n in range(3000)]
     test = speech_data.plan_split(pairs, "test", plan, seed=0)
     assert {u.accent for u in test} == set(plan.test.accents) and {u.speed for u in test} == set(plan.test.speeds)
     assert {u.variant for u in speech_data.plan_split(pairs, "valid", plan, 0)} == set(plan.train.variants)

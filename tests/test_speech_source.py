@@ -234,3 +234,21 @@ def test_evaluate_and_quantize_score_a_speech_dataset(speech, tmp_path: Path, mo
     result = CliRunner().invoke(main, ["quantize", str(out), "--int8", "--out", str(tmp_path / "int8"), "--force",
                                        "--task", "speech:elsewhere"])
     assert result.exit_code == 0 and "needs the speech dataset 'elsewhere' here" in result.output, result.output
+
+
+def test_vocal_tract_warp_stretches_each_utterances_mel_axis_within_its_range() -> None:
+    """A ramp over the mel bins comes back as the same ramp times one factor per row (clamped at the
+    top bin), each factor inside ``[1 - warp, 1 + warp]``; an even spectrum is left as it is."""
+    from s2s_deploy_plugins.models.speech import _warped
+
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    mels, warp = 80, 0.1
+    ramp = torch.arange(mels, dtype=torch.float32)[None, :, None].expand(64, mels, 5)
+    out = _warped(ramp, warp)
+    factors = out[:, 1, 0]  # bin 1 reads position 1 × factor
+    assert factors.min() >= 1 - warp and factors.max() <= 1 + warp and factors.std() > 0.02
+    expected = (torch.arange(mels)[None, :] * factors[:, None]).clamp(max=mels - 1)
+    torch.testing.assert_close(out[:, :, 3], expected, rtol=0, atol=1e-4)
+    flat = torch.full((4, mels, 7), -0.5)
+    torch.testing.assert_close(_warped(flat, warp), flat)

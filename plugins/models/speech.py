@@ -46,6 +46,20 @@ def _masked(x: Tensor, masks: int, width: int, axis: int) -> Tensor:
     return x
 
 
+def _warped(x: Tensor, warp: float) -> Tensor:
+    """``x`` ``(B, mels, frames)`` with each row's mel axis read at ``bin × factor`` (linear
+    interpolation, clamped at the top bin), one factor per row drawn from ``[1 - warp, 1 + warp]``."""
+    factors = 1.0 + (torch.rand(x.shape[0], 1, device=x.device) * 2 - 1) * warp
+    positions = (torch.arange(x.shape[1], device=x.device)[None, :] * factors).clamp(max=x.shape[1] - 1)
+    below = positions.floor().long()
+    above = (below + 1).clamp(max=x.shape[1] - 1)
+    weight = (positions - below)[:, :, None].to(x.dtype)
+    frames = x.shape[2]
+    low = x.gather(1, below[:, :, None].expand(-1, -1, frames))
+    high = x.gather(1, above[:, :, None].expand(-1, -1, frames))
+    return low + (high - low) * weight
+
+
 def _zero_past(x: Tensor, lengths: Tensor) -> Tensor:
     """``x`` ``(B, C, T)`` with the frames at or past each row's length set to zero."""
     valid = torch.arange(x.shape[2], device=x.device)[None, :] < lengths[:, None]
@@ -78,7 +92,9 @@ class SpeechModel(EncoderDecoder):
 
     def run_encoder(self, src: Tensor, src_len: Tensor) -> tuple[Tensor, Tensor]:
         config = self.speech
-        if self.training:  # SpecAugment; the exported graphs are traced in eval mode and never hold it
+        if self.training:  # VTLP and SpecAugment; the exported graphs are traced in eval mode and never hold them
+            if config.warp:
+                src = _warped(src, config.warp)
             src = _masked(_masked(src, config.freq_masks, config.freq_mask_width, 1),
                           config.time_masks, config.time_mask_width, 2)
         x = erf_gelu(self.conv1(_zero_past(src, src_len)))

@@ -43,6 +43,9 @@ from s2s_deploy.cli.group import load_plugin_files, main, plugin_option
 @click.option("--device", default="cpu", show_default=True, help="torch device, e.g. cpu or cuda.")
 @click.option("--resume", type=click.Path(dir_okay=False), default=None,
               help="Continue from a checkpoint (and its .train-state, when present).")
+@click.option("--init", type=click.Path(dir_okay=False), default=None,
+              help="speech:DIR only: start from this checkpoint's weights (same architecture and vocabularies) "
+                   "with the preset's config and a fresh schedule.")
 @click.option("--out", type=click.Path(dir_okay=False), default=None,
               help="Best checkpoint path [default: runs/<arch>-<task>.safetensors].")
 @click.option("--no-progress", is_flag=True, help="No progress bar (none either when stderr is no terminal).")
@@ -50,7 +53,8 @@ from s2s_deploy.cli.group import load_plugin_files, main, plugin_option
 def train_command(arch: str, task: str, preset: str | None, epochs: int, seed: int, lr: float, batch_size: int,
                   warmup_steps: int, clip_norm: float, level: str, max_train: int | None, max_valid: int | None,
                   train_size: int | None, patience: int | None,
-                  threads: int, device: str, resume: str | None, out: str | None, no_progress: bool,
+                  threads: int, device: str, resume: str | None, init: str | None, out: str | None,
+                  no_progress: bool,
                   plugin_files: tuple[str, ...]) -> None:
     """Train a model on a task.
 
@@ -83,6 +87,7 @@ def train_command(arch: str, task: str, preset: str | None, epochs: int, seed: i
     args += ["--max-valid", str(max_valid)] if max_valid else []
     args += ["--train-size", str(train_size)] if train_size else []
     args += ["--patience", str(patience)] if patience else []
+    args += ["--init", str(init)] if init else []
     args += [arg for path in plugin_files for arg in ("--plugin", path)]
     args += ["--out", str(destination)]
     info = {"command": shlex.join(args), "preset": preset_name, "resumed_from": resume}
@@ -91,12 +96,14 @@ def train_command(arch: str, task: str, preset: str | None, epochs: int, seed: i
         if resume or train_size:
             raise S2SError("a speech dataset trains from scratch on the utterances it holds: no --resume or "
                            "--train-size")
-        result = train_speech(plugin, config, speech, cfg, destination, info=info,
+        result = train_speech(plugin, config, speech, cfg, destination, info=info, init=init,
                               log=lambda line: click.echo(line, err=True))
         click.echo(f"wrote {result.checkpoint} (epoch {result.best_epoch}: valid {result.best.summary()})")
         if result.test is not None:
             click.echo(f"test (held-out voices): {result.test.summary()}")
         return
+    if init:
+        raise S2SError("--init starts a speech dataset's run from a checkpoint; a text task does that with --resume")
     splits = load_task(task, seed, SplitSizes(train=train_size)) if train_size else load_task(task, seed)
     bar = not no_progress and sys.stderr.isatty()  # a bar in a log file is litter
     if resume:  # a fine-tune is reproducible from the checkpoint it started from, and that one's recipe

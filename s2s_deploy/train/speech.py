@@ -28,6 +28,7 @@ from s2s_deploy.errors import S2SError
 from s2s_deploy.export.checkpoint import build_model, load_checkpoint, save_checkpoint
 from s2s_deploy.export.contract import ArchitecturePlugin, Seq2SeqModel
 from s2s_deploy.export.torch_backend import TorchBackend
+from s2s_deploy.format.files import sha256_of
 from s2s_deploy.format.vocab import Vocabulary
 from s2s_deploy.frontends import WhisperLogMel
 from s2s_deploy.runtime.search import SearchConfig, greedy
@@ -84,13 +85,15 @@ def speech_scores(hypotheses: Sequence[str], references: Sequence[str]) -> Speec
 
 def train_speech(
     plugin: ArchitecturePlugin, config: Any, folder: Path, cfg: TrainConfig, out: str | Path, *,
-    info: dict[str, Any] | None = None, time_limit: float | None = None,
+    info: dict[str, Any] | None = None, time_limit: float | None = None, init: str | Path | None = None,
     log: Callable[[str], None] = print,
 ) -> SpeechResult:
     """Train on ``folder``'s train split, keep the best-by-valid-exact-match checkpoint at ``out``,
     then score it once on the test split (the held-out voices). ``time_limit`` (seconds) ends
     training early, after the epoch it falls in is validated; ``cfg.max_train``/``max_valid`` take
-    the first utterances of each split."""
+    the first utterances of each split. ``init`` starts from that checkpoint's weights (same
+    architecture and vocabularies) with ``config``'s training settings and a fresh schedule: a
+    fine-tune on new voices that keeps what the model learnt of the task."""
     out = Path(out)
     torch.set_num_threads(cfg.threads)
     device = torch.device(cfg.device)
@@ -107,13 +110,17 @@ def train_speech(
     if len(keep) < len(targets):
         log(f"skipping {len(targets) - len(keep)} utterances whose target is over the model's {limit} positions")
     torch.manual_seed(cfg.seed)
-    model = plugin.build(config, len(src_vocab), len(tgt_vocab)).to(device)
+    model = plugin.build(config, len(src_vocab), len(tgt_vocab))
+    started_from = {} if init is None else {"initialised_from": _load_initial_weights(model, plugin, init, src_vocab,
+                                                                                      tgt_vocab)}
+    model = model.to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr, betas=(0.9, 0.98), eps=1e-9)
     total_steps = cfg.epochs * math.ceil(len(keep) / cfg.batch_size)
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
     base_info = {**(info or {}), "task": f"{SPEECH_TASK}{folder.name}", "speech_data": {
         k: metadata.get(k) for k in ("task", "seed", "sizes", "frontend", "held_out_for_test", "espeak_ng")},
-        "train_config": dataclasses.asdict(cfg), "train_utterances": len(keep), "valid_utterances": len(valid_split)}
+        "train_config": dataclasses.asdict(cfg), "train_utterances": len(keep), "valid_utterances": len(valid_split),
+        **started_from}
     step, best_key, best_epoch, best = 0, -1.0, 0, None
     began = time.perf_counter()
     for epoch in range(1, cfg.epochs + 1):
@@ -157,6 +164,24 @@ def train_speech(
     assert best is not None
     test = _score_test(out, plugin, folder, frontend, device, time.perf_counter() - began, log)
     return SpeechResult(out, best_epoch, best, test)
+
+
+def _load_initial_weights(model: Seq2SeqModel, plugin: ArchitecturePlugin, init: str | Path, src_vocab: Vocabulary,
+                          tgt_vocab: Vocabulary) -> dict[str, Any]:
+    """``init``'s weights into ``model``, refused in one line unless its architecture, vocabularies and
+    tensor shapes are the run's; what it was, for the new checkpoint's info."""
+    start = load_checkpoint(init)
+    if start.arch != plugin.name:
+        raise S2SError(f"cannot start from {init}: it is a {start.arch!r} checkpoint, not {plugin.name!r}")
+    if start.src_vocab.tokens != src_vocab.tokens or start.tgt_vocab.tokens != tgt_vocab.tokens:
+        raise S2SError(f"cannot start from {init}: its vocabularies are not the ones this dataset's texts build")
+    try:
+        model.load_state_dict(build_model(start, plugin).state_dict())
+    except RuntimeError as error:  # torch lists every mismatch; the first says enough
+        first = next((line.strip() for line in str(error).splitlines()[1:] if line.strip()), str(error))
+        raise S2SError(f"cannot start from {init}: its weights do not fit this config ({first})") from None
+    return {"path": str(init), "sha256": sha256_of(Path(init)), "command": start.info.get("command"),
+            "epoch": start.info.get("epoch"), "test": start.info.get("test")}
 
 
 def _score_test(out: Path, plugin: ArchitecturePlugin, folder: Path, frontend: WhisperLogMel, device: torch.device,
