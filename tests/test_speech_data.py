@@ -1,10 +1,11 @@
-"""The speech demo's data: held-out voices stay out of training, and a shard reads back exactly
-what the front end computes. Synthesis needs espeak-ng, which only these tests and the data
-maker use; without it they skip."""
+"""The speech demo's data and training: held-out voices stay out of training, a shard reads back exactly
+what the front end computes, a run can start from a checkpoint. Synthesis needs espeak-ng, which only
+the tests that say so and the data maker use; without it they skip."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import shutil
 from pathlib import Path
 
@@ -66,3 +67,47 @@ def test_a_voice_espeak_ng_lacks_is_refused() -> None:
     plan = speech_data.SpeechPlan(test=speech_data.Voices(accents=("en-xx",), variants=("m4",), speeds=(140,)))
     with pytest.raises(S2SError, match="espeak-ng has no voice en-xx"):
         speech_data.check_voices(plan)
+
+
+def test_a_speech_run_starts_from_a_checkpoints_weights_and_refuses_one_that_does_not_fit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``train_speech(init=...)`` (``train --init``): the run begins at the checkpoint's weights (with a
+    vanishing learning rate it ends there) and records where it began; weights of another shape, and
+    ``--init`` on a text task, are refused in one line."""
+    torch = pytest.importorskip("torch")
+    from click.testing import CliRunner
+
+    from s2s_deploy.cli import main
+    from s2s_deploy.export.checkpoint import load_checkpoint
+    from s2s_deploy.format.files import sha256_of
+    from s2s_deploy.train.speech import train_speech
+    from s2s_deploy.train.trainer import TrainConfig
+    from s2s_deploy_plugins.speech import PLUGIN
+
+    tiny = PLUGIN.preset("tiny")
+    frontend = tiny.frontend()
+    monkeypatch.setattr(speech_data, "synthesise", lambda utterance, rate: np.random.default_rng(
+        len(utterance.source)).standard_normal(rate // 2).astype(np.float32) * 0.1)
+    splits = {"train": ["one day", "two days", "three days"], "valid": ["four days", "five days"]}
+    metadata = {"task": "en-fr", "seed": 0, "frontend": frontend.to_json(), "splits": {}}
+    for split, sources in splits.items():
+        utterances = [speech_data.Utterance(s, s.replace("day", "jour"), "en-us", "m1", 175, 50) for s in sources]
+        shard = speech_data.write_shard(tmp_path / f"{split}-00000.npz", utterances, frontend)
+        metadata["splits"][split] = {"count": len(sources), "shards": [shard]}
+    (tmp_path / "metadata.json").write_text(json.dumps(metadata))
+    cfg = TrainConfig(epochs=1, batch_size=2, lr=1e-3, warmup_steps=1, seed=0, threads=1)
+    first = train_speech(PLUGIN, tiny, tmp_path, cfg, tmp_path / "a.safetensors", log=lambda line: None)
+    still = dataclasses.replace(cfg, lr=1e-12, seed=1)
+    train_speech(PLUGIN, tiny, tmp_path, still, tmp_path / "b.safetensors", init=first.checkpoint,
+                 log=lambda line: None)
+    a, b = load_checkpoint(first.checkpoint), load_checkpoint(tmp_path / "b.safetensors")
+    assert b.info["initialised_from"]["sha256"] == sha256_of(first.checkpoint)
+    assert a.tensors.keys() == b.tensors.keys()
+    for name, tensor in a.tensors.items():
+        torch.testing.assert_close(b.tensors[name], tensor, rtol=0, atol=1e-6)
+    wider = dataclasses.replace(tiny, d_model=48)
+    with pytest.raises(S2SError, match="its weights do not fit this config"):
+        train_speech(PLUGIN, wider, tmp_path, cfg, tmp_path / "c.safetensors", init=first.checkpoint)
+    result = CliRunner().invoke(main, ["train", "--arch", "transformer", "--init", str(first.checkpoint)])
+    assert result.exit_code == 1 and result.output.count("\n") == 1 and "--init" in result.output, result.output
