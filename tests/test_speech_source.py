@@ -78,6 +78,29 @@ def test_transcription_equals_the_pytorch_search(speech, beam: int) -> None:
     assert alone == [t.text for t in found]
 
 
+def test_a_long_clip_is_read_whole_window_by_window_and_the_texts_joined_by_a_space(exports) -> None:
+    """The bundled speech model has no timestamp tokens: a clip of three 8-s windows is every window
+    decoded alone (zero-padded features, as docs/manifest.md says), the texts stripped and joined by
+    one space, so a window's last word never runs into the next window's first."""
+    from s2s_deploy.frontends import load_audio
+
+    transcriber = Transcriber(exports.get("speech")[1].directory, device="cpu")
+    rate = transcriber.sampling_rate
+    gap = np.zeros(4 * rate, dtype=np.float32)
+    samples = np.concatenate([part for clip in CLIPS for part in (load_audio(clip, rate), gap)])
+    whole = transcriber.features(samples, whole=True)
+    window = transcriber.window([whole])
+    assert 2 * window < whole.shape[-1] <= 3 * window
+    config = transcriber.translator.search_config()
+    texts = []
+    for start in range(0, whole.shape[-1], window):
+        part = np.zeros_like(whole[:, :window])
+        part[:, : whole[:, start : start + window].shape[-1]] = whole[:, start : start + window]
+        texts.append(transcriber.decode([part], config)[0].text.strip())
+    assert sum(bool(text) for text in texts) >= 2
+    assert transcriber(samples)[0].text == " ".join(text for text in texts if text)
+
+
 def test_arrays_in_any_rate_give_what_files_give(speech) -> None:
     import soundfile
 

@@ -139,7 +139,7 @@ class FeatureReader:
         if long:
             for i, sought in zip(long, self.long_form([features[i] for i in long], config, [labels[i] for i in long]),
                                  strict=True):
-                found[i] = self._with_segments(labels[i], sought, False)
+                found[i] = self._with_segments(labels[i], sought, False, whole_windows=config.timestamp_begin < 1)
         short = [i for i in range(len(features)) if found[i] is None]
         if short:
             src, src_len = pad_features([features[i] for i in short], self.source)
@@ -170,11 +170,17 @@ class FeatureReader:
             config = with_timestamps(config, len(self.manifest.tgt_vocab))
         return seek_windows(features, self.window(features), self.translator.engine.search, config)
 
-    def _with_segments(self, label: str, sought: Sought, timed: bool) -> Decoded:
-        """``sought`` as text, with its segments when the caller asked for ``timestamps`` (``timed``)."""
+    def _with_segments(self, label: str, sought: Sought, timed: bool, whole_windows: bool = False) -> Decoded:
+        """``sought`` as text, with its segments when the caller asked for ``timestamps`` (``timed``).
+        ``whole_windows`` (an export without timestamp tokens, read one whole window after another):
+        the windows' texts, stripped, joined by one space, since a window may end mid-word and ids
+        laid end to end would run two windows' words together."""
         vocab = self.manifest.tgt_vocab  # timestamps are among its hidden ids (the plugin's hf_hidden_tokens)
         segments = tuple(Segment(piece.start, piece.end, vocab.decode(piece.tokens)) for piece in sought.pieces)
-        text = vocab.decode(sought.tokens)
+        if whole_windows:
+            text = " ".join(stripped for segment in segments if (stripped := segment.text.strip()))
+        else:
+            text = vocab.decode(sought.tokens)
         score = float(np.mean(sought.scores)) if sought.scores else 0.0
         language = next((vocab.code_of(i) for i in sought.prompt if i in vocab.languages), None)
         return Decoded(label, text, score, ((text, score),), language, segments if timed else ())
