@@ -105,7 +105,8 @@ def test_page_translates_like_the_cli(exports, served, tmp_path: Path, arch: str
 def test_page_transcribes_like_the_transcriber(exports, served, tmp_path: Path) -> None:
     """The bundled speech model (whisper_log_mel) in the page: the samples Python reads give the same
     features to float32 rounding (both front ends, Whisper's real 30 s window too) and the same text,
-    greedy and beam 4. A file decoded by the browser is exact at the front end's rate (16 kHz)."""
+    greedy and beam 4, a clip of three windows included (read window by window, as ``transcribe``
+    does). A file decoded by the browser is exact at the front end's rate (16 kHz)."""
     assert len(CLIPS) == 3, "tests/data lost its speech clips"
     soundfile = pytest.importorskip("soundfile", reason="soundfile is not installed: the clips are read with it")
     pytest.importorskip("soxr", reason="soxr is not installed: the clips are resampled with it")
@@ -118,6 +119,8 @@ def test_page_transcribes_like_the_transcriber(exports, served, tmp_path: Path) 
         shutil.copy(clip, folder / clip.name)
     transcriber = Transcriber(folder, device="cpu")
     clips = [load_audio(clip, transcriber.sampling_rate) for clip in CLIPS]
+    gap = np.zeros(4 * transcriber.sampling_rate, dtype=np.float32)  # and all three in one clip of three windows
+    clips.append(np.concatenate([part for clip in clips for part in (clip, gap)]))
     frontends = [transcriber.frontend, WhisperLogMel(), KaldiFbank()]
     microphone = tmp_path / "microphone.wav"  # what Chromium's fake capture device plays, in a loop
     soundfile.write(microphone, clips[CLIPS.index(AT_RATE)], transcriber.sampling_rate, subtype="PCM_16")
@@ -131,6 +134,9 @@ def test_page_transcribes_like_the_transcriber(exports, served, tmp_path: Path) 
             diff = float(np.abs(np.asarray(data, dtype=np.float32).reshape(want.shape) - want).max())
             print(f"{frontend.kind} ({want.shape}): max |JS - numpy| {diff:.3g}")
             assert diff <= 1e-6, frontend  # docs/parity.md: float64 in both, rounded once to float32
+    for clip, data in zip(clips, page["whole"], strict=True):  # what a clip past the window is read from
+        want = transcriber.frontend.whole(clip)
+        assert np.abs(np.asarray(data, dtype=np.float32).reshape(want.shape) - want).max() <= 1e-6
     for beam in BEAMS:
         assert [r["text"] for r in page["beams"][str(beam)]] == [t.text for t in transcriber(clips, beam=beam)], beam
     # The browser's own decoding: at the front end's rate no resampler runs; Chromium scales positive
@@ -140,7 +146,8 @@ def test_page_transcribes_like_the_transcriber(exports, served, tmp_path: Path) 
     assert decoded.shape == clips[i].shape and np.abs(decoded - clips[i]).max() < 1 / 32767
     for beam in BEAMS:
         assert page["files"][str(beam)][i]["text"] == transcriber(clips[i], beam=beam)[0].text
-    for clip, samples, want in zip(CLIPS, page["decoded"], clips, strict=True):  # others: Chromium's resampler
+    # The others: Chromium's resampler.
+    for clip, samples, want in zip(CLIPS, page["decoded"], clips[: len(CLIPS)], strict=True):
         n = min(len(samples), len(want))
         print(f"{clip.name} decoded by the browser: {len(samples)} samples (soundfile and soxr: {len(want)}), "
               f"max |difference| {np.abs(np.asarray(samples[:n]) - want[:n]).max():.3g}")

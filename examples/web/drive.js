@@ -4,7 +4,7 @@
 // the page's own translations for each beam, after clicking Translate on its default sentences.
 // An audio export's JOB is {"clips": [[samples at the front end's rate], ...], "beams": [...],
 // "frontends": [{kind, ...}], "files": [URL relative to the page], "upload": PATH, "record": WAV (optional)}; it prints
-// {"beams": {beam: [{text, ms}]}, "features": [[data per clip] per front end],
+// {"beams": {beam: [{text, ms}]}, "features": [[data per clip] per front end], "whole": [data per clip, uncut, first front end],
 //  "decoded": [samples per file as the upload decodes it], "files": {beam: [{text, ms}] of those},
 //  "garbage": the error decoding three bytes that are no audio file,
 //  "upload": [[source, text, ms] per table row after uploading PATH through the file input],
@@ -29,6 +29,8 @@ async function audioPage(page, { clips, beams, frontends, files, upload, record 
   for (const beam of beams) results.beams[beam] = await page.evaluate((c, b) => window.s2s.transcribe(c, b), clips, beam);
   // The front end alone, on the very samples the Python side read.
   results.features = await page.evaluate((configs, c) => configs.map((f) => c.map((s) => Array.from(S2SFrontEnd.compute(f, Float32Array.from(s)).data))), frontends, clips);
+  // The first front end's uncut variant, which a clip longer than the window is read from.
+  results.whole = await page.evaluate((f, c) => c.map((s) => Array.from(S2SFrontEnd.compute(f, Float32Array.from(s), { whole: true }).data)), frontends[0], clips);
   // The upload's decoding (and resampling) by the browser, then the same search.
   results.decoded = await page.evaluate(async (urls) => {
     const decoded = [];

@@ -74,11 +74,36 @@ async function transcribeAll(translator, clips, beam) {
   const results = [];
   for (const clip of clips) {
     const start = performance.now();
-    const features = S2SFrontEnd.compute(frontend, Float32Array.from(clip.samples));
-    const found = await translator.transcribe(features, { beam });
-    results.push({ source: clip.source, text: found.text, ms: performance.now() - start, attention: null });
+    const features = S2SFrontEnd.compute(frontend, Float32Array.from(clip.samples), { whole: true });
+    const text = await transcribeWindows(translator, features, beam);
+    results.push({ source: clip.source, text, ms: performance.now() - start, attention: null });
   }
   return results;
+}
+
+// One clip's uncut features ({ data, dims }, frames last) as `transcribe` reads them
+// (docs/manifest.md, "Timestamps, window by window"): within the window, one search; longer, one
+// whole window after another, each zero-padded, the texts stripped and joined by one space. An
+// export with timestamp tokens seeks by them instead, which this page does not do: refused.
+async function transcribeWindows(translator, features, beam) {
+  const { manifest } = translator;
+  const window = (manifest.limits && manifest.limits.max_source_length) || S2SFrontEnd.windowFrames(manifest.encoder_input.frontend);
+  const { shape } = translator.input;
+  const frames = features.dims[features.dims.length - 1];
+  if (!window || shape[shape.length - 1] !== 'frames' || frames <= window) return (await translator.transcribe(features, { beam })).text;
+  const rows = features.data.length / frames;
+  if ((manifest.search || {}).timestamp_begin >= 1) {
+    throw new Error(`the clip is longer than the model's window of ${window} frames, and this export seeks through long clips by its timestamps, which this page does not: use s2s-deploy transcribe`);
+  }
+  const texts = [];
+  for (let first = 0; first < frames; first += window) {
+    const part = new Float32Array(rows * window);
+    const width = Math.min(window, frames - first);
+    for (let r = 0; r < rows; r += 1) part.set(features.data.subarray(r * frames + first, r * frames + first + width), r * window);
+    const text = (await translator.transcribe({ data: part, dims: [...features.dims.slice(0, -1), window] }, { beam })).text.trim();
+    if (text) texts.push(text);
+  }
+  return texts.join(' ');
 }
 
 // Translates texts in order; each result has its text and milliseconds.

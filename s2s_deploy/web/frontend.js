@@ -101,12 +101,14 @@
   }
 
   // Whisper's log-mel spectrogram of a fixed window: { data: Float32Array, dims: [n_mels, frames] }.
-  function whisperLogMel(samples, params) {
+  // `whole` (docs/manifest.md, the uncut variant): a longer clip is not cut but keeps all its
+  // samples // hop_length frames, scaled by its own loudest; a shorter one is padded to the window.
+  function whisperLogMel(samples, params, whole) {
     checkParams('whisper_log_mel', params, ['sampling_rate', 'n_mels', 'n_fft', 'hop_length', 'chunk_length']);
     const { sampling_rate: rate, n_mels: nMels, n_fft: nFft, hop_length: hop } = params;
-    const total = params.chunk_length * rate;
+    const total = whole ? Math.max(samples.length, params.chunk_length * rate) : params.chunk_length * rate;
     const frames = Math.floor(total / hop);
-    const clip = new Float64Array(total); // cut or zero-padded to the window
+    const clip = new Float64Array(total); // cut or zero-padded to the window (whole: padded only)
     clip.set(samples.length > total ? samples.subarray(0, total) : samples);
     const padded = reflectPad(clip, Math.floor(nFft / 2));
     const window = Array.from({ length: nFft }, (_, n) => 0.5 - 0.5 * Math.cos((2 * Math.PI * n) / nFft)); // periodic Hann
@@ -202,13 +204,20 @@
 
   const FRONT_ENDS = { whisper_log_mel: whisperLogMel, kaldi_fbank: kaldiFbank };
 
-  // The features of `frontend` (the manifest's encoder_input.frontend) for mono samples at its rate.
-  function compute(frontend, samples) {
+  // The features of `frontend` (the manifest's encoder_input.frontend) for mono samples at its rate;
+  // { whole: true }: uncut, for reading a long clip window by window (a front end without a window
+  // never cuts).
+  function compute(frontend, samples, { whole = false } = {}) {
     const run = FRONT_ENDS[frontend && frontend.kind];
     if (!run) throw new Error(`the ${frontend && frontend.kind} front end is not computed here: ${Object.keys(FRONT_ENDS).join(' and ')} only (docs/manifest.md)`);
     if (!samples.length) throw new Error('the clip holds no audio samples');
-    return run(samples, frontend);
+    return run(samples, frontend, whole);
   }
 
-  return { compute, mono, kinds: Object.keys(FRONT_ENDS) };
+  // The frames one encoder call reads when the front end fixes them (Whisper's window), else null.
+  function windowFrames(frontend) {
+    return frontend.kind === 'whisper_log_mel' ? Math.floor((frontend.chunk_length * frontend.sampling_rate) / frontend.hop_length) : null;
+  }
+
+  return { compute, mono, windowFrames, kinds: Object.keys(FRONT_ENDS) };
 });
