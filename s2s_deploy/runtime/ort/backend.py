@@ -82,8 +82,16 @@ def create_session(
     return _create(path, device, threads, spin)[0]
 
 
+STEP_DISABLED_OPTIMIZERS = ("MatMulScaleFusion",)
+"""Left out of a decoder step's CPU session: the fusion folds the attention scale into a
+``FusedMatMul``, which multiplies one query row by a memory of keys 2-3.5x slower than ``Mul``
+then ``MatMul`` do (q (8, 1, 64) x K (8, 64, 1500), 2 threads: 263 against 123 us at 1 row,
+8.2 against 2.3 ms at 8; benchmarks/NOTES.md, session 19)."""
+
+
 def _create(path: str | Path, device: str, threads: int | None, spin: bool = True,
-            spin_between_runs: bool = True, cuda_graph: bool = False) -> tuple[ort.InferenceSession, SessionChoice]:
+            spin_between_runs: bool = True, cuda_graph: bool = False,
+            step: bool = False) -> tuple[ort.InferenceSession, SessionChoice]:
     if device not in DEVICES:
         raise S2SError(f"unknown device {device!r}; known: {', '.join(DEVICES)}")
     ort.set_default_logger_severity(3)
@@ -103,7 +111,9 @@ def _create(path: str | Path, device: str, threads: int | None, spin: bool = Tru
             reason = "this onnxruntime build has no CUDA provider"
         if device == "cuda":
             raise S2SError(f"--device cuda: {reason}")
-        return ort.InferenceSession(str(path), options, providers=[CPU]), SessionChoice(CPU, reason)
+        disabled = list(STEP_DISABLED_OPTIMIZERS) if step else []
+        return (ort.InferenceSession(str(path), options, providers=[CPU], disabled_optimizers=disabled),
+                SessionChoice(CPU, reason))
     except (ort.capi.onnxruntime_pybind11_state.Fail, ort.capi.onnxruntime_pybind11_state.InvalidGraph,
             ort.capi.onnxruntime_pybind11_state.InvalidProtobuf, ort.capi.onnxruntime_pybind11_state.NoSuchFile) as exc:
         raise S2SError(f"onnxruntime cannot load {path}: {str(exc).splitlines()[0]}") from exc
@@ -170,7 +180,7 @@ class OrtBackend(Backend):
     def _decoder_session(self, cuda_graph: bool) -> ort.InferenceSession:
         """The decoder's workers spin within a step and stop when it returns."""
         path, threads, spin = self._decoder_settings
-        return _create(path, self.device, threads, spin, spin_between_runs=False, cuda_graph=cuda_graph)[0]
+        return _create(path, self.device, threads, spin, spin_between_runs=False, cuda_graph=cuda_graph, step=True)[0]
 
     def describe(self) -> dict[str, Any]:
         return {"backend": self.name, "provider": self.choice.provider, "onnxruntime": ort.__version__}
