@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 
 from s2s_deploy.architecture.registry import get_plugin
 from s2s_deploy.export.exporter import export_model
@@ -28,6 +30,22 @@ class ExportCache:
                          with_attention=plugin.has_attention)
             self._done[arch] = (source, load_manifest(out))
         return self._done[arch]
+
+
+ONE_TORCH_THREAD = 1
+"""Every test's PyTorch runs on one thread: the models here are tiny, so a second thread only
+synchronises, and beside ONNX Runtime's own thread pool (or another job) on a 2-core machine it
+makes each small matmul 10-20x slower (the transformer's option searches: 1.9 s on one thread,
+23-43 s on two, measured)."""
+
+torch.set_num_threads(ONE_TORCH_THREAD)  # before any fixture: exports and models built at setup too
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread() -> Iterator[None]:
+    """A test that changes PyTorch's thread count (training, benchmarks) leaves one thread behind it."""
+    yield
+    torch.set_num_threads(ONE_TORCH_THREAD)
 
 
 @pytest.fixture(autouse=True)
