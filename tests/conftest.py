@@ -2,39 +2,90 @@
 
 from __future__ import annotations
 
+import multiprocessing
+from collections.abc import Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 
 import pytest
+import torch
 
-from s2s_deploy.architecture.registry import get_plugin
+from s2s_deploy.architecture.registry import REGISTRY, get_plugin
 from s2s_deploy.export.exporter import export_model
 from s2s_deploy.export.sources import ModelSource, load_source
 from s2s_deploy.format.manifest import Manifest, load_manifest
 
+ONE_TORCH_THREAD = 1
+"""Every test's PyTorch runs on one thread: the models here are tiny, so a second thread only
+synchronises, and beside ONNX Runtime's own thread pool (or another job) on a 2-core machine it
+makes each small matmul 10-20x slower (the transformer's option searches: 1.9 s on one thread,
+23-43 s on two, measured)."""
+
+torch.set_num_threads(ONE_TORCH_THREAD)  # before any fixture: exports and models built at setup too
+
+
+EXPORT_WORKERS = 2
+"""Exports a session's tests name run this many at a time in worker processes, as
+tests/test_hf_families.py's do: an export is mostly the dynamo trace, single-threaded Python."""
+
+
+def export_arch(arch: str, root: Path) -> ModelSource:
+    """``arch``'s bundled checkpoint (seeded random weights where none is bundled) exported into
+    ``root/arch`` with the attention output where the architecture has one."""
+    plugin = get_plugin(arch)
+    source = load_source(plugin, None, workdir=root)
+    export_model(plugin, source.model, source.config, source.src_vocab, source.tgt_vocab, root / arch,
+                 checkpoint_path=source.checkpoint_path, source=source.description, samples=source.samples,
+                 training=source.info, with_attention=plugin.has_attention)
+    return source
+
+
+def export_in_worker(arch: str, root: Path) -> None:
+    """``export_arch`` in a worker process, which keeps only the folder it writes."""
+    export_arch(arch, root)
+
 
 class ExportCache:
-    def __init__(self, root: Path) -> None:
+    """One export per architecture per session. The architectures the session's tests name as their
+    ``arch`` parameter (``prefetch``, two or more) are exported ahead in a pool of ``EXPORT_WORKERS``
+    processes, in the order the tests first need them; any other is exported when first asked for."""
+
+    def __init__(self, root: Path, prefetch: list[str]) -> None:
         self.root = root
         self._done: dict[str, tuple[ModelSource, Manifest]] = {}
+        self._pending: dict[str, Future[None]] = {}
+        self._pool: ProcessPoolExecutor | None = None
+        if len(prefetch) > 1:
+            self._pool = ProcessPoolExecutor(EXPORT_WORKERS, mp_context=multiprocessing.get_context("spawn"))
+            self._pending = {arch: self._pool.submit(export_in_worker, arch, root) for arch in prefetch}
 
     def get(self, arch: str) -> tuple[ModelSource, Manifest]:
         if arch not in self._done:
-            plugin = get_plugin(arch)
-            source = load_source(plugin, None, workdir=self.root)
-            out = self.root / arch
-            export_model(plugin, source.model, source.config, source.src_vocab, source.tgt_vocab, out,
-                         checkpoint_path=source.checkpoint_path, source=source.description, samples=source.samples,
-            training=source.info,
-                         with_attention=plugin.has_attention)
-            self._done[arch] = (source, load_manifest(out))
+            future = self._pending.pop(arch, None)
+            if future is not None and not future.cancel():  # started or done in a worker: wait for it
+                future.result()
+                source = load_source(get_plugin(arch), None, workdir=self.root)  # the model the worker exported
+            else:
+                source = export_arch(arch, self.root)
+            self._done[arch] = (source, load_manifest(self.root / arch))
         return self._done[arch]
+
+    def close(self) -> None:
+        """Stop the workers, dropping exports no test asked for."""
+        if self._pool is not None:
+            self._pool.shutdown(cancel_futures=True)
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread() -> Iterator[None]:
+    """A test that changes PyTorch's thread count (training, benchmarks) leaves one thread behind it."""
+    yield
+    torch.set_num_threads(ONE_TORCH_THREAD)
 
 
 @pytest.fixture(autouse=True)
 def registry_unchanged():
     """A test that registers a plugin (``--plugin FILE``) must not leak it into the next test."""
-    from s2s_deploy.architecture.registry import REGISTRY
-
     before = dict(REGISTRY._plugins), REGISTRY._entry_points_loaded
     yield
     REGISTRY._plugins.clear()
@@ -42,6 +93,17 @@ def registry_unchanged():
     REGISTRY._entry_points_loaded = before[1]
 
 
+def named_archs(items: list[pytest.Item]) -> list[str]:
+    """The registered architectures that tests using ``exports`` take as their ``arch`` parameter,
+    in the order the tests run."""
+    registered = {entry.plugin.name for entry in REGISTRY.entries()}
+    named = [item.callspec.params.get("arch") for item in items
+             if "exports" in getattr(item, "fixturenames", ()) and hasattr(item, "callspec")]
+    return [arch for arch in dict.fromkeys(named) if arch in registered]
+
+
 @pytest.fixture(scope="session")
-def exports(tmp_path_factory: pytest.TempPathFactory) -> ExportCache:
-    return ExportCache(tmp_path_factory.mktemp("exports"))
+def exports(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[ExportCache]:
+    cache = ExportCache(tmp_path_factory.mktemp("exports"), named_archs(request.session.items))
+    yield cache
+    cache.close()

@@ -16,29 +16,14 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
-from test_hf_whisper import clips, lean, tokenizer_json, whisper_config
-from test_hf_whisper_timestamps import (
-    BEGIN,
-    EN,
-    EOS,
-    FR,
-    MAX_INITIAL,
-    NO_TIMESTAMPS,
-    SPECIAL_TOKENS,
-    TRANSCRIBE,
-    TRANSLATE,
-    VOCAB,
-)
+from test_hf_whisper_timestamps import save_timestamp_whisper
 
 from s2s_deploy.cli import main
 
 transformers = pytest.importorskip("transformers")
-
-RATE = 16000
 
 
 @pytest.fixture(scope="module")
@@ -47,25 +32,7 @@ def folders(tmp_path_factory: pytest.TempPathFactory) -> Any:
     torch.set_num_threads(1)  # tiny step-by-step generate: a second thread only synchronises
     root = tmp_path_factory.mktemp("whisper-parity-ts")
     hf_dir, out = root / "hf", root / "out"
-    torch.manual_seed(0)
-    model = transformers.WhisperForConditionalGeneration(whisper_config(VOCAB)).eval()
-    extractor = transformers.WhisperFeatureExtractor(feature_size=80, sampling_rate=RATE, hop_length=160,
-                                                     chunk_length=1, n_fft=400)
-    features = torch.from_numpy(np.stack([extractor(a, sampling_rate=RATE)["input_features"][0]
-                                          for a in clips(20, 0.3, 1.4, seed=0)]))
-    lean(model, features, [EOS], 0.85, keep=0.5)
-    lean(model, features, list(range(BEGIN, VOCAB)), 0.35, keep=0.2)
-    generation = model.generation_config
-    generation.lang_to_id = {"<|en|>": EN, "<|fr|>": FR}
-    generation.task_to_id = {"translate": TRANSLATE, "transcribe": TRANSCRIBE}
-    generation.no_timestamps_token_id = NO_TIMESTAMPS
-    generation.max_initial_timestamp_index = MAX_INITIAL
-    generation.is_multilingual = True
-    generation.language, generation.task = "fr", "transcribe"
-    generation._from_model_config = False
-    model.save_pretrained(hf_dir)
-    extractor.save_pretrained(hf_dir)
-    tokenizer_json(hf_dir, VOCAB, SPECIAL_TOKENS)
+    save_timestamp_whisper(hf_dir, 0.35, keep=0.2)
     result = CliRunner().invoke(main, ["export", "--hf", str(hf_dir), "--out", str(out)])
     assert result.exit_code == 0, result.output
     yield {"hf_dir": hf_dir, "out": out}

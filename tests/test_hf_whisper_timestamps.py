@@ -44,14 +44,10 @@ MAX_NEW = 20
 RATE = 16000
 
 
-@pytest.fixture(scope="module")
-def whisper(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    from s2s_deploy.runtime.transcriber import Transcriber
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny step-by-step generate: a second thread only synchronises
-    root = tmp_path_factory.mktemp("whisper-ts")
-    hf_dir, out = root / "hf", root / "out"
+def save_timestamp_whisper(hf_dir: Path, strength: float, keep: float) -> tuple[Any, list[np.ndarray]]:
+    """The tiny timestamped Whisper saved into ``hf_dir`` (weights, feature extractor, generation config
+    and tokenizer), EOS and its timestamp rows leaned on 20 short clips, the timestamps' by ``strength``
+    with ``keep`` of each row kept; its feature extractor and those clips."""
     torch.manual_seed(0)
     model = transformers.WhisperForConditionalGeneration(whisper_config(VOCAB)).eval()
     extractor = transformers.WhisperFeatureExtractor(feature_size=80, sampling_rate=RATE, hop_length=160,
@@ -59,7 +55,7 @@ def whisper(tmp_path_factory: pytest.TempPathFactory) -> Any:
     short = clips(20, 0.3, 1.4, seed=0)
     features = torch.from_numpy(np.stack([extractor(a, sampling_rate=RATE)["input_features"][0] for a in short]))
     lean(model, features, [EOS], 0.85, keep=0.5)
-    lean(model, features, list(range(BEGIN, VOCAB)), 0.55, keep=0.5)
+    lean(model, features, list(range(BEGIN, VOCAB)), strength, keep=keep)
     generation = model.generation_config
     generation.lang_to_id = {"<|en|>": EN, "<|fr|>": FR}
     generation.task_to_id = {"translate": TRANSLATE, "transcribe": TRANSCRIBE}
@@ -71,6 +67,18 @@ def whisper(tmp_path_factory: pytest.TempPathFactory) -> Any:
     model.save_pretrained(hf_dir)
     extractor.save_pretrained(hf_dir)
     tokenizer_json(hf_dir, VOCAB, SPECIAL_TOKENS)
+    return extractor, short
+
+
+@pytest.fixture(scope="module")
+def whisper(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from s2s_deploy.runtime.transcriber import Transcriber
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny step-by-step generate: a second thread only synchronises
+    root = tmp_path_factory.mktemp("whisper-ts")
+    hf_dir, out = root / "hf", root / "out"
+    extractor, short = save_timestamp_whisper(hf_dir, 0.55, keep=0.5)
     detect_dir, detect_out = root / "detect-hf", root / "detect"
     shutil.copytree(hf_dir, detect_dir)
     raw = json.loads((detect_dir / "generation_config.json").read_text())
