@@ -365,7 +365,6 @@ class FamilyExports:
 
 @pytest.fixture(scope="session")
 def family_exports(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Any:
-    torch.set_num_threads(1)  # tiny models: threads only contend, and on a shared machine cost 10x
     named = [item.callspec.params["model_type"] for item in request.session.items
              if hasattr(item, "callspec") and "model_type" in item.callspec.params]
     exports = FamilyExports(tmp_path_factory.mktemp("hf-families"), named)

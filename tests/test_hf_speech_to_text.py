@@ -100,17 +100,9 @@ def tokenizer_json(folder: Path) -> None:
     tokenizer.save(str(folder / "tokenizer.json"))
 
 
-@pytest.fixture(scope="module")
-def one_thread() -> Any:
-    """transformers' step-by-step generate on tiny tensors runs fastest on one thread."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 @pytest.fixture(scope="module")
-def s2t(tmp_path_factory: pytest.TempPathFactory, one_thread: Any) -> dict[str, Any]:
+def s2t(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     from s2s_deploy.runtime.transcriber import Transcriber
 
     root = tmp_path_factory.mktemp("s2t")

@@ -100,17 +100,9 @@ def favour_eos(model: Any, pixels: torch.Tensor, strength: float = 0.9) -> None:
         head.weight[EOS] = mean * (strength * logits.max(-1).values.median()) / mean.dot(mean)
 
 
-@pytest.fixture(scope="module")
-def one_thread() -> Any:
-    """transformers' step-by-step generate on tiny tensors: one thread (a second only synchronises)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 @pytest.fixture(scope="module")
-def vision(tmp_path_factory: pytest.TempPathFactory, one_thread: Any) -> dict[str, Any]:
+def vision(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     from s2s_deploy.runtime.captioner import Captioner
 
     root = tmp_path_factory.mktemp("vision")

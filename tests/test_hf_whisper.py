@@ -120,18 +120,9 @@ def clips(count: int = INPUTS, low: float = 0.3, high: float = 1.4, seed: int = 
     return found
 
 
-@pytest.fixture(scope="module")
-def one_thread() -> Any:
-    """transformers' step-by-step generate on tiny tensors: torch's second thread only adds
-    synchronisation (30x slower on a loaded 2-core machine, measured), so this module runs on one."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 @pytest.fixture(scope="module")
-def whisper(tmp_path_factory: pytest.TempPathFactory, one_thread: Any) -> dict[str, Any]:
+def whisper(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     from s2s_deploy.runtime.transcriber import Transcriber
 
     root = tmp_path_factory.mktemp("whisper")

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 from click.testing import CliRunner
 from test_hf_whisper_timestamps import save_timestamp_whisper
 
@@ -28,15 +27,12 @@ transformers = pytest.importorskip("transformers")
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory: pytest.TempPathFactory) -> Any:
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny step-by-step generate: a second thread only synchronises
     root = tmp_path_factory.mktemp("whisper-parity-ts")
     hf_dir, out = root / "hf", root / "out"
     save_timestamp_whisper(hf_dir, 0.35, keep=0.2)
     result = CliRunner().invoke(main, ["export", "--hf", str(hf_dir), "--out", str(out)])
     assert result.exit_code == 0, result.output
     yield {"hf_dir": hf_dir, "out": out}
-    torch.set_num_threads(threads)
 
 
 def edited(folders: dict[str, Any], tmp_path: Path, **search: Any) -> Path:

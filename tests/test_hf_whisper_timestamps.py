@@ -74,8 +74,6 @@ def save_timestamp_whisper(hf_dir: Path, strength: float, keep: float) -> tuple[
 def whisper(tmp_path_factory: pytest.TempPathFactory) -> Any:
     from s2s_deploy.runtime.transcriber import Transcriber
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny step-by-step generate: a second thread only synchronises
     root = tmp_path_factory.mktemp("whisper-ts")
     hf_dir, out = root / "hf", root / "out"
     extractor, short = save_timestamp_whisper(hf_dir, 0.55, keep=0.5)
@@ -95,7 +93,6 @@ def whisper(tmp_path_factory: pytest.TempPathFactory) -> Any:
            "short": [transcriber.features(a, whole=True) for a in short],
            "long": [transcriber.features(a, whole=True) for a in long], "long_audio": long, "short_audio": short,
            "detecting": detecting, "detector": Transcriber(detect_out, device="cpu")}
-    torch.set_num_threads(threads)
 
 
 def generated(model: Any, features: list[np.ndarray], beams: int, timestamps: bool | None = True,

@@ -56,8 +56,6 @@ def whisper_tokenizer(root: Path) -> Any:
 def whisper(tmp_path_factory: pytest.TempPathFactory) -> Any:
     from s2s_deploy.runtime.transcriber import Transcriber
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny step-by-step generate: a second thread only synchronises
     root = tmp_path_factory.mktemp("whisper-tokenizer")
     hf_dir, out = root / "hf", root / "out"
     hf_dir.mkdir()
@@ -94,7 +92,6 @@ def whisper(tmp_path_factory: pytest.TempPathFactory) -> Any:
     transcriber = Transcriber(out, device="cpu")
     yield {"model": model, "tokenizer": tokenizer, "transcriber": transcriber, "audio": audio,
            "features": [transcriber.features(a) for a in audio], "eos": eos}
-    torch.set_num_threads(threads)
 
 
 def test_the_folder_is_whisper_s_layout(whisper: dict[str, Any]) -> None:
