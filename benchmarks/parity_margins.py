@@ -3,7 +3,7 @@
 For every export given: PyTorch (1 thread) against ONNX Runtime at intra-op threads 1/2/4,
 sequential and parallel execution, teacher-forcing PyTorch's greedy output on the stored
 samples. Each cell is the largest |delta log p| where a search can act (each side's top 16 and
-every log p >= -10: export/tolerance.py), with the whole vocabulary's largest diff beside it.
+every log p >= -10: verify/tolerance.py), with the whole vocabulary's largest diff beside it.
 Then the smallest diffs that real bugs produce, on the same comparison:
 - the cached step omits a final LayerNorm that ``forward`` applies (models with an ``output`` layer);
 - one decoder weight tensor edited by +0.01 (the largest float initializer of decoder.onnx).
@@ -23,14 +23,14 @@ import onnxruntime as ort
 import torch
 from onnx import numpy_helper
 
-from s2s_deploy.export.checks import forward_step_comparison
-from s2s_deploy.export.parity import torch_backend_for
-from s2s_deploy.export.tolerance import NO_DIFF, StepDiff, StepTolerance
 from s2s_deploy.format.manifest import load_manifest
+from s2s_deploy.modeling.torch_backend import torch_backend_for
 from s2s_deploy.runtime.ort import backend as ort_backend
 from s2s_deploy.runtime.scoring import forced_tokens, teacher_forced
 from s2s_deploy.runtime.search import SearchConfig, greedy
 from s2s_deploy.runtime.translator import encode_batch
+from s2s_deploy.verify.checks import forward_step_comparison
+from s2s_deploy.verify.tolerance import NO_DIFF, StepDiff, StepTolerance
 
 MODES = {"sequential": ort.ExecutionMode.ORT_SEQUENTIAL, "parallel": ort.ExecutionMode.ORT_PARALLEL}
 TOL = StepTolerance()

@@ -1,7 +1,7 @@
 """BART and mBART (Hugging Face ``BartForConditionalGeneration``, ``MBartForConditionalGeneration``),
 written from ``transformers``' arithmetic without importing it.
 
-Both are ``s2s_deploy.export.parts.EncoderDecoder`` (declared by
+Both are ``s2s_deploy.modeling.parts.EncoderDecoder`` (declared by
 ``s2s_deploy.architecture.encoder_decoder``): learned positions read at ``position + 2`` (the
 table has two spare rows), an optional ``sqrt(d)`` embedding scale, a LayerNorm on the
 embeddings. BART's layers are post-norm; mBART's pre-norm, with a final LayerNorm after each

@@ -1,6 +1,6 @@
 """Blenderbot (Hugging Face ``BlenderbotForConditionalGeneration``), from ``transformers``' arithmetic.
 
-``s2s_deploy.export.parts.EncoderDecoder`` with learned positions read from row 0 (no spare
+``s2s_deploy.modeling.parts.EncoderDecoder`` with learned positions read from row 0 (no spare
 rows), pre-norm layers with a final LayerNorm after each stack, no LayerNorm on the embeddings,
 and ``final_logits_bias``.
 """

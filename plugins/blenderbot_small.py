@@ -1,7 +1,7 @@
 """BlenderbotSmall (Hugging Face ``BlenderbotSmallForConditionalGeneration``), from
 ``transformers``' arithmetic.
 
-``s2s_deploy.export.parts.EncoderDecoder`` with learned positions read from row 0, post-norm
+``s2s_deploy.modeling.parts.EncoderDecoder`` with learned positions read from row 0, post-norm
 layers, and a LayerNorm on the embeddings that in the encoder follows the position sum but in the
 decoder sees the token embeddings alone, before positions are added (``decoder_layernorm_tokens``).
 """

@@ -1,7 +1,7 @@
 """FSMT (Hugging Face ``FSMTForConditionalGeneration``, fairseq's WMT19 models), from
 ``transformers``' arithmetic.
 
-``s2s_deploy.export.parts.EncoderDecoder`` with separate source and target vocabularies and
+``s2s_deploy.modeling.parts.EncoderDecoder`` with separate source and target vocabularies and
 embeddings (``encoder.embed_tokens``, ``decoder.embed_tokens``), the output projection
 (``decoder.output_projection``) tied to the target table only when the config says so,
 tensor2tensor sinusoidal positions counted from ``pad_token_id + 1``, embeddings scaled by

@@ -10,7 +10,7 @@ sentence, ``w = attention_window[i] / 2``; padding is masked with the float mini
 ``transformers`` adds it. ``transformers`` pads the source to a multiple of the largest window and
 computes the window's ``2w + 1`` scores in overlapping chunks. Here the padded sequence is cut into
 blocks of ``w`` tokens and each block's queries score the keys of their own block and both
-neighbours (``3w`` keys, ``s2s_deploy.export.parts.three_blocks``), those farther than ``w`` or on
+neighbours (``3w`` keys, ``s2s_deploy.modeling.parts.three_blocks``), those farther than ``w`` or on
 padding masked. That is exact: a real token's softmax runs over the same keys with the same scores,
 and a masked key's weight is ``exp(min - max) = 0`` exactly, so only the order of float sums
 differs; a token never sees a key more than ``w`` away, so how far the source is padded changes

@@ -1,7 +1,7 @@
 """M2M100 and NLLB (Hugging Face ``M2M100ForConditionalGeneration``, ``model_type`` ``m2m_100``),
 from ``transformers``' arithmetic.
 
-``s2s_deploy.export.parts.EncoderDecoder`` with tensor2tensor sinusoidal positions counted from
+``s2s_deploy.modeling.parts.EncoderDecoder`` with tensor2tensor sinusoidal positions counted from
 ``pad_token_id + 1`` (a padding token takes the zero row, as fairseq's ``make_positions``),
 embeddings scaled by ``sqrt(d)``, pre-norm layers with a final LayerNorm after each stack, no
 LayerNorm on the embeddings, and the output projection tied to the shared embedding. The target

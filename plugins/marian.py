@@ -1,6 +1,6 @@
 """Marian (Hugging Face ``MarianMTModel``, the opus-mt models), from ``transformers``' arithmetic.
 
-``s2s_deploy.export.parts.EncoderDecoder`` with split sinusoidal positions (sines in the first
+``s2s_deploy.modeling.parts.EncoderDecoder`` with split sinusoidal positions (sines in the first
 half of the vector, cosines in the second, from position 0), embeddings scaled by ``sqrt(d)``,
 post-norm layers and no LayerNorm on the embeddings. The sinusoid table is computed, not stored:
 Hugging Face does not save it either.

@@ -1,6 +1,6 @@
 """Pegasus (Hugging Face ``PegasusForConditionalGeneration``), from ``transformers``' arithmetic.
 
-``s2s_deploy.export.parts.EncoderDecoder`` with split sinusoidal positions from 0 (as Marian's),
+``s2s_deploy.modeling.parts.EncoderDecoder`` with split sinusoidal positions from 0 (as Marian's),
 pre-norm layers with a final LayerNorm after each stack, no LayerNorm on the embeddings, and
 ``final_logits_bias``.
 """

@@ -2,7 +2,7 @@
 ``transformers``' arithmetic: Pegasus for long inputs, whose encoder attends block-locally and
 through a few global tokens.
 
-The decoder is ``s2s_deploy.export.parts.EncoderDecoder``'s: pre-norm layers with a final
+The decoder is ``s2s_deploy.modeling.parts.EncoderDecoder``'s: pre-norm layers with a final
 LayerNorm, embeddings scaled by ``sqrt(d)``, tensor2tensor sinusoidal positions from 0 (every
 token, padding included), no biases on the attention projections, the output projection tied to
 the shared embedding. So the step contract is the common one: a self-attention K/V cache per

@@ -11,7 +11,7 @@ convolution (``_get_feat_extract_output_lengths``). The convolutions' output is 
 through pre-norm layers and a final LayerNorm. Frames past a clip's length are zeroed before each
 convolution and masked in attention, so a clip decodes the same alone or padded in a batch
 (``transformers`` lets a batch's padding into the last frame of its second convolution; it gives
-the padding-free result only for a clip alone). The decoder is ``s2s_deploy.export.parts``' pre-norm
+the padding-free result only for a clip alone). The decoder is ``s2s_deploy.modeling.parts``' pre-norm
 stack with the same positions, scaled embeddings and its output projection tied to the token
 table or not (``tie_word_embeddings``).
 

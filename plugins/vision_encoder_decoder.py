@@ -6,7 +6,7 @@ The encoder reads ``(batch, 3, height, width)`` pixels from the ``vit_image`` fr
 parameters come from the folder's ``preprocessor_config.json`` (its size must be the encoder's
 ``image_size``): a patch convolution, a class token (and DeiT's distillation token), the stored
 position table, pre-norm layers and a final LayerNorm. Its output goes through ``enc_to_dec_proj``
-when the two hidden sizes differ, as ``transformers`` does. The decoder is ``s2s_deploy.export.parts``'
+when the two hidden sizes differ, as ``transformers`` does. The decoder is ``s2s_deploy.modeling.parts``'
 post-norm stack: a token table scaled by ``sqrt(d_model)`` under ``scale_embedding``, learned positions
 read at ``index + 2`` or tensor2tensor sinusoids after the padding id (``use_learned_position_embeddings``),
 the optional embedding LayerNorm, cross-attention to every image position, and the output projection

@@ -9,7 +9,7 @@ end, whose parameters come from the folder's ``preprocessor_config.json``: two c
 a final LayerNorm. Its window must be the model's (``2 * max_source_positions`` frames), as
 ``transformers`` requires. Frames past a clip's length are zeroed before each convolution and
 masked in attention, so padding never leaks in; the front end's fixed window makes every clip
-full length anyway. The decoder is ``s2s_deploy.export.parts``' pre-norm stack with a learned
+full length anyway. The decoder is ``s2s_deploy.modeling.parts``' pre-norm stack with a learned
 position table from 0, a self-attention K/V cache per layer, cross K/V computed once by the
 encoder and the output projection tied to the token table. Whisper's key projections have no bias.
 

@@ -5,3 +5,7 @@ numpy and onnxruntime.
 """
 
 __version__ = "0.1.0"
+
+from s2s_deploy import moved as _moved
+
+_moved.install()

@@ -12,7 +12,7 @@ from s2s_deploy.architecture.registry import REGISTRY, get_plugin
 from s2s_deploy.cli import main
 from s2s_deploy.errors import S2SError
 from s2s_deploy.export.exporter import export_model
-from s2s_deploy.export.parity import torch_backend_for
+from s2s_deploy.modeling.torch_backend import torch_backend_for
 from s2s_deploy.pictures.attention import attention_map, compare_attention, panel_layout
 from s2s_deploy.runtime.ort.backend import OrtBackend
 from s2s_deploy.runtime.translator import encode_batch

@@ -132,3 +132,26 @@ def test_console_script_prints_no_traceback(args: list[str]) -> None:
     assert result.returncode == 1
     assert "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("medium", ["audio", "image"])
+def test_a_media_command_offers_timed_options_only_for_a_timed_medium(medium: str) -> None:
+    from s2s_deploy.frontends.media import MEDIA
+
+    row = MEDIA[medium]
+    shown = CliRunner().invoke(main, [row.command, "--help"]).output
+    assert ("--timestamps" in shown) == row.timed and (".srt" in shown) == row.timed
+    assert "--beam" in shown and "--output" in shown
+
+
+def test_every_front_end_reads_a_medium_whose_synthetic_inputs_it_featurises() -> None:
+    from s2s_deploy.frontends import _BY_KIND
+    from s2s_deploy.frontends.media import medium_of
+
+    for kind in _BY_KIND.values():
+        frontend = kind()
+        inputs = medium_of(frontend).synthetic(frontend)
+        assert len(inputs) == 16
+        for item in inputs.values():
+            features = frontend(item)
+            assert features.size and bool((features == features).all())

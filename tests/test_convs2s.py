@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from s2s_deploy.export.contract import validate_plugin
+from s2s_deploy.modeling.contract import validate_plugin
 from s2s_deploy_plugins.convs2s import PLUGIN, ConvS2SConfig
 from s2s_deploy_plugins.models.convs2s import ConvS2S
 

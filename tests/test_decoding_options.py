@@ -15,8 +15,8 @@ from test_plugins import ARCH_CASES
 
 from s2s_deploy.cli import main
 from s2s_deploy.errors import S2SError
-from s2s_deploy.export.parity import torch_backend_for
 from s2s_deploy.format.manifest import Manifest, load_manifest
+from s2s_deploy.modeling.torch_backend import torch_backend_for
 from s2s_deploy.runtime.options import StepOptions, sentence_limits
 from s2s_deploy.runtime.ort.backend import OrtBackend
 from s2s_deploy.runtime.scoring import score

@@ -11,10 +11,10 @@ import torch
 from torch import Tensor, nn
 
 from s2s_deploy.errors import ContractError
-from s2s_deploy.export.checks import ExportAxisError, ExportStepError
-from s2s_deploy.export.contract import MemorySpec, StateSpec
 from s2s_deploy.export.exporter import export_model
 from s2s_deploy.export.sources import load_source
+from s2s_deploy.modeling.contract import MemorySpec, StateSpec
+from s2s_deploy.verify.checks import ExportAxisError, ExportStepError
 from s2s_deploy_plugins.gru import GRUConfig, GRUPlugin
 from s2s_deploy_plugins.models.transformer import Transformer
 from s2s_deploy_plugins.transformer import TransformerConfig, TransformerPlugin

@@ -8,10 +8,11 @@ import onnx
 
 from s2s_deploy.architecture.registry import get_plugin
 from s2s_deploy.export.exporter import export_model
-from s2s_deploy.export.parity import check_parity, torch_backend_for
 from s2s_deploy.export.sources import load_source
 from s2s_deploy.format.manifest import load_manifest
+from s2s_deploy.modeling.torch_backend import torch_backend_for
 from s2s_deploy.runtime.ort.backend import OrtBackend
+from s2s_deploy.verify.parity import check_parity
 
 
 def test_optimized_and_ort_format_export(tmp_path: Path) -> None:

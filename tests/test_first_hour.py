@@ -14,8 +14,8 @@ import pytest
 from click.testing import CliRunner
 
 from s2s_deploy.cli import main
-from s2s_deploy.export.checkpoint import content_digest
 from s2s_deploy.format.manifest import sha256_of
+from s2s_deploy.modeling.checkpoint import content_digest
 
 
 def run(*args: str) -> tuple[int, str, str]:

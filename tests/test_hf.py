@@ -14,11 +14,11 @@ import pytest
 import torch
 
 from s2s_deploy.export.hf import search_defaults, special_ids
-from s2s_deploy.export.hf_reference import HFBackend, load_transformers_model
-from s2s_deploy.export.parity import check_parity, forced_step_diff
 from s2s_deploy.format.manifest import load_manifest
 from s2s_deploy.runtime.ort.backend import OrtBackend
 from s2s_deploy.runtime.search import SearchConfig, search
+from s2s_deploy.verify.parity import check_parity, forced_step_diff
+from s2s_deploy.verify.reference import HFBackend, load_transformers_model
 
 transformers = pytest.importorskip("transformers")
 
@@ -391,7 +391,7 @@ def test_marian_positions_computed_in_the_graph_equal_the_transformers_table(pos
     """The exports compute Marian's sinusoids instead of storing the table: bit for bit the same rows."""
     from transformers.models.marian.modeling_marian import MarianSinusoidalPositionalEmbedding
 
-    from s2s_deploy.export.parts import sinusoids_split, split_denominators
+    from s2s_deploy.modeling.parts import sinusoids_split, split_denominators
 
     table = MarianSinusoidalPositionalEmbedding(positions, dim).create_weight()
     computed = sinusoids_split(torch.arange(positions), split_denominators(dim), dim)

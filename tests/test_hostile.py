@@ -23,15 +23,15 @@ from safetensors.torch import load_file, save_file
 from s2s_deploy.architecture.registry import Registry
 from s2s_deploy.cli import main
 from s2s_deploy.errors import ContractError, S2SError
-from s2s_deploy.export.checkpoint import load_checkpoint
 from s2s_deploy.export.exporter import _record, export_model
-from s2s_deploy.export.tolerance import StepTolerance
 from s2s_deploy.format import files as staging
 from s2s_deploy.format.manifest import load_manifest, sha256_of
 from s2s_deploy.jobs import files
+from s2s_deploy.modeling.checkpoint import load_checkpoint
 from s2s_deploy.runtime.backend import Backend, DecodeRun
 from s2s_deploy.runtime.search import SearchConfig, search
 from s2s_deploy.runtime.translator import Translator
+from s2s_deploy.verify.tolerance import StepTolerance
 from s2s_deploy_plugins.gru import GRUPlugin
 
 BUNDLED = Path(__file__).resolve().parents[1] / "plugins" / "checkpoints"
@@ -172,8 +172,9 @@ def test_a_zero_byte_or_swapped_graph_with_an_updated_hash_is_one_line(gru: Path
 
 
 def test_parity_tolerance_never_comes_from_the_manifest(exports, tmp_path: Path) -> None:
-    from s2s_deploy.export.parity import check_parity, torch_backend_for
+    from s2s_deploy.modeling.torch_backend import torch_backend_for
     from s2s_deploy.runtime.ort.backend import OrtBackend
+    from s2s_deploy.verify.parity import check_parity
 
     gru = exports.get("gru")[1].directory
     folder = tampered(gru, tmp_path, lambda raw: raw["validation"].update(atol=1e9, min_token_agreement=0.0))
@@ -501,7 +502,7 @@ def _export_with(plugin: GRUPlugin, tmp_path: Path) -> None:
 
 
 def test_encode_returning_the_wrong_key(tmp_path: Path) -> None:
-    from s2s_deploy.export.contract import MemorySpec
+    from s2s_deploy.modeling.contract import MemorySpec
 
     plugin = type("WrongKey", (GRUPlugin,), {"name": "wrongkey",
                                               "memory_specs": lambda self, c: (MemorySpec("ctx", 0),)})()
@@ -510,7 +511,7 @@ def test_encode_returning_the_wrong_key(tmp_path: Path) -> None:
 
 
 def test_wrong_state_batch_axis(tmp_path: Path) -> None:
-    from s2s_deploy.export.contract import StateSpec
+    from s2s_deploy.modeling.contract import StateSpec
 
     plugin = type("WrongAxis", (GRUPlugin,), {"name": "wrongaxis",
                                               "state_specs": lambda self, c: (StateSpec("h", 0, "encoder"),)})()
@@ -527,7 +528,7 @@ def test_unsupported_op_is_one_line_and_debug_shows_the_trace(tmp_path: Path, mo
             return {"context": out["context"] + 0 * torch.special.bessel_j0(out["context"]), "h": out["h"]}
 
     plugin = type("Bessel", (GRUPlugin,), {"name": "bessel", "build": lambda self, c, s, t: Bessel(c, s, t)})()
-    from s2s_deploy.export.plugin_errors import PluginError
+    from s2s_deploy.modeling.plugin_errors import PluginError
 
     with pytest.raises(PluginError, match=r"plugin 'bessel': torchscript export of the encoder .* likely fix: "
                                           r"an operator the exporter cannot translate"):

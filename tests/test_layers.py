@@ -10,11 +10,12 @@ PACKAGE = Path(__file__).resolve().parents[1] / "s2s_deploy"
 
 # Lowest first. A module may import its own floor and the floors below it.
 FLOORS: tuple[tuple[str, ...], ...] = (
-    ("errors",),
+    ("errors", "moved"),
     ("format",),
     ("frontends", "runtime", "architecture"),
-    ("transforms", "jobs", "pictures"),
-    ("export", "train"),
+    ("transforms", "jobs", "pictures", "modeling"),
+    ("verify", "train"),
+    ("export",),
     ("bench",),
     ("serve", "web"),
     ("cli", "__main__"),
@@ -84,3 +85,23 @@ def test_no_import_circle() -> None:
         if name not in state:
             visit(name, [name])
     assert not circles, "\n".join(" -> ".join(circle) for circle in circles)
+
+
+def test_moved_modules_import_from_their_old_names_with_a_warning() -> None:
+    import importlib
+    import sys
+    import warnings
+
+    from s2s_deploy.moved import MOVED
+
+    for old, new in MOVED.items():
+        assert (PACKAGE / (new.split(".", 1)[1].replace(".", "/") + ".py")).is_file()
+        assert not (PACKAGE / (old.split(".", 1)[1].replace(".", "/") + ".py")).exists()
+        module = importlib.import_module(new)
+        sys.modules.pop(old, None)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert importlib.import_module(old) is module
+        assert module.__spec__.name == new
+        assert [str(w.message) for w in caught if w.category is DeprecationWarning] == [
+            f"{old} moved to {new}; import it from there"]

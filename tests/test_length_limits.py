@@ -7,7 +7,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from s2s_deploy.export.parity import torch_backend_for
+from s2s_deploy.modeling.torch_backend import torch_backend_for
 from s2s_deploy.runtime.decoding import resolve
 from s2s_deploy.runtime.ort.backend import OrtBackend
 from s2s_deploy.runtime.ort.generate import GraphEngine

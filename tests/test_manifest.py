@@ -85,8 +85,8 @@ def test_the_document_round_trips_and_evolves(gru: Path, tmp_path: Path) -> None
 
 def test_specs_have_one_home() -> None:
     """The contract's specs are the manifest's; the attention helpers give the three plugins' layouts."""
-    from s2s_deploy.export import contract
     from s2s_deploy.format import specs
+    from s2s_deploy.modeling import contract
 
     assert contract.MemorySpec is specs.MemorySpec and contract.StateSpec is specs.StateSpec
     cache = specs.self_attention_cache(2, 4, 8)

@@ -1,4 +1,4 @@
-"""The shared encoder-decoder parts (s2s_deploy/export/parts.py) against ``transformers``' own tables."""
+"""The shared encoder-decoder parts (s2s_deploy/modeling/parts.py) against ``transformers``' own tables."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from s2s_deploy.architecture.encoder_decoder import EncoderDecoderConfig
-from s2s_deploy.export.parts import Stack, sinusoids_tensor2tensor, tensor2tensor_frequencies
+from s2s_deploy.modeling.parts import Stack, sinusoids_tensor2tensor, tensor2tensor_frequencies
 
 transformers = pytest.importorskip("transformers")
 

@@ -19,7 +19,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from s2s_deploy.export.contract import ArchitecturePlugin, MemorySpec, Seq2SeqModel, StateSpec, StepOutput
+from s2s_deploy.modeling.contract import ArchitecturePlugin, MemorySpec, Seq2SeqModel, StateSpec, StepOutput
 
 
 @dataclass(frozen=True)
@@ -180,11 +180,11 @@ def test_torch_dumps_wait_for_debug(tmp_path: Path, capfd: pytest.CaptureFixture
 
 
 def test_a_moved_import_names_the_new_module(tmp_path: Path) -> None:
-    edits = (("from s2s_deploy.export.contract import", "from s2s_deploy.contract import"),)
+    edits = (("from s2s_deploy.modeling.contract import", "from s2s_deploy.contract import"),)
     path = plugin_file(tmp_path, "old_layout", edits)
     for command in (("export", "--arch", "old_layout"), ("list",)):
         line = one_line(*run(*command, "--plugin", str(path))[::2])
-        assert line.endswith("No module named 's2s_deploy.contract'; it moved: from s2s_deploy.export.contract "
+        assert line.endswith("No module named 's2s_deploy.contract'; it moved: from s2s_deploy.modeling.contract "
                              "import ..."), line
 
 

@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 
 from s2s_deploy.architecture.registry import REGISTRY
-from s2s_deploy.export.parity import check_parity, forced_step_diff, torch_backend_for
+from s2s_deploy.modeling.torch_backend import torch_backend_for
 from s2s_deploy.runtime.ort.backend import OrtBackend
 from s2s_deploy.runtime.search import SearchConfig, search
 from s2s_deploy.runtime.translator import encode_batch
+from s2s_deploy.verify.parity import check_parity, forced_step_diff
 
 # (architecture, longest target decoded in these tests)
 ARCH_CASES = [

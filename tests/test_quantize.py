@@ -8,10 +8,11 @@ import onnx
 import pytest
 
 from s2s_deploy.errors import S2SError
-from s2s_deploy.export.parity import check_parity, torch_backend_for
 from s2s_deploy.format.manifest import Manifest, load_manifest
+from s2s_deploy.modeling.torch_backend import torch_backend_for
 from s2s_deploy.runtime.ort.backend import OrtBackend
 from s2s_deploy.transforms.quantize import MIN_TOKEN_AGREEMENT, quantize_export
+from s2s_deploy.verify.parity import check_parity
 
 
 def declared_outputs(manifest: Manifest) -> list[onnx.ValueInfoProto]:

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 import torch
 
-from s2s_deploy.export.contract import ArchitecturePlugin, Seq2SeqModel, validate_plugin
+from s2s_deploy.modeling.contract import ArchitecturePlugin, Seq2SeqModel, validate_plugin
 from s2s_deploy_plugins.bahdanau import PLUGIN as BAHDANAU
 from s2s_deploy_plugins.bahdanau import BahdanauConfig
 from s2s_deploy_plugins.gru import PLUGIN as GRU

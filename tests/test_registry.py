@@ -10,7 +10,7 @@ import pytest
 
 from s2s_deploy.architecture.registry import REGISTRY, Registry
 from s2s_deploy.errors import ContractError, S2SError, UnknownNameError
-from s2s_deploy.export.contract import BATCH, ArchitecturePlugin, MemorySpec, StateSpec, validate_plugin
+from s2s_deploy.modeling.contract import BATCH, ArchitecturePlugin, MemorySpec, StateSpec, validate_plugin
 from s2s_deploy_plugins.transformer import TransformerPlugin
 
 

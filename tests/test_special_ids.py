@@ -7,14 +7,15 @@ import pytest
 import torch
 
 from s2s_deploy.architecture.registry import get_plugin
-from s2s_deploy.export.checkpoint import build_model, load_checkpoint, save_checkpoint
 from s2s_deploy.export.exporter import export_model
-from s2s_deploy.export.parity import check_parity, torch_backend_for
 from s2s_deploy.export.sources import bundled_checkpoint
 from s2s_deploy.format.manifest import FORMAT, load_manifest
 from s2s_deploy.format.vocab import Vocabulary
+from s2s_deploy.modeling.checkpoint import build_model, load_checkpoint, save_checkpoint
+from s2s_deploy.modeling.torch_backend import torch_backend_for
 from s2s_deploy.runtime.ort.backend import OrtBackend
 from s2s_deploy.runtime.translator import Translator
+from s2s_deploy.verify.parity import check_parity
 
 # which tensors hold one row per token, for the two plugins permuted here
 ROWS = {

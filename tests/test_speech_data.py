@@ -79,8 +79,8 @@ def test_a_speech_run_starts_from_a_checkpoints_weights_and_refuses_one_that_doe
     from click.testing import CliRunner
 
     from s2s_deploy.cli import main
-    from s2s_deploy.export.checkpoint import load_checkpoint
     from s2s_deploy.format.files import sha256_of
+    from s2s_deploy.modeling.checkpoint import load_checkpoint
     from s2s_deploy.train.speech import train_speech
     from s2s_deploy.train.trainer import TrainConfig
     from s2s_deploy_plugins.speech import PLUGIN

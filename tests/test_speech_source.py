@@ -18,14 +18,14 @@ from click.testing import CliRunner
 from s2s_deploy.architecture.registry import get_plugin
 from s2s_deploy.cli import main
 from s2s_deploy.errors import ContractError, ManifestError, S2SError
-from s2s_deploy.export.contract import validate_plugin
 from s2s_deploy.export.exporter import export_model
 from s2s_deploy.export.sources import load_source
-from s2s_deploy.export.torch_backend import TorchBackend
 from s2s_deploy.format.manifest import FORMAT, load_manifest
 from s2s_deploy.format.source import FEATURES, FRAMES, TOKEN_SOURCE, SourceSpec
 from s2s_deploy.frontends import WhisperLogMel
 from s2s_deploy.frontends.source import check_frontend
+from s2s_deploy.modeling.contract import validate_plugin
+from s2s_deploy.modeling.torch_backend import TorchBackend
 from s2s_deploy.runtime.search import search
 from s2s_deploy.runtime.transcriber import Transcriber, pad_features
 from s2s_deploy.train.metrics import error_rate

@@ -19,13 +19,14 @@ from click.testing import CliRunner
 from s2s_deploy.architecture.registry import get_plugin
 from s2s_deploy.cli import main
 from s2s_deploy.errors import ManifestError
-from s2s_deploy.export.checkpoint import load_checkpoint, save_checkpoint
 from s2s_deploy.export.exporter import export_model
-from s2s_deploy.export.parity import check_parity, torch_backend_for
 from s2s_deploy.format.manifest import load_manifest
 from s2s_deploy.format.vocab import Vocabulary, VocabularyError
+from s2s_deploy.modeling.checkpoint import load_checkpoint, save_checkpoint
+from s2s_deploy.modeling.torch_backend import torch_backend_for
 from s2s_deploy.runtime.ort.backend import OrtBackend
 from s2s_deploy.runtime.translator import Translator
+from s2s_deploy.verify.parity import check_parity
 
 WORDS = ("alpha", "beta", "gamma", "delta", "march", "april", "one", "two", "three", "four", "hello", "world",
          "mercredi", "quatre", "vingt", "semaines", "jours", "après", "trois", "janvier", "février")

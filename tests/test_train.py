@@ -12,8 +12,8 @@ from safetensors.torch import load_file
 from s2s_deploy.architecture.registry import REGISTRY, get_plugin
 from s2s_deploy.cli import main
 from s2s_deploy.errors import CheckpointError, S2SError
-from s2s_deploy.export.checkpoint import build_model, load_checkpoint, save_checkpoint
 from s2s_deploy.format.vocab import Vocabulary
+from s2s_deploy.modeling.checkpoint import build_model, load_checkpoint, save_checkpoint
 from s2s_deploy.train.metrics import corpus_bleu, d2l_bleu, exact_match, score
 from s2s_deploy.train.tasks import SplitSizes, load_task
 from s2s_deploy.train.trainer import TrainConfig, encode_pairs, greedy_decode, make_batches, train, train_state_path

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from s2s_deploy.export.contract import Seq2SeqModel, StepOutput
+from s2s_deploy.modeling.contract import Seq2SeqModel, StepOutput
 from s2s_deploy_plugins.convs2s import ConvS2SConfig
 
 SCALE = math.sqrt(0.5)

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from s2s_deploy.export.contract import Seq2SeqModel, StepOutput
+from s2s_deploy.modeling.contract import Seq2SeqModel, StepOutput
 from s2s_deploy_plugins.gru import GRUConfig
 
 

@@ -9,7 +9,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from s2s_deploy.export.parts import EncoderDecoder, LearnedPositions, blocks, padding_bias, three_blocks
+from s2s_deploy.modeling.parts import EncoderDecoder, LearnedPositions, blocks, padding_bias, three_blocks
 from s2s_deploy_plugins.led import LEDConfig
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from s2s_deploy.export.parts import RelativeBias, RMSNorm, blocks, padding_bias, relative_bucket, three_blocks
+from s2s_deploy.modeling.parts import RelativeBias, RMSNorm, blocks, padding_bias, relative_bucket, three_blocks
 from s2s_deploy_plugins.longt5 import LongT5Config
 from s2s_deploy_plugins.models.t5 import T5, FFLayer, T5Attention
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from s2s_deploy.export.contract import Seq2SeqModel, StepOutput
+from s2s_deploy.modeling.contract import Seq2SeqModel, StepOutput
 from s2s_deploy_plugins.lstm import LSTMConfig
 from s2s_deploy_plugins.models.gru import layer_dropout, run_packed, xavier_init
 

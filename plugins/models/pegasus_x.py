@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from s2s_deploy.export.parts import Attention, EncoderDecoder, activation, padding_bias
+from s2s_deploy.modeling.parts import Attention, EncoderDecoder, activation, padding_bias
 from s2s_deploy_plugins.pegasus_x import PegasusXConfig
 
 MASKED = torch.finfo(torch.float32).min  # transformers' value for a masked key, padding and blocks alike

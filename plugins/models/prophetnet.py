@@ -16,8 +16,8 @@ import math
 import torch
 from torch import Tensor, nn
 
-from s2s_deploy.export.contract import Seq2SeqModel, StepOutput, layer_name
-from s2s_deploy.export.parts import Attention, activation, padding_bias, residual
+from s2s_deploy.modeling.contract import Seq2SeqModel, StepOutput, layer_name
+from s2s_deploy.modeling.parts import Attention, activation, padding_bias, residual
 from s2s_deploy_plugins.prophetnet import ProphetNetConfig
 
 PROPHETNET_PROJECTIONS = ("query_proj", "key_proj", "value_proj", "out_proj")

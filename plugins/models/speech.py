@@ -4,7 +4,7 @@ French text demo, trained by ``s2s-deploy train --arch speech --task speech:DIR`
 The encoder reads ``(batch, n_mels, frames)`` Whisper log-mel features (the manifest names the
 front end, ``WhisperLogMel`` with this config's window), downsamples them with two strided
 convolutions (GELU after each), adds sinusoidal positions and runs pre-norm Transformer layers.
-The decoder is ``s2s_deploy.export.parts``' pre-norm Transformer with learned positions, a
+The decoder is ``s2s_deploy.modeling.parts``' pre-norm Transformer with learned positions, a
 self-attention KV cache per layer and cross-attention keys and values that the encoder computes
 once. Frames past a clip's length are zeroed before and between the convolutions, so a clip
 decodes alike alone or padded in a batch.
@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from s2s_deploy.export.parts import (
+from s2s_deploy.modeling.parts import (
     DecoderLayer,
     EncoderDecoder,
     EncoderLayer,

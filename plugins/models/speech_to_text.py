@@ -1,6 +1,6 @@
 """Speech2Text's torch modules (the declaration and config are ``plugins/speech_to_text.py``): the
 convolutional subsampler and pre-norm encoder in front of the shared pre-norm decoder of
-``s2s_deploy.export.parts``."""
+``s2s_deploy.modeling.parts``."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from s2s_deploy.export.parts import (
+from s2s_deploy.modeling.parts import (
     DecoderLayer,
     EncoderDecoder,
     EncoderDecoderConfig,

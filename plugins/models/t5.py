@@ -9,7 +9,7 @@ each stack, ReLU or gated-GELU feed-forward, and the output rescaled by ``d_mode
 the tied projection (``scale_decoder_outputs``).
 
 The attention, the RMS norm, the relative buckets (an integer table computed once, so graphs
-only index it) and the specs are ``s2s_deploy.export.parts``'; as there, the encoder computes
+only index it) and the specs are ``s2s_deploy.modeling.parts``'; as there, the encoder computes
 every decoder layer's cross-attention K/V and the step decoder carries one K/V cache per layer.
 
 Module names follow ``transformers`` (``encoder.block.0.layer.0.SelfAttention.q``, ...), so a
@@ -23,8 +23,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from s2s_deploy.export.contract import Seq2SeqModel, StepOutput
-from s2s_deploy.export.parts import (
+from s2s_deploy.modeling.contract import Seq2SeqModel, StepOutput
+from s2s_deploy.modeling.parts import (
     Attention,
     RelativeBias,
     RMSNorm,

@@ -29,8 +29,8 @@ import math
 import torch
 from torch import Tensor, nn
 
-from s2s_deploy.export.contract import Seq2SeqModel, StepOutput
-from s2s_deploy.export.parts import grouped_queries, layer_name, padding_bias, ungrouped
+from s2s_deploy.modeling.contract import Seq2SeqModel, StepOutput
+from s2s_deploy.modeling.parts import grouped_queries, layer_name, padding_bias, ungrouped
 from s2s_deploy_plugins.transformer import TransformerConfig
 
 

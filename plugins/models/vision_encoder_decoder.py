@@ -1,13 +1,13 @@
 """The vision encoder-decoder's torch modules (the declaration, config and weight names are
 ``plugins/vision_encoder_decoder.py``): a ViT/DeiT image encoder in front of the shared post-norm
-decoder of ``s2s_deploy.export.parts``."""
+decoder of ``s2s_deploy.modeling.parts``."""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
 
-from s2s_deploy.export.parts import (
+from s2s_deploy.modeling.parts import (
     Attention,
     DecoderLayer,
     EncoderDecoder,

@@ -1,13 +1,13 @@
 """Whisper's torch modules (the declaration, config and decoding rules are ``plugins/whisper.py``):
 the audio encoder (two convolutions, a stored position table, pre-norm layers) in front of the
-shared pre-norm decoder of ``s2s_deploy.export.parts``."""
+shared pre-norm decoder of ``s2s_deploy.modeling.parts``."""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
 
-from s2s_deploy.export.parts import DecoderLayer, EncoderDecoder, EncoderDecoderConfig, EncoderLayer, Stack, erf_gelu
+from s2s_deploy.modeling.parts import DecoderLayer, EncoderDecoder, EncoderDecoderConfig, EncoderLayer, Stack, erf_gelu
 from s2s_deploy_plugins.whisper import WhisperConfig
 
 MASK = torch.finfo(torch.float32).min

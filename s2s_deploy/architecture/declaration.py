@@ -7,7 +7,7 @@ contract is missing a field: add it here instead. Nothing here imports torch, so
 ``s2s-deploy list`` read a plugin (name, version, description, presets, exporter) by importing its
 declaration alone, as transformers reads a configuration without its modeling module. The model
 is named by ``model = "module:Class"`` and imported only by ``build``; the torch half of the
-contract (``Seq2SeqModel``, ``StepOutput``) is ``s2s_deploy/export/contract.py``.
+contract (``Seq2SeqModel``, ``StepOutput``) is ``s2s_deploy/modeling/contract.py``.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ class ArchitecturePlugin(ABC):
     parity_atol: ClassVar[float] = 1e-4
     parity_rtol: ClassVar[float] = 1e-5
     """Per-step log-probs agree within ``parity_atol + parity_rtol * |log p|`` where a search can
-    act (``export/tolerance.py``; the margins behind the defaults are in docs/parity.md)."""
+    act (``verify/tolerance.py``; the margins behind the defaults are in docs/parity.md)."""
     special_tokens: ClassVar[SpecialTokens] = SpecialTokens()
     has_attention: ClassVar[bool] = False
     hf_model_types: ClassVar[tuple[str, ...]] = ()
@@ -111,7 +111,7 @@ class ArchitecturePlugin(ABC):
     whose uncached forward computes other logits than its cached ``generate`` (ProphetNet's)."""
 
     model: ClassVar[str | None] = None
-    """``"module:Class"``: the ``Seq2SeqModel`` (export/contract.py), called as
+    """``"module:Class"``: the ``Seq2SeqModel`` (modeling/contract.py), called as
     ``Class(config, src_vocab_size, tgt_vocab_size)``. Imported only by ``build``, so a declaration
     whose module leaves torch to this one lists and registers without torch."""
 

@@ -1,7 +1,7 @@
 """The declaration every BART-style Hugging Face family shares, torch-free: ``EncoderDecoderConfig``
 (the layer stack most families are), ``EncoderDecoderPlugin`` (its specs, limits and Hugging Face
 weight mapping) and ``hf_encoder_decoder_config``. The model itself, ``EncoderDecoder``, is torch
-and lives with the other parts in ``s2s_deploy/export/parts.py``; a family is a ``config_from_hf``
+and lives with the other parts in ``s2s_deploy/modeling/parts.py``; a family is a ``config_from_hf``
 mapping plus what is truly its own.
 """
 
@@ -61,7 +61,7 @@ class EncoderDecoderPlugin(ArchitecturePlugin):
     whose names differ."""
 
     config_type = EncoderDecoderConfig
-    model = "s2s_deploy.export.parts:EncoderDecoder"
+    model = "s2s_deploy.modeling.parts:EncoderDecoder"
     exporter = "dynamo"
     parity_atol = 1e-4
     has_attention = True

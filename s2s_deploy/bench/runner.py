@@ -128,9 +128,9 @@ def synthetic_export(spec: str, vocab_size: int, workdir: Path) -> Path:
     import torch
 
     from s2s_deploy.architecture.registry import get_plugin
-    from s2s_deploy.export.checkpoint import save_checkpoint
     from s2s_deploy.export.exporter import export_model
     from s2s_deploy.format.vocab import SPECIALS, Vocabulary
+    from s2s_deploy.modeling.checkpoint import save_checkpoint
 
     arch, _, preset = spec.partition(":")
     plugin = get_plugin(arch)
@@ -248,7 +248,7 @@ def _engine(export_dir: Path, system: str, threads: int):
     if system.startswith("pytorch"):
         import torch
 
-        from s2s_deploy.export.parity import torch_backend_for
+        from s2s_deploy.modeling.torch_backend import torch_backend_for
 
         torch.set_num_threads(threads)
         torch.set_num_interop_threads(1)

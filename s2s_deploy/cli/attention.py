@@ -43,7 +43,7 @@ def attention_command(export_dir: str, text: str, out: str, reduce: str | None, 
     if manifest.max_target_length:
         max_len = min(max_len, manifest.max_target_length)
     if compare:
-        from s2s_deploy.export.parity import torch_backend_for
+        from s2s_deploy.modeling.torch_backend import torch_backend_for
 
         comparison = compare_attention(torch_backend_for(manifest), backend, manifest, text, max_len=max_len)
         amap = comparison.candidate

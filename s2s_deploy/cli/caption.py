@@ -6,12 +6,13 @@ import click
 
 from s2s_deploy.cli.group import main
 from s2s_deploy.cli.media import decode_files, file_options
+from s2s_deploy.frontends.media import IMAGE
 
 
 @main.command("caption")
 @click.argument("export_dir", type=click.Path())
 @click.argument("images", nargs=-1, required=True, type=click.Path())
-@file_options
+@file_options(IMAGE)
 def caption_command(export_dir: str, images: tuple[str, ...], batch_size: int, scores: bool,
                     output_path: str | None, quiet: bool, device: str, threads: int | None,
                     **decoding: object) -> None:

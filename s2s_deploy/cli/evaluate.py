@@ -47,7 +47,7 @@ def evaluate_command(export_dir: str, task: str | None, splits: tuple[str, ...],
         click.echo(f"warning: {export_dir} was trained on {trained_on}, not {task}: expect low scores", err=True)
     chosen = []
     if backends in ("both", "pytorch"):
-        from s2s_deploy.export.parity import torch_backend_for
+        from s2s_deploy.modeling.torch_backend import torch_backend_for
 
         chosen.append(torch_backend_for(manifest))
     if backends in ("both", "onnxruntime"):

@@ -103,8 +103,8 @@ def _difference(folder: Path, wanted: dict[str, object], checkpoint_path: Path) 
     bytes differ from ``checkpoint_path``'s but whose content does not (seeded random weights,
     saved again) is the same checkpoint."""
     from s2s_deploy.errors import S2SError
-    from s2s_deploy.export.checkpoint import content_digest
     from s2s_deploy.format.manifest import load_manifest
+    from s2s_deploy.modeling.checkpoint import content_digest
 
     try:
         manifest = load_manifest(folder)

@@ -91,15 +91,16 @@ threads_option = click.option("--threads", type=click.IntRange(1), default=None,
 F = TypeVar("F")
 
 
-def decoding_options(command: F) -> F:
+def decoding_options(command: F, timed: bool = True) -> F:
     """Every decoding option of format/decoding.py's table that has a flag, as a click option whose
     value is None when not given (a switch has its ``--no-`` form, to turn off an export's default):
-    the command passes them on by name to ``decoding.resolve``."""
+    the command passes them on by name to ``decoding.resolve``. ``timed=False``: a command whose
+    inputs have no time axis, without the options that need one."""
     from s2s_deploy.format.decoding import OPTIONS, Code, Ids, Switch, Whole
 
     for option in reversed(OPTIONS):
         flag, kind = option.cli_flag, option.kind
-        if flag is None:
+        if flag is None or (option.timed and not timed):
             continue
         shown = option.shown_default or ("none" if option.default == () else
                                          "off" if option.default is False else f"{option.default}")

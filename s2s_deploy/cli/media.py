@@ -3,6 +3,7 @@ through the Python API that reads the export's medium."""
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Any, TypeVar
 import click
 
 from s2s_deploy.cli.group import decoding_options, device_option, echo_device, given_decoding, threads_option
+from s2s_deploy.frontends.media import MEDIA
 
 OUTPUT_KINDS = (".txt", ".json", ".srt", ".vtt")
 TIMED_KINDS = (".srt", ".vtt")
@@ -18,21 +20,28 @@ TIMED_KINDS = (".srt", ".vtt")
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def file_options(command: F) -> F:
+def file_options(medium: str) -> Callable[[F], F]:
     """The options every files-in, text-out command takes: batching, scores, ``--output``, quiet,
-    every decoding option, the device and threads (``decode_files`` reads them)."""
-    for decorator in reversed((
-        click.option("--batch-size", type=click.IntRange(1), default=16, show_default=True,
-                     help="Files decoded together."),
-        click.option("--scores", is_flag=True, help="Print each hypothesis's score before it, tab-separated."),
-        click.option("--output", "output_path", type=click.Path(dir_okay=False), default=None,
-                     help="Write out.txt (one line per file), out.json (file, text, score, language, hypotheses, "
-                          "segments) or, with --timestamps and one file, out.srt or out.vtt subtitles instead."),
-        click.option("--quiet", is_flag=True, help="No device notice."),
-        decoding_options, device_option, threads_option,
-    )):
-        command = decorator(command)
-    return command
+    every decoding option, the device and threads (``decode_files`` reads them); the timed ones
+    (``--timestamps``, subtitle files) only where ``medium`` has a time axis."""
+    timed = MEDIA[medium].timed
+    kinds = "out.txt (one line per file), out.json (file, text, score, language, hypotheses" + (
+        ", segments) or, with --timestamps and one file, out.srt or out.vtt subtitles instead." if timed else ").")
+
+    def decorate(command: F) -> F:
+        for decorator in reversed((
+            click.option("--batch-size", type=click.IntRange(1), default=16, show_default=True,
+                         help="Files decoded together."),
+            click.option("--scores", is_flag=True, help="Print each hypothesis's score before it, tab-separated."),
+            click.option("--output", "output_path", type=click.Path(dir_okay=False), default=None,
+                         help=f"Write {kinds}"),
+            click.option("--quiet", is_flag=True, help="No device notice."),
+            functools.partial(decoding_options, timed=timed), device_option, threads_option,
+        )):
+            command = decorator(command)
+        return command
+
+    return decorate
 
 
 def decode_files(reader_type: type, export_dir: str, files: tuple[str, ...], what: str, batch_size: int,
@@ -46,8 +55,9 @@ def decode_files(reader_type: type, export_dir: str, files: tuple[str, ...], wha
 
     if not Path(export_dir).is_dir():
         raise S2SError(not_an_export(Path(export_dir)))
-    if output_path is not None and Path(output_path).suffix not in OUTPUT_KINDS:
-        raise S2SError(f"--output {output_path}: write a {' or a '.join(OUTPUT_KINDS)} file")
+    kinds = OUTPUT_KINDS if reader_type.medium.timed else tuple(k for k in OUTPUT_KINDS if k not in TIMED_KINDS)
+    if output_path is not None and Path(output_path).suffix not in kinds:
+        raise S2SError(f"--output {output_path}: write a {' or a '.join(kinds)} file")
     for path in files:
         if not Path(path).is_file():
             raise S2SError(f"{what} file not found: {path}")

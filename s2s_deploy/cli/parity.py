@@ -48,18 +48,19 @@ def parity_command(export_dir: str, input_path: str | None, beam: int, max_len: 
     import sys
 
     from s2s_deploy.errors import S2SError
-    from s2s_deploy.export.parity import check_parity, torch_backend_for
-    from s2s_deploy.export.timestamp_parity import (
+    from s2s_deploy.format.manifest import load_manifest
+    from s2s_deploy.modeling.torch_backend import torch_backend_for
+    from s2s_deploy.runtime.decoding import manifest_defaults, resolve
+    from s2s_deploy.runtime.ort.backend import OrtBackend
+    from s2s_deploy.runtime.search import StepLoop
+    from s2s_deploy.verify.parity import check_parity
+    from s2s_deploy.verify.timestamps import (
         check_timestamps,
         long_inputs,
         stepwise,
         timestamp_window,
         whole_features,
     )
-    from s2s_deploy.format.manifest import load_manifest
-    from s2s_deploy.runtime.decoding import manifest_defaults, resolve
-    from s2s_deploy.runtime.ort.backend import OrtBackend
-    from s2s_deploy.runtime.search import StepLoop
 
     load_plugin_files(plugin_files)
     if atol is not None and not 0 <= atol < float("inf"):
@@ -71,10 +72,10 @@ def parity_command(export_dir: str, input_path: str | None, beam: int, max_len: 
     sources = read_lines(input_path) if input_path else list(manifest.samples)
     encode, whole = None, {}
     if source.is_features:  # --input lists audio or image files; without it, seeded synthetic ones
-        from s2s_deploy.export.parity import feature_encoder, feature_inputs
-        from s2s_deploy.frontends.source import frontend_for
+        from s2s_deploy.frontends.source import frontend_for, medium_for
+        from s2s_deploy.verify.parity import feature_encoder
 
-        inputs = feature_inputs(frontend_for(source), sources if input_path else None)
+        inputs = medium_for(source).read_files(frontend_for(source), sources if input_path else None)
         sources, encode = list(inputs), feature_encoder(manifest, inputs)
         if timed:  # read whole, so that a clip longer than the window is sought through
             whole = whole_features(manifest, inputs | ({} if input_path else long_inputs(manifest)))
@@ -83,7 +84,7 @@ def parity_command(export_dir: str, input_path: str | None, beam: int, max_len: 
     generate = None
     if reference_dir is not None:
         from s2s_deploy.architecture.registry import exported_plugin
-        from s2s_deploy.export.hf_reference import GenerateEngine, HFBackend, load_transformers_model
+        from s2s_deploy.verify.reference import GenerateEngine, HFBackend, load_transformers_model
 
         if checkpoint:
             raise S2SError("--reference and --checkpoint name two originals: give one")

@@ -70,13 +70,14 @@ def serve_command(export_dir: str, host: str, port: int, workers: int, threads: 
 
     manifest = load_manifest(export_dir)  # a bad folder fails here, once, not in every worker
     if manifest.encoder_input.is_features:
-        from s2s_deploy.frontends import AUDIO
-        from s2s_deploy.frontends.source import frontend_for
+        from s2s_deploy.frontends.media import MEDIA
+        from s2s_deploy.frontends.source import medium_for
 
-        reads = frontend_for(manifest.encoder_input).reads
-        if reads != AUDIO:
-            raise S2SError(f"{export_dir} reads {reads} input, which serve does not take yet (it takes text and "
-                           "audio): decode it with the command line or the Python API")
+        medium = medium_for(manifest.encoder_input)
+        if medium.endpoint is None:
+            served = ", ".join(m.name for m in MEDIA.values() if m.endpoint)
+            raise S2SError(f"{export_dir} reads {medium.name} input, which serve does not take yet (it takes text "
+                           f"and {served}): decode it with {medium.readers}")
     beam = resolve(manifest).beam_size
     if beam > max_beam:
         raise S2SError(f"{export_dir} decodes with beam {beam} by default (its search.beam_size), over --max-beam "

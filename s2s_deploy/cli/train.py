@@ -107,8 +107,8 @@ def train_command(arch: str, task: str, preset: str | None, epochs: int, seed: i
     splits = load_task(task, seed, SplitSizes(train=train_size)) if train_size else load_task(task, seed)
     bar = not no_progress and sys.stderr.isatty()  # a bar in a log file is litter
     if resume:  # a fine-tune is reproducible from the checkpoint it started from, and that one's recipe
-        from s2s_deploy.export.checkpoint import load_checkpoint
         from s2s_deploy.format.manifest import sha256_of
+        from s2s_deploy.modeling.checkpoint import load_checkpoint
 
         started = load_checkpoint(resume).info
         info |= {"resumed_sha256": sha256_of(Path(resume)), "resumed_command": started.get("command"),

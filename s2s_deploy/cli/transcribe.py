@@ -6,12 +6,13 @@ import click
 
 from s2s_deploy.cli.group import main
 from s2s_deploy.cli.media import decode_files, file_options
+from s2s_deploy.frontends.media import AUDIO
 
 
 @main.command("transcribe")
 @click.argument("export_dir", type=click.Path())
 @click.argument("audio", nargs=-1, required=True, type=click.Path())
-@file_options
+@file_options(AUDIO)
 def transcribe_command(export_dir: str, audio: tuple[str, ...], batch_size: int, scores: bool,
                        output_path: str | None, quiet: bool, device: str, threads: int | None,
                        **decoding: object) -> None:

@@ -3,6 +3,7 @@ terminal, token ids, a stream of pieces, and a file (here or on Ray) with ``--ou
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -90,7 +91,7 @@ class Request:
 @click.option("--engine", type=click.Choice(["loop", "graph"]), default="loop", show_default=True,
               help="loop: the search in Python over the step decoder; graph: one call per batch to the fused "
                    "generate.onnx (run `s2s-deploy fuse DIR` first).")
-@decoding_options
+@functools.partial(decoding_options, timed=False)
 @device_option
 @threads_option
 def translate_command(export_dir: str, texts: tuple[str, ...], **flags: Any) -> None:

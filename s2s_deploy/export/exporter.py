@@ -23,11 +23,6 @@ import torch
 
 from s2s_deploy.architecture.registry import REGISTRY
 from s2s_deploy.errors import S2SError
-from s2s_deploy.export.checks import check_encoder_axes_torch, check_model_torch, run_export_checks
-from s2s_deploy.export.contract import ArchitecturePlugin, Seq2SeqModel, StateSpec
-from s2s_deploy.export.graphs import EncoderGraph, GraphIO, StepGraph, io_names
-from s2s_deploy.export.plugin_errors import check_batch_axes, check_encoded, plugin_errors
-from s2s_deploy.export.tolerance import DEFAULT_RTOL, NO_DIFF, StepTolerance, plugin_tolerance
 from s2s_deploy.format.files import sha256_of, staged_directory
 from s2s_deploy.format.manifest import CheckpointEntry, IOEntry, Manifest
 from s2s_deploy.format.names import TOP_K, TOP_OUTPUTS, init_name, past_name, present_name
@@ -35,8 +30,13 @@ from s2s_deploy.format.source import TOKEN_SOURCE, SourceSpec
 from s2s_deploy.format.subword import write_files
 from s2s_deploy.format.vocab import Vocabulary
 from s2s_deploy.frontends.source import check_frontend
+from s2s_deploy.modeling.contract import ArchitecturePlugin, Seq2SeqModel, StateSpec
+from s2s_deploy.modeling.graphs import EncoderGraph, GraphIO, StepGraph, io_names
+from s2s_deploy.modeling.plugin_errors import check_batch_axes, check_encoded, plugin_errors
 from s2s_deploy.runtime.ort.backend import quiet_stderr
 from s2s_deploy.transforms.share import external_files, load_graph, save_graph, share_weights
+from s2s_deploy.verify.checks import check_encoder_axes_torch, check_model_torch, run_export_checks
+from s2s_deploy.verify.tolerance import DEFAULT_RTOL, NO_DIFF, StepTolerance, plugin_tolerance
 
 DEFAULT_OPSET = 18
 ENCODER_FILE = "encoder.onnx"
@@ -440,7 +440,7 @@ def _compare_with_onnxruntime(
         _record(diffs, (*specs.io.decoder_outputs, TOP_OUTPUTS[0]), (*torch_out, top), ort_out, "decoder")
         searchable = searchable.merge(tolerance.compare(torch_out[0].numpy(), ort_out[0]))
         state = list(torch_out[1 : 1 + len(specs.state)])
-    # log-probs count where a search can act (export/tolerance.py); every other output within atol
+    # log-probs count where a search can act (verify/tolerance.py); every other output within atol
     worst = {name: diff for name, diff in diffs.items() if diff > atol and not name.endswith("log_probs")}
     if searchable.worst > 1.0:
         worst["decoder.log_probs"] = searchable.max_abs_diff

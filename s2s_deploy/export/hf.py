@@ -20,12 +20,12 @@ import torch
 
 from s2s_deploy.architecture.registry import REGISTRY
 from s2s_deploy.errors import CheckpointError, UnknownNameError
-from s2s_deploy.export.checkpoint import Checkpoint, build_model, save_checkpoint
-from s2s_deploy.export.contract import ArchitecturePlugin, HFWeights
 from s2s_deploy.format.decoding import OPEN_SLOT
 from s2s_deploy.format.files import inside as contained
 from s2s_deploy.format.subword import HF, SENTENCEPIECE, HFTokenizer, TokenizerFile
 from s2s_deploy.format.vocab import Vocabulary
+from s2s_deploy.modeling.checkpoint import Checkpoint, build_model, save_checkpoint
+from s2s_deploy.modeling.contract import ArchitecturePlugin, HFWeights
 
 CONFIG_FILE = "config.json"
 GENERATION_FILE = "generation_config.json"

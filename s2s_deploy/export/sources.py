@@ -13,11 +13,11 @@ from typing import Any
 import torch
 
 from s2s_deploy.errors import S2SError
-from s2s_deploy.export.checkpoint import build_model, load_checkpoint, save_checkpoint
-from s2s_deploy.export.contract import ArchitecturePlugin, Seq2SeqModel
-from s2s_deploy.export.plugin_errors import plugin_errors
 from s2s_deploy.format.manifest import sha256_of
 from s2s_deploy.format.vocab import Vocabulary
+from s2s_deploy.modeling.checkpoint import build_model, load_checkpoint, save_checkpoint
+from s2s_deploy.modeling.contract import ArchitecturePlugin, Seq2SeqModel
+from s2s_deploy.modeling.plugin_errors import plugin_errors
 
 RANDOM_SEED = 0
 SAMPLE_COUNT = 32
@@ -63,22 +63,8 @@ def load_source(plugin: ArchitecturePlugin, checkpoint: str | Path | None, prese
     return ModelSource(
         plugin, loaded.config, model, loaded.src_vocab, loaded.tgt_vocab, path,
         f"{kind} {path.name} (sha256 {sha256_of(path)}){trained}",
-        tuple(info.get("samples", ())) or _task_samples(info), trained=True, info=info,
+        tuple(info.get("samples", ())), trained=True, info=info,
     )
-
-
-def _task_samples(info: dict[str, Any]) -> tuple[str, ...]:
-    """Parity inputs for a checkpoint trained on a built-in task: its held-out test sources."""
-    task = info.get("task")
-    if not task:
-        return ()
-    from s2s_deploy.train.tasks import load_task
-
-    try:
-        splits = load_task(task, seed=int(info.get("task_seed", 0)))
-    except S2SError:  # a user task file that moved away: parity then asks for --input
-        return ()
-    return tuple(pair.source for pair in splits.test[:SAMPLE_COUNT])
 
 
 def _hf_source(plugin: ArchitecturePlugin, directory: Path, workdir: Path) -> ModelSource:

@@ -164,7 +164,8 @@ class Option:
     """One decoding option. ``flag``: the CLI's, ``""`` for ``--name-with-dashes``, None for none.
     ``aliases``: older manifest keys that set it too, weaker than ``name``. ``shown_default``: the
     default in words where it is not ``default`` itself (``resolve`` derives it). ``more_flags``:
-    other CLI spellings of the same option (``--language`` for ``--target-lang``)."""
+    other CLI spellings of the same option (``--language`` for ``--target-lang``). ``timed``: it applies
+    only to inputs with a time axis (audio), so commands that read other media do not offer it."""
 
     name: str
     kind: Kind
@@ -174,6 +175,7 @@ class Option:
     aliases: tuple[str, ...] = ()
     shown_default: str | None = None
     more_flags: tuple[str, ...] = ()
+    timed: bool = False
 
     @property
     def cli_flag(self) -> str | None:
@@ -234,7 +236,8 @@ OPTIONS: tuple[Option, ...] = (
            flag=None),
     Option("timestamps", Switch(), False,
            "Timestamp tokens between segments (ids from timestamp_begin on), by the rules of docs/decoding.md; "
-           "audio longer than the encoder's window is then decoded window by window.", flag="--timestamps"),
+           "audio longer than the encoder's window is then decoded window by window.", flag="--timestamps",
+           timed=True),
     Option("timestamp_begin", Whole(-1, MAX_ID), -1,
            "The first timestamp token (0 s); every id from it on is one; the id before it is the no-timestamps "
            "token. -1: the export has none.", flag=None),

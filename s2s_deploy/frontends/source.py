@@ -6,17 +6,20 @@ import numpy as np
 
 from s2s_deploy.errors import S2SError
 from s2s_deploy.format.source import SourceSpec
-from s2s_deploy.frontends import AUDIO, IMAGE, FrontEnd, frontend_from_json
-
-COMMANDS = {AUDIO: "transcribe (or Transcriber)", IMAGE: "caption (or Captioner)"}
-"""The command and API that read each front end's medium, for the one-line refusals."""
+from s2s_deploy.frontends import FrontEnd, frontend_from_json
+from s2s_deploy.frontends.media import Medium, medium_of
 
 
 def use_instead(source: SourceSpec) -> str:
     """The command that reads what ``source`` reads, named from its front end's medium."""
     if not source.is_features:
         return "translate (or Translator)"
-    return COMMANDS.get(frontend_for(source).reads, "the API of its front end")
+    return medium_for(source).readers
+
+
+def medium_for(source: SourceSpec) -> Medium:
+    """The medium a features source's front end reads."""
+    return medium_of(frontend_for(source))
 
 
 def frontend_for(source: SourceSpec) -> FrontEnd:

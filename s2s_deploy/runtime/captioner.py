@@ -14,6 +14,7 @@ import numpy as np
 
 from s2s_deploy.errors import S2SError
 from s2s_deploy.frontends import IMAGE, load_image
+from s2s_deploy.frontends.media import MEDIA
 from s2s_deploy.runtime.features import Decoded, FeatureReader
 
 Image = str | Path | np.ndarray
@@ -30,8 +31,7 @@ class Captioner(FeatureReader):
     ``options``: any decoding option by name, as ``Translator`` takes them; defaults come from the
     manifest (the folder's generation_config.json for an ``export --hf``)."""
 
-    reads = IMAGE
-    label = "image"
+    medium = MEDIA[IMAGE]
 
     def single(self, images: Any) -> bool:
         return isinstance(images, str | Path) or (isinstance(images, np.ndarray) and images.ndim == 3)

@@ -22,6 +22,7 @@ import numpy as np
 
 from s2s_deploy.errors import S2SError
 from s2s_deploy.format.source import SourceSpec
+from s2s_deploy.frontends.media import Medium
 from s2s_deploy.frontends.source import checked_features, frontend_for, use_instead
 from s2s_deploy.runtime.decoding import SearchConfig, with_timestamps
 from s2s_deploy.runtime.search import Hypothesis
@@ -70,12 +71,19 @@ def pad_features(items: Sequence[np.ndarray], source: SourceSpec) -> tuple[np.nd
 
 
 class FeatureReader:
-    """An export whose front end reads ``reads``: subclasses turn one input into the front end's input
+    """An export whose front end reads ``medium``: subclasses turn one input into the front end's input
     (``load``) and say which arguments are one input rather than a list (``single``)."""
 
-    reads: ClassVar[str]
-    label: ClassVar[str]
-    """How an array input is named in results and messages: ``clip``, ``image``."""
+    medium: ClassVar[Medium]
+
+    @property
+    def reads(self) -> str:
+        return self.medium.name
+
+    @property
+    def label(self) -> str:
+        """How an array input is named in results and messages: ``clip``, ``image``."""
+        return self.medium.item
 
     def __init__(self, export_dir: str | Path | Translator, device: str = "auto", threads: int | None = None,
                  spin: bool = True) -> None:

@@ -15,6 +15,7 @@ import numpy as np
 
 from s2s_deploy.errors import S2SError
 from s2s_deploy.frontends import AUDIO, decode_audio, load_audio, resample
+from s2s_deploy.frontends.media import MEDIA
 from s2s_deploy.runtime.features import Decoded, FeatureReader, Segment, pad_features
 from s2s_deploy.runtime.translator import Translator
 
@@ -40,8 +41,7 @@ class Transcriber(FeatureReader):
     ``prompt``: earlier text every call is fed before the start token (Whisper's initial prompt:
     the previous passage, names, spellings) unless the call gives its own (``""``: none)."""
 
-    reads = AUDIO
-    label = "clip"
+    medium = MEDIA[AUDIO]
 
     def __init__(self, export_dir: str | Path | Translator, device: str = "auto", threads: int | None = None,
                  spin: bool = True, prompt: str | None = None) -> None:

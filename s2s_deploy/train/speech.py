@@ -25,12 +25,12 @@ from typing import Any
 import torch
 
 from s2s_deploy.errors import S2SError
-from s2s_deploy.export.checkpoint import build_model, load_checkpoint, save_checkpoint
-from s2s_deploy.export.contract import ArchitecturePlugin, Seq2SeqModel
-from s2s_deploy.export.torch_backend import TorchBackend
 from s2s_deploy.format.files import sha256_of
 from s2s_deploy.format.vocab import Vocabulary
 from s2s_deploy.frontends import WhisperLogMel
+from s2s_deploy.modeling.checkpoint import build_model, load_checkpoint, save_checkpoint
+from s2s_deploy.modeling.contract import ArchitecturePlugin, Seq2SeqModel
+from s2s_deploy.modeling.torch_backend import TorchBackend
 from s2s_deploy.runtime.search import SearchConfig, greedy
 from s2s_deploy.train.metrics import error_rate, exact_match
 from s2s_deploy.train.speech_data import SPEECH_TASK, FeatureSplit, load_metadata

@@ -27,11 +27,11 @@ from torch import Tensor
 from tqdm import tqdm
 
 from s2s_deploy.errors import CheckpointError, ContractError, S2SError
-from s2s_deploy.export.checkpoint import build_model, load_checkpoint, save_checkpoint
-from s2s_deploy.export.contract import ArchitecturePlugin, Seq2SeqModel
-from s2s_deploy.export.plugin_errors import plugin_errors
 from s2s_deploy.format.files import atomic_path
 from s2s_deploy.format.vocab import BUILT_LEVELS, Vocabulary
+from s2s_deploy.modeling.checkpoint import build_model, load_checkpoint, save_checkpoint
+from s2s_deploy.modeling.contract import ArchitecturePlugin, Seq2SeqModel
+from s2s_deploy.modeling.plugin_errors import plugin_errors
 from s2s_deploy.train.metrics import Scores, score
 from s2s_deploy.train.tasks import Pair, TaskSplits
 

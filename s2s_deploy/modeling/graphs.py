@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from s2s_deploy.export.contract import MemorySpec, Seq2SeqModel, StateSpec
 from s2s_deploy.format.names import init_name, past_name, present_name
+from s2s_deploy.modeling.contract import MemorySpec, Seq2SeqModel, StateSpec
 
 
 @dataclass(frozen=True)

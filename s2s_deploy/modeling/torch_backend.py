@@ -5,15 +5,20 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from s2s_deploy.export.contract import ArchitecturePlugin, Seq2SeqModel
-from s2s_deploy.export.graphs import EncoderGraph, StepGraph, io_names
+from s2s_deploy.architecture.registry import exported_plugin
+from s2s_deploy.errors import CheckpointError
+from s2s_deploy.format.manifest import Manifest, sha256_of
 from s2s_deploy.format.names import init_name
 from s2s_deploy.format.vocab import Vocabulary
+from s2s_deploy.modeling.checkpoint import build_model, load_checkpoint
+from s2s_deploy.modeling.contract import ArchitecturePlugin, Seq2SeqModel
+from s2s_deploy.modeling.graphs import EncoderGraph, StepGraph, io_names
 from s2s_deploy.runtime.backend import Backend, DecodeRun
 
 _RunInputs = tuple[list[torch.Tensor], list[torch.Tensor]]  # memory, then the first state
@@ -117,3 +122,26 @@ class _TorchRun(DecodeRun):
 
     def close(self) -> None:
         """Nothing is pooled: PyTorch's caching allocator already reuses the tensors' memory."""
+
+
+def torch_backend_for(
+    manifest: Manifest, checkpoint: str | Path | None = None, device: str = "cpu"
+) -> TorchBackend:
+    """Rebuild the PyTorch original of an export from the checkpoint it was exported from."""
+    plugin = exported_plugin(manifest.plugin, manifest.plugin_origin)
+    recorded = manifest.checkpoint
+    if checkpoint is None and recorded is None:
+        raise CheckpointError(f"{manifest.directory} records no checkpoint: pass --checkpoint FILE")
+    path = Path(checkpoint) if checkpoint else manifest.directory / recorded.file
+    if checkpoint is None and not recorded.included:
+        raise CheckpointError(f"{manifest.directory} was exported without its checkpoint: pass --checkpoint FILE "
+                              f"(the one with sha256 {recorded.sha256[:16]}...)")
+    if checkpoint is None and not path.is_file():
+        raise CheckpointError(f"{path} is missing: restore it, or pass --checkpoint FILE")
+    if checkpoint is None and sha256_of(path) != recorded.sha256:
+        raise CheckpointError(f"{path} is not the checkpoint this folder was exported from (sha256 differs)")
+    loaded = load_checkpoint(path)
+    model = build_model(loaded, plugin)
+    if loaded.tgt_vocab != manifest.tgt_vocab or loaded.src_vocab != manifest.src_vocab:
+        raise CheckpointError(f"{path} has different vocabularies from the export in {manifest.directory}")
+    return TorchBackend(plugin, model, loaded.config, loaded.tgt_vocab, device=device)

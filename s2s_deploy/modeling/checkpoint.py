@@ -17,9 +17,9 @@ from safetensors.torch import load_file, save_file
 
 from s2s_deploy.architecture.registry import get_plugin
 from s2s_deploy.errors import CheckpointError, S2SError
-from s2s_deploy.export.contract import ArchitecturePlugin, Seq2SeqModel
 from s2s_deploy.format.files import atomic_path
 from s2s_deploy.format.vocab import FileReader, Vocabulary
+from s2s_deploy.modeling.contract import ArchitecturePlugin, Seq2SeqModel
 
 FORMAT = "s2s-deploy-checkpoint/2"
 READABLE_FORMATS = ("s2s-deploy-checkpoint/1", FORMAT)  # 1: no special ids, no tokenizer files

@@ -18,9 +18,8 @@ from typing import Any
 import numpy as np
 
 from s2s_deploy.errors import S2SError
-from s2s_deploy.export.parity import synthetic_clips
 from s2s_deploy.format.manifest import Manifest
-from s2s_deploy.frontends import AUDIO
+from s2s_deploy.frontends.media import medium_of, synthetic_clips
 from s2s_deploy.frontends.source import checked_features, frontend_for
 from s2s_deploy.runtime.decoding import SearchConfig, resolve
 from s2s_deploy.runtime.search import SearchEngine
@@ -160,7 +159,7 @@ def long_inputs(manifest: Manifest) -> dict[str, np.ndarray]:
     reads audio and a fixed window; else none."""
     seconds = window_seconds(manifest)
     frontend = frontend_for(manifest.encoder_input)
-    if seconds is None or frontend.reads != AUDIO:
+    if seconds is None or not medium_of(frontend).timed:
         return {}
     low, high = LONG_WINDOWS
     return synthetic_clips(frontend.sampling_rate, LONG_CLIPS, seed=1, seconds=(low * seconds, high * seconds),

@@ -19,14 +19,14 @@ import onnxruntime as ort
 import torch
 
 from s2s_deploy.errors import S2SError
-from s2s_deploy.export.contract import ArchitecturePlugin, MemorySpec, Seq2SeqModel, StateSpec
-from s2s_deploy.export.plugin_errors import PluginError, call_plugin
-from s2s_deploy.export.tolerance import NO_DIFF, StepDiff, StepTolerance
 from s2s_deploy.format.names import TOP_K, init_name, past_name, present_name
 from s2s_deploy.format.source import TOKEN_SOURCE, SourceSpec
 from s2s_deploy.format.vocab import Vocabulary
+from s2s_deploy.modeling.contract import ArchitecturePlugin, MemorySpec, Seq2SeqModel, StateSpec
+from s2s_deploy.modeling.plugin_errors import PluginError, call_plugin
 from s2s_deploy.runtime.backend import Backend
 from s2s_deploy.runtime.scoring import forced_tokens, teacher_forced
+from s2s_deploy.verify.tolerance import NO_DIFF, StepDiff, StepTolerance
 
 _ORT_ERRORS = (ort.capi.onnxruntime_pybind11_state.Fail, ort.capi.onnxruntime_pybind11_state.InvalidArgument,
                ort.capi.onnxruntime_pybind11_state.RuntimeException)
@@ -182,7 +182,7 @@ def run_export_checks(
 ) -> StepDiff:
     """Both checks on a fresh export; fatal on failure. The forward/step check decodes the
     samples greedily in PyTorch (random sources when there are none) and teacher-forces the result."""
-    from s2s_deploy.export.torch_backend import TorchBackend
+    from s2s_deploy.modeling.torch_backend import TorchBackend
     from s2s_deploy.runtime.decoding import SearchConfig
     from s2s_deploy.runtime.ort.backend import create_session
     from s2s_deploy.runtime.search import greedy

@@ -45,7 +45,7 @@ from torch import Tensor, nn
 
 from s2s_deploy.architecture.encoder_decoder import EncoderDecoderConfig
 from s2s_deploy.errors import CheckpointError
-from s2s_deploy.export.contract import Seq2SeqModel, StepOutput, layer_name
+from s2s_deploy.modeling.contract import Seq2SeqModel, StepOutput, layer_name
 
 SQRT_2 = math.sqrt(2.0)
 

@@ -29,21 +29,19 @@ import numpy as np
 import torch
 
 from s2s_deploy.errors import S2SError
-from s2s_deploy.export.timestamp_parity import Timed
 from s2s_deploy.format.decoding import OPEN_SLOT
 from s2s_deploy.format.source import TOKEN_SOURCE, SourceSpec
-from s2s_deploy.frontends import AUDIO, IMAGE
-from s2s_deploy.frontends.source import frontend_for
+from s2s_deploy.frontends.source import medium_for
 from s2s_deploy.runtime.backend import Backend, DecodeRun
 from s2s_deploy.runtime.decoding import SearchConfig
 from s2s_deploy.runtime.search import Hypothesis
 from s2s_deploy.runtime.timestamps import Piece
+from s2s_deploy.verify.timestamps import Timed
 
 AUTO_CLASSES = ("AutoModelForSeq2SeqLM", "AutoModelForSpeechSeq2Seq", "AutoModelForImageTextToText",
                 "AutoModelForVision2Seq")
 """transformers' auto classes of encoder-decoders, text first; each version defines some of them."""
 
-INPUT_NAMES = {AUDIO: "input_features", IMAGE: "pixel_values"}
 """What transformers calls an encoder's features, by the front end's medium."""
 
 
@@ -80,7 +78,7 @@ def in_transformers(what: str) -> Iterator[None]:
 
 
 def encoder_inputs(src: np.ndarray, src_len: np.ndarray, source: SourceSpec) -> dict[str, torch.Tensor | None]:
-    """``src`` as transformers names it (``input_ids``, or ``INPUT_NAMES`` of the front end's medium)
+    """``src`` as transformers names it (``input_ids``, or the name its medium's row gives)
     and its ``attention_mask`` over the frames; none for features that fill every row (a fixed window
     such as Whisper's, whose encoder takes no mask) or that have no frames (images)."""
     lengths = torch.from_numpy(np.asarray(src_len, dtype=np.int64))
@@ -89,7 +87,7 @@ def encoder_inputs(src: np.ndarray, src_len: np.ndarray, source: SourceSpec) -> 
         axis = source.length_axis
         full = axis is None or bool((lengths == data.shape[axis]).all())
         frames = None if full else torch.arange(data.shape[axis])[None, :] < lengths[:, None]
-        return {INPUT_NAMES[frontend_for(source).reads]: data, "attention_mask": None if full else frames.long()}
+        return {medium_for(source).transformers_input: data, "attention_mask": None if full else frames.long()}
     ids = torch.from_numpy(np.asarray(src, dtype=np.int64))
     return {"input_ids": ids, "attention_mask": (torch.arange(ids.shape[1])[None, :] < lengths[:, None]).long()}
 
@@ -100,7 +98,7 @@ def one_at_a_time(src: np.ndarray, src_len: np.ndarray, source: SourceSpec) -> l
     axis = source.length_axis
     if not source.is_features or axis is None or all(int(n) == src.shape[axis] for n in src_len):
         return None
-    name = INPUT_NAMES[frontend_for(source).reads]
+    name = medium_for(source).transformers_input
     data = torch.from_numpy(np.ascontiguousarray(src, dtype=np.float32))
     return [{name: data[i : i + 1].narrow(axis, 0, int(length))} for i, length in enumerate(src_len)]
 
@@ -235,7 +233,7 @@ class GenerateEngine:
         own length and without a mask (so a clip longer than the window goes through ``generate``'s own
         seek loop): its new tokens up to EOS, and its segments' times and tokens. Only the beam size and
         ``max_len`` (per window) are passed, as in ``search``."""
-        name = INPUT_NAMES[frontend_for(self.source).reads]
+        name = medium_for(self.source).transformers_input
         found = []
         with in_transformers("generate"):
             for item in features:

@@ -7,20 +7,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from s2s_deploy.architecture.registry import exported_plugin
-from s2s_deploy.errors import CheckpointError
-from s2s_deploy.export.checkpoint import build_model, load_checkpoint
-from s2s_deploy.export.checks import forward_step_comparison
-from s2s_deploy.export.contract import Seq2SeqModel
-from s2s_deploy.export.tolerance import NO_DIFF, StepDiff, StepTolerance, plugin_tolerance
-from s2s_deploy.export.torch_backend import TorchBackend
-from s2s_deploy.format.manifest import Manifest, sha256_of
-from s2s_deploy.frontends import AUDIO, IMAGE, FrontEnd
+from s2s_deploy.format.manifest import Manifest
+from s2s_deploy.modeling.contract import Seq2SeqModel
 from s2s_deploy.runtime.backend import Backend
 from s2s_deploy.runtime.decoding import SearchConfig, resolve
 from s2s_deploy.runtime.features import pad_features
@@ -28,6 +21,8 @@ from s2s_deploy.runtime.scoring import teacher_forced
 from s2s_deploy.runtime.search import SearchEngine, StepLoop, search
 from s2s_deploy.runtime.translator import encode_batch
 from s2s_deploy.transforms.quantize import MIN_TOKEN_AGREEMENT
+from s2s_deploy.verify.checks import forward_step_comparison
+from s2s_deploy.verify.tolerance import NO_DIFF, StepDiff, StepTolerance, plugin_tolerance
 
 
 @dataclass(frozen=True)
@@ -82,29 +77,6 @@ class ParityReport:
                 and all(s.agreement >= self.min_token_agreement for s in self.searches))
 
 
-def torch_backend_for(
-    manifest: Manifest, checkpoint: str | Path | None = None, device: str = "cpu"
-) -> TorchBackend:
-    """Rebuild the PyTorch original of an export from the checkpoint it was exported from."""
-    plugin = exported_plugin(manifest.plugin, manifest.plugin_origin)
-    recorded = manifest.checkpoint
-    if checkpoint is None and recorded is None:
-        raise CheckpointError(f"{manifest.directory} records no checkpoint: pass --checkpoint FILE")
-    path = Path(checkpoint) if checkpoint else manifest.directory / recorded.file
-    if checkpoint is None and not recorded.included:
-        raise CheckpointError(f"{manifest.directory} was exported without its checkpoint: pass --checkpoint FILE "
-                              f"(the one with sha256 {recorded.sha256[:16]}...)")
-    if checkpoint is None and not path.is_file():
-        raise CheckpointError(f"{path} is missing: restore it, or pass --checkpoint FILE")
-    if checkpoint is None and sha256_of(path) != recorded.sha256:
-        raise CheckpointError(f"{path} is not the checkpoint this folder was exported from (sha256 differs)")
-    loaded = load_checkpoint(path)
-    model = build_model(loaded, plugin)
-    if loaded.tgt_vocab != manifest.tgt_vocab or loaded.src_vocab != manifest.src_vocab:
-        raise CheckpointError(f"{path} has different vocabularies from the export in {manifest.directory}")
-    return TorchBackend(plugin, model, loaded.config, loaded.tgt_vocab, device=device)
-
-
 Encode = Callable[[Sequence[str]], tuple[np.ndarray, np.ndarray]]
 """Parity inputs (texts, or labels of audio clips) → the encoder's padded ``src`` and ``src_len``."""
 
@@ -124,58 +96,6 @@ def feature_encoder(manifest: Manifest, inputs: dict[str, Any]) -> Encode:
     return lambda labels: pad_features([featurised[label] for label in labels], source)
 
 
-def feature_inputs(frontend: FrontEnd, paths: Sequence[str] | None = None) -> dict[str, Any]:
-    """Parity inputs for an export that reads features: the files ``paths`` lists, read as the front
-    end's medium, or seeded synthetic ones (``SYNTHETIC``)."""
-    from s2s_deploy.frontends import load_audio, load_image
-
-    if paths is None:
-        return SYNTHETIC[frontend.reads](frontend)
-    if frontend.reads == AUDIO:
-        return {path: load_audio(path, frontend.sampling_rate) for path in paths}
-    return {path: load_image(path) for path in paths}
-
-
-def synthetic_clips(sampling_rate: int, count: int = 16, seed: int = 0, seconds: tuple[float, float] = (0.3, 1.5),
-                    label: str = "synthetic clip") -> dict[str, np.ndarray]:
-    """Seeded parity audio for an export that reads features and stores no samples: chirps of
-    ``seconds`` (0.3-1.5 s) in noise of varied levels; shapes and decoding rules, not words, are what
-    they test. Timestamped parity adds a few longer than the window, under another ``label``."""
-    rng = np.random.default_rng(seed)
-    clips = {}
-    for i in range(count):
-        t = np.arange(int(sampling_rate * rng.uniform(*seconds))) / sampling_rate
-        f0, f1 = rng.uniform(100, min(3000, sampling_rate / 3), 2)
-        chirp = 0.3 * np.sin(2 * np.pi * (f0 + (f1 - f0) * t / (2 * t[-1])) * t)
-        clips[f"{label} {i + 1}"] = (chirp + rng.normal(0, rng.uniform(0.01, 0.2), len(t))).astype(np.float32)
-    return clips
-
-
-def synthetic_images(count: int = 16, seed: int = 0) -> dict[str, np.ndarray]:
-    """Seeded parity images: RGB gradients of 16-96 pixels a side under uniform noise, with a dark band
-    across some; the front end resizes them to the model's size."""
-    rng = np.random.default_rng(seed)
-    images = {}
-    for i in range(count):
-        height, width = (int(n) for n in rng.integers(16, 97, 2))
-        y, x = np.mgrid[0:height, 0:width]
-        slope = rng.uniform(-3, 3, (2, 3))
-        pixels = 128 + x[..., None] * slope[0] + y[..., None] * slope[1] + rng.normal(0, rng.uniform(5, 60),
-                                                                                       (height, width, 3))
-        if i % 2:
-            top = int(rng.integers(0, height))
-            pixels[top : top + max(1, height // 5)] *= 0.2
-        images[f"synthetic image {i + 1}"] = np.clip(pixels, 0, 255).astype(np.uint8)
-    return images
-
-
-SYNTHETIC: dict[str, Callable[[Any], dict[str, Any]]] = {
-    AUDIO: lambda frontend: synthetic_clips(frontend.sampling_rate),
-    IMAGE: lambda frontend: synthetic_images(),
-}
-"""Seeded parity inputs by the front end's medium."""
-
-
 def check_parity(
     manifest: Manifest, reference: Backend, candidate: Backend, sources: Sequence[str], *,
     beam_size: int = 4, max_len: int = 64, atol: float | None = None, rtol: float | None = None,
@@ -185,7 +105,7 @@ def check_parity(
     over ``candidate``, greedy and beam, and each step's log-probs of ``reference`` against
     ``candidate``'s. With a ``reference_search`` of its own (``generate``), both sides decode at the
     export's own settings (the manifest's ``search`` block), but the beam size and ``max_len``, and
-    untimed (export/timestamp_parity.py checks timestamps); without one, plain searches from the
+    untimed (verify/timestamps.py checks timestamps); without one, plain searches from the
     export's decoder prompt. ``encode``: how ``sources`` become the encoder's input (default: texts
     through the source vocabulary)."""
     plugin = exported_plugin(manifest.plugin, manifest.plugin_origin)
