@@ -86,11 +86,8 @@ def one_torch_thread() -> Iterator[None]:
 @pytest.fixture(autouse=True)
 def registry_unchanged():
     """A test that registers a plugin (``--plugin FILE``) must not leak it into the next test."""
-    before = dict(REGISTRY._plugins), REGISTRY._entry_points_loaded
-    yield
-    REGISTRY._plugins.clear()
-    REGISTRY._plugins.update(before[0])
-    REGISTRY._entry_points_loaded = before[1]
+    with REGISTRY.scoped():
+        yield
 
 
 def named_archs(items: list[pytest.Item]) -> list[str]:

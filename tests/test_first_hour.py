@@ -134,11 +134,7 @@ def test_list_works_where_torch_is_missing(tmp_path: Path) -> None:
     assert 'error: `s2s-deploy list` needs torch, which is not installed: pip install "s2s-deploy[export]"' in refused
 
 
-def test_list_shows_a_plugin_file_with_computed_attributes(tmp_path: Path, monkeypatch) -> None:
-    from s2s_deploy.architecture.registry import REGISTRY
-
-    monkeypatch.setattr(REGISTRY, "_plugins", dict(REGISTRY._plugins))  # the plugin registers for this test only
-    monkeypatch.setattr(REGISTRY, "_entry_points_loaded", REGISTRY._entry_points_loaded)
+def test_list_shows_a_plugin_file_with_computed_attributes(tmp_path: Path) -> None:
     plugin_file = tmp_path / "computed.py"
     plugin_file.write_text("from s2s_deploy_plugins.gru import GRUPlugin\n"
                            "class Computed(GRUPlugin):\n    name = 'computed'\n    presets = dict(GRUPlugin.presets)\n"

@@ -174,7 +174,7 @@ def test_torch_dumps_wait_for_debug(tmp_path: Path, capfd: pytest.CaptureFixture
     assert "graph(" not in capfd.readouterr().err + capfd.readouterr().out
     from s2s_deploy.architecture.registry import REGISTRY
 
-    REGISTRY._plugins.pop("bessel")  # the same file again, in this process
+    REGISTRY.unregister("bessel")  # the same file again, in this process
     code, _, err = run("--debug", *args)
     assert code == 1 and "Torch IR graph at exception" in err + capfd.readouterr().err
 
@@ -210,7 +210,7 @@ def test_a_forgotten_plugin_names_the_file_to_pass(tmp_path: Path) -> None:
     code, _, err = run("export", "--arch", "tiny_author", "--plugin", str(path), "--out", str(out))
     assert code == 0, err
     assert json.loads((out / "manifest.json").read_text())["plugin"]["origin"] == "file tiny_author.py"
-    REGISTRY._plugins.pop("tiny_author")
+    REGISTRY.unregister("tiny_author")
     line = one_line(*run("parity", str(out))[::2])
     assert line == ("error: architecture 'tiny_author' is not registered here: exported with plugin file "
                     "tiny_author.py: pass --plugin tiny_author.py")

@@ -109,6 +109,21 @@ def test_plugin_file_goes_through_the_same_registration(tmp_path: Path) -> None:
     assert [e.source for e in registry.entries() if e.plugin.name == "myarch"] == [f"file {plugin_file}"]
 
 
+def test_a_scoped_registration_is_forgotten_on_leaving(tmp_path: Path) -> None:
+    plugin_file = tmp_path / "scoped_arch.py"
+    plugin_file.write_text("from s2s_deploy_plugins.transformer import TransformerPlugin\n"
+                           "class Scoped(TransformerPlugin):\n    name = 'scoped'\nPLUGIN = Scoped()\n")
+    registry = Registry()
+    registry.register(make_plugin(), "test")
+    with registry.scoped():
+        registry.load_file(plugin_file)
+        assert "scoped" in {e.plugin.name for e in registry.entries()}
+    assert "scoped" not in {e.plugin.name for e in registry.entries()}
+    assert make_plugin().name in {e.plugin.name for e in registry.entries()}
+    registry.unregister(make_plugin().name)
+    assert make_plugin().name not in {e.plugin.name for e in registry.entries()}
+
+
 def test_plugin_file_errors_are_one_line(tmp_path: Path) -> None:
     registry = Registry()
     with pytest.raises(S2SError, match="not found"):

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -51,6 +53,20 @@ class Registry:
             )
         self._plugins[plugin.name] = Registered(plugin, source, origin)
         return plugin
+
+    def unregister(self, name: str) -> None:
+        """Forget ``name``, so that its file can be loaded again in this process."""
+        self._plugins.pop(name, None)
+
+    @contextmanager
+    def scoped(self) -> Iterator[Registry]:
+        """Registrations made inside are forgotten on leaving: a plugin file loaded for one job (or
+        one test) does not outlive it."""
+        plugins, loaded, disabled = dict(self._plugins), self._entry_points_loaded, list(self.disabled)
+        try:
+            yield self
+        finally:
+            self._plugins, self._entry_points_loaded, self.disabled = plugins, loaded, disabled
 
     def load_entry_points(self) -> None:
         if self._entry_points_loaded:

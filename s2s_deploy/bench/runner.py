@@ -265,7 +265,7 @@ def _engine(export_dir: Path, system: str, threads: int):
 
 def _measure_system(export_dir: str, system: str, settings: BenchSettings,
                     passed: Callable[[int, int], None] | None = None) -> list[BenchRow] | str:
-    from s2s_deploy.runtime.decoding import SearchConfig
+    from s2s_deploy.runtime.decoding import plain
     from s2s_deploy.runtime.translator import encode_batch
 
     try:
@@ -277,7 +277,7 @@ def _measure_system(export_dir: str, system: str, settings: BenchSettings,
     rows = []
     for beam in settings.beams:
         max_len = settings.fixed_length or settings.max_len
-        config = SearchConfig(beam, 1, max_len, min_len=settings.fixed_length or 0)
+        config = plain(beam, max_len, min_len=settings.fixed_length or 0)
         for batch in effective_batches(settings):
             chunks = [encode_batch(texts[i : i + batch], manifest.src_vocab) for i in range(0, len(texts), batch)]
             passes, latencies, overheads, pass_times, tokens = [], [], [], [], 0

@@ -50,10 +50,11 @@ def parity_command(export_dir: str, input_path: str | None, beam: int, max_len: 
     from s2s_deploy.errors import S2SError
     from s2s_deploy.format.manifest import load_manifest
     from s2s_deploy.modeling.torch_backend import torch_backend_for
-    from s2s_deploy.runtime.decoding import manifest_defaults, resolve
     from s2s_deploy.runtime.ort.backend import OrtBackend
     from s2s_deploy.runtime.search import StepLoop
     from s2s_deploy.verify.parity import check_parity
+    from s2s_deploy.verify.plan import plan_parity
+    from s2s_deploy.verify.report import Verdict
     from s2s_deploy.verify.timestamps import (
         check_timestamps,
         long_inputs,
@@ -66,8 +67,9 @@ def parity_command(export_dir: str, input_path: str | None, beam: int, max_len: 
     if atol is not None and not 0 <= atol < float("inf"):
         raise S2SError(f"--atol must be a finite number >= 0, not {atol}")
     manifest = load_manifest(export_dir)
-    timed = manifest_defaults(manifest).get("timestamps", False) if timestamps is None else timestamps
-    window = timestamp_window(manifest) if timed else None  # where timestamps cannot apply: one line, now
+    plan = plan_parity(manifest, beam_size=beam, max_len=max_len, timestamps=timestamps,
+                       own_settings=reference_dir is not None)
+    window = timestamp_window(manifest) if plan.timed else None  # where timestamps cannot apply: one line, now
     source = manifest.encoder_input
     sources = read_lines(input_path) if input_path else list(manifest.samples)
     encode, whole = None, {}
@@ -77,7 +79,7 @@ def parity_command(export_dir: str, input_path: str | None, beam: int, max_len: 
 
         inputs = medium_for(source).read_files(frontend_for(source), sources if input_path else None)
         sources, encode = list(inputs), feature_encoder(manifest, inputs)
-        if timed:  # read whole, so that a clip longer than the window is sought through
+        if plan.timed:  # read whole, so that a clip longer than the window is sought through
             whole = whole_features(manifest, inputs | ({} if input_path else long_inputs(manifest)))
     if not sources:
         raise S2SError(f"{export_dir} stores no sample inputs; pass --input FILE")
@@ -93,74 +95,22 @@ def parity_command(export_dir: str, input_path: str | None, beam: int, max_len: 
         languages = manifest.tgt_vocab.languages
         reference = HFBackend(model, manifest.decoder_start_id, manifest.eos_id, source, cached, languages)
         generate = GenerateEngine(model, manifest.decoder_start_id, manifest.eos_id, source, languages)
-        max_len = max_len or resolve(manifest).max_len
     else:
         reference = torch_backend_for(manifest, checkpoint)
-        if manifest.search.get("decoder_prompt"):  # 64 tokens after the prompt may not fit the positions
-            max_len = max_len or min(64, resolve(manifest).max_len)
-    if max_len is None and manifest.max_target_length is not None:
-        # the teacher-forced comparison feeds one step past a hypothesis cut at max_len
-        max_len = min(64, manifest.max_target_length - 1)
     candidate = OrtBackend(manifest, device=device, graph_format="ort" if ort_format else "onnx")
     echo_device(candidate.choice.notice(), candidate.choice.provider)
-    report = check_parity(manifest, reference, candidate, sources, beam_size=beam, max_len=max_len or 64, atol=atol,
-                          rtol=rtol, reference_search=generate, encode=encode)
+    report = check_parity(manifest, reference, candidate, sources, reference_search=generate, encode=encode,
+                          atol=atol, rtol=rtol, plan=plan)
     timed_rows = ()
-    if timed:
+    if plan.timed:
         timed_reference = generate.timed if generate is not None else stepwise(StepLoop(reference), window)
         timed_rows = check_timestamps(manifest, timed_reference, stepwise(StepLoop(candidate), window), whole,
-                                      beam_size=beam, max_len=max_len or 64)
-    passed = report.passed and all(t.agreement >= report.min_token_agreement for t in timed_rows)
-    tol = report.forward_tolerance
+                                      plan=plan)
+    verdict = Verdict(report, timed_rows, "generate" if generate else "pytorch")
     if as_json:
-        click.echo(json.dumps({
-            "passed": passed, "inputs": report.inputs, "atol": report.atol,
-            "rtol": None if report.tolerance is None else report.tolerance.rtol,
-            "min_token_agreement": report.min_token_agreement,
-            "step_max_abs_diff": report.step_max_abs_diff, "step_worst_ratio": report.step.worst,
-            "forward_step_max_abs_diff": None if report.forward_step is None else report.forward_step.max_abs_diff,
-            "forward_step_ok": report.forward_ok,
-            "batch_agreement": None if report.batch is None else {
-                "identical": report.batch.identical, "total": report.batch.total, "rows": report.batch.mode},
-            "searches": [{"mode": s.mode, "identical": s.identical, "total": s.total,
-                          "agreement": s.agreement, "max_score_diff": s.max_score_diff,
-                          "mismatches": [dict(zip(("source", "pytorch", "onnx"), m, strict=True))
-                                         for m in s.mismatches]} for s in report.searches],
-            "timestamps": [{"mode": t.mode, "inputs": t.total, "longer_than_window": t.long, "segments": t.segments,
-                            "tokens_identical": t.tokens_identical, "segments_identical": t.segments_identical,
-                            "identical": t.identical, "agreement": t.agreement,
-                            "mismatches": [dict(zip(("source", "pytorch", "onnx"), m, strict=True))
-                                           for m in t.mismatches]} for t in timed_rows],
-        }, indent=2, ensure_ascii=False))
+        click.echo(json.dumps(verdict.to_json(), indent=2, ensure_ascii=False))
     else:
-        if report.atol is None:
-            click.echo(f"per-step log-prob max |diff| {report.step_max_abs_diff:.2e} (quantised: informative; "
-                       f"tokens must agree on >= {report.min_token_agreement:.0%} of inputs)")
-        else:
-            ok = "ok" if report.log_probs_ok else "FAIL"
-            click.echo(f"per-step log-prob max |diff| {report.step_max_abs_diff:.2e} where a search can act "
-                       f"(atol {report.atol:g} + rtol {report.tolerance.rtol:g}*|log p|) {ok}")
-        if report.forward_step is not None:
-            ok = "ok" if report.forward_ok else "FAIL"
-            click.echo(f"PyTorch decode_step vs teacher-forced forward: max |diff| "
-                       f"{report.forward_step.max_abs_diff:.2e} (atol {tol.atol:g} + rtol {tol.rtol:g}*|log p|) {ok}")
-        if report.batch is not None:
-            b = report.batch
-            ok = "ok" if b.identical == b.total else "FAIL"
-            click.echo(f"ONNX Runtime {b.mode} vs one at a time: tokens identical {b.identical}/{b.total} {ok}")
-        for s in report.searches:
-            verdict = "ok" if s.agreement >= report.min_token_agreement else "FAIL"
-            click.echo(f"{s.mode:<8} tokens identical {s.identical}/{s.total} ({s.agreement:.1%}), "
-                       f"score max |diff| {s.max_score_diff:.2e} {verdict}")
-            for source, want, got in s.mismatches[:5]:
-                click.echo(f"  {source!r}: {'generate' if generate else 'pytorch'} {want!r} onnx {got!r}")
-        for t in timed_rows:
-            verdict = "ok" if t.agreement >= report.min_token_agreement else "FAIL"
-            click.echo(f"{t.mode:<8} tokens identical {t.tokens_identical}/{t.total}, segments identical "
-                       f"{t.segments_identical}/{t.total} ({t.segments} segments; {t.long} inputs longer than the "
-                       f"window) {verdict}")
-            for source, want, got in t.mismatches[:5]:
-                click.echo(f"  {source!r}: {'generate' if generate else 'pytorch'} {want!r} onnx {got!r}")
-        click.echo("parity: PASS" if passed else "parity: FAIL")
-    if not passed:
+        for line in verdict.lines():
+            click.echo(line)
+    if not verdict.passed:
         sys.exit(1)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from s2s_deploy.errors import S2SError
@@ -41,6 +43,15 @@ def checked_features(source: SourceSpec, features: np.ndarray, label: str) -> np
     if frames is not None and shape[frames] == 0:
         raise S2SError(f"{label}: too short to make a single frame of features")
     return np.ascontiguousarray(features, dtype=source.dtype)
+
+
+def featurise(source: SourceSpec, item: Any, label: str, whole: bool = False,
+              frontend: FrontEnd | None = None) -> np.ndarray:
+    """One raw input (samples at the front end's rate, or an image) as the encoder's input: the
+    export's own front end (``whole``: uncut, for window-by-window reading), checked against the
+    declared shape. The one loop every reader of features goes through: the readers, serve, parity."""
+    frontend = frontend or frontend_for(source)
+    return checked_features(source, (frontend.whole if whole else frontend)(item), label)
 
 
 def check_frontend(plugin: str, source: SourceSpec) -> None:

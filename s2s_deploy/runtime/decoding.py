@@ -167,6 +167,12 @@ def resolve(manifest: Manifest, given: Mapping[str, Any] | None = None) -> Searc
     return config
 
 
+def plain(beam_size: int = 1, max_len: int = 256, n_best: int = 1, **options: Any) -> SearchConfig:
+    """A search at the option table's defaults, not an export's: what verification, evaluation and
+    benchmarks run when they compare models rather than folders' settings."""
+    return SearchConfig(beam_size=beam_size, n_best=n_best, max_len=max_len, **options)
+
+
 def with_timestamps(config: SearchConfig, size: int) -> SearchConfig:
     """``config`` with ``timestamps`` on by rule 3 (a closing no-timestamps token dropped): how an input
     longer than the encoder's window is read, as ``generate`` turns timestamps on for long-form input."""

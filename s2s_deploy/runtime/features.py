@@ -23,7 +23,7 @@ import numpy as np
 from s2s_deploy.errors import S2SError
 from s2s_deploy.format.source import SourceSpec
 from s2s_deploy.frontends.media import Medium
-from s2s_deploy.frontends.source import checked_features, frontend_for, use_instead
+from s2s_deploy.frontends.source import featurise, frontend_for, use_instead
 from s2s_deploy.runtime.decoding import SearchConfig, with_timestamps
 from s2s_deploy.runtime.search import Hypothesis
 from s2s_deploy.runtime.timestamps import Sought, seek_windows
@@ -113,8 +113,7 @@ class FeatureReader:
         """One input's encoder input: the front end's features, checked against the declared shape;
         ``whole``: uncut, for window-by-window decoding (what ``__call__`` and ``serve`` read)."""
         label = label or self.label
-        make = self.frontend.whole if whole else self.frontend
-        return checked_features(self.source, make(self.load(item, label)), label)
+        return featurise(self.source, self.load(item, label), label, whole, self.frontend)
 
     def __call__(self, items: Any, beam: int | None = None, n_best: int | None = None, max_len: int | None = None,
                  alpha: float | None = None, batch_size: int = 16, **options: Any) -> list[Decoded]:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from s2s_deploy.errors import S2SError
 from s2s_deploy.format.manifest import Manifest
 from s2s_deploy.runtime.backend import Backend
-from s2s_deploy.runtime.decoding import SearchConfig
+from s2s_deploy.runtime.decoding import SearchConfig, plain
 from s2s_deploy.runtime.search import StepLoop
 from s2s_deploy.runtime.translator import translate
 from s2s_deploy.train.metrics import Scores, score
@@ -62,8 +62,8 @@ def evaluate(
     max_len = max_len or manifest.max_target_length or 256
     rows = []
     for backend in backends:
-        for mode, config in (("greedy", SearchConfig(1, 1, max_len)),
-                             (f"beam{beam_size}", SearchConfig(beam_size, 1, max_len))):
+        for mode, config in (("greedy", plain(1, max_len)),
+                             (f"beam{beam_size}", plain(beam_size, max_len))):
             started = time.perf_counter()
             with tqdm(total=count, desc=f"{backend.name} {mode}", unit=" sentences", disable=not progress,
                       file=sys.stderr, leave=False, dynamic_ncols=True) as bar:

@@ -31,7 +31,8 @@ from s2s_deploy.frontends import WhisperLogMel
 from s2s_deploy.modeling.checkpoint import build_model, load_checkpoint, save_checkpoint
 from s2s_deploy.modeling.contract import ArchitecturePlugin, Seq2SeqModel
 from s2s_deploy.modeling.torch_backend import TorchBackend
-from s2s_deploy.runtime.search import SearchConfig, greedy
+from s2s_deploy.runtime.decoding import plain
+from s2s_deploy.runtime.search import greedy
 from s2s_deploy.train.metrics import error_rate, exact_match
 from s2s_deploy.train.speech_data import SPEECH_TASK, FeatureSplit, load_metadata
 from s2s_deploy.train.trainer import TrainConfig, learning_rate, masked_cross_entropy, pad
@@ -73,7 +74,7 @@ def transcribe_split(model: Seq2SeqModel, plugin: ArchitecturePlugin, config: An
     found: list[str] = []
     for start in range(0, len(split), batch_size):
         src, src_len = split.features(range(start, min(start + batch_size, len(split))))
-        found += [tgt_vocab.decode(h.tokens) for h in greedy(backend, src, src_len, SearchConfig(max_len=max_len))]
+        found += [tgt_vocab.decode(h.tokens) for h in greedy(backend, src, src_len, plain(max_len=max_len))]
     model.train()
     return found
 

@@ -107,14 +107,14 @@ def _smoke_test(folder: Path, kind: str) -> None:
         "import numpy as np\n"
         "from s2s_deploy.format.manifest import load_manifest\n"
         "from s2s_deploy.runtime.ort.backend import OrtBackend\n"
-        "from s2s_deploy.runtime.decoding import SearchConfig\n"
+        "from s2s_deploy.runtime.decoding import plain\n"
         "from s2s_deploy.runtime.search import search\n"
         "from s2s_deploy.runtime.translator import encode_batch\n"
         f"m = load_manifest({str(folder)!r})\n"
         "spec = m.encoder_input\n"  # an encoder of features is fed 100 frames of its pad value
         "src = (np.full((1, *spec.item_shape(100)), spec.pad_value, spec.dtype), np.array([100])) "
         "if spec.is_features else encode_batch([m.samples[0] if m.samples else 'a'], m.src_vocab)\n"
-        "search(OrtBackend(m, device='cpu'), *src, SearchConfig(2, 1, 3))\n"
+        "search(OrtBackend(m, device='cpu'), *src, plain(2, 3))\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
     if result.returncode != 0:

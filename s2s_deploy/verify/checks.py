@@ -183,7 +183,7 @@ def run_export_checks(
     """Both checks on a fresh export; fatal on failure. The forward/step check decodes the
     samples greedily in PyTorch (random sources when there are none) and teacher-forces the result."""
     from s2s_deploy.modeling.torch_backend import TorchBackend
-    from s2s_deploy.runtime.decoding import SearchConfig
+    from s2s_deploy.runtime.decoding import plain
     from s2s_deploy.runtime.ort.backend import create_session
     from s2s_deploy.runtime.search import greedy
     from s2s_deploy.runtime.translator import encode_batch
@@ -207,7 +207,7 @@ def run_export_checks(
         src = rng.integers(4, len(src_vocab), (4, min(8, limit or 8))).astype(np.int64)
         src_len = np.full(4, src.shape[1], dtype=np.int64)
     max_len = min(plugin.max_target_length(config) or 64, 64) - 1
-    targets = [h.tokens for h in greedy(stepper, src, src_len, SearchConfig(1, 1, max_len))]
+    targets = [h.tokens for h in greedy(stepper, src, src_len, plain(1, max_len))]
     return check_forward_step(plugin.name, model, stepper, src, src_len, targets, tolerance)
 
 

@@ -15,13 +15,14 @@ from s2s_deploy.architecture.registry import exported_plugin
 from s2s_deploy.format.manifest import Manifest
 from s2s_deploy.modeling.contract import Seq2SeqModel
 from s2s_deploy.runtime.backend import Backend
-from s2s_deploy.runtime.decoding import SearchConfig, resolve
+from s2s_deploy.runtime.decoding import SearchConfig
 from s2s_deploy.runtime.features import pad_features
 from s2s_deploy.runtime.scoring import teacher_forced
 from s2s_deploy.runtime.search import SearchEngine, StepLoop, search
 from s2s_deploy.runtime.translator import encode_batch
 from s2s_deploy.transforms.quantize import MIN_TOKEN_AGREEMENT
 from s2s_deploy.verify.checks import forward_step_comparison
+from s2s_deploy.verify.plan import ParityPlan, plan_parity
 from s2s_deploy.verify.tolerance import NO_DIFF, StepDiff, StepTolerance, plugin_tolerance
 
 
@@ -88,11 +89,11 @@ def text_encoder(manifest: Manifest) -> Encode:
 def feature_encoder(manifest: Manifest, inputs: dict[str, Any]) -> Encode:
     """Inputs by label (audio at the front end's rate, or images), through the export's own front end,
     padded along the frames."""
-    from s2s_deploy.frontends.source import checked_features, frontend_for
+    from s2s_deploy.frontends.source import featurise, frontend_for
 
     source = manifest.encoder_input
     frontend = frontend_for(source)
-    featurised = {label: checked_features(source, frontend(item), label) for label, item in inputs.items()}
+    featurised = {label: featurise(source, item, label, frontend=frontend) for label, item in inputs.items()}
     return lambda labels: pad_features([featurised[label] for label in labels], source)
 
 
@@ -100,6 +101,7 @@ def check_parity(
     manifest: Manifest, reference: Backend, candidate: Backend, sources: Sequence[str], *,
     beam_size: int = 4, max_len: int = 64, atol: float | None = None, rtol: float | None = None,
     batch_size: int = 16, reference_search: SearchEngine | None = None, encode: Encode | None = None,
+    plan: ParityPlan | None = None,
 ) -> ParityReport:
     """Tokens of ``reference_search`` (default: our search over ``reference``) against our search
     over ``candidate``, greedy and beam, and each step's log-probs of ``reference`` against
@@ -107,20 +109,17 @@ def check_parity(
     export's own settings (the manifest's ``search`` block), but the beam size and ``max_len``, and
     untimed (verify/timestamps.py checks timestamps); without one, plain searches from the
     export's decoder prompt. ``encode``: how ``sources`` become the encoder's input (default: texts
-    through the source vocabulary)."""
+    through the source vocabulary). ``plan``: the searches to make (default: planned from ``beam_size``
+    and ``max_len``)."""
+    plan = plan or plan_parity(manifest, beam_size=beam_size, max_len=max_len,
+                               own_settings=reference_search is not None)
     plugin = exported_plugin(manifest.plugin, manifest.plugin_origin)
     quantised = manifest.quantization is not None
     tolerance = None if quantised and atol is None and rtol is None else plugin_tolerance(plugin, atol, rtol)
     forward_tolerance = plugin_tolerance(plugin, atol, rtol)
     encode = encode or text_encoder(manifest)
-    prompt = tuple(manifest.search.get("decoder_prompt", ()))
-    if reference_search is None:
-        reference_search = StepLoop(reference)
-        modes = [(name, SearchConfig(beam, 1, max_len, decoder_prompt=prompt))
-                 for name, beam in (("greedy", 1), (f"beam{beam_size}", beam_size))]
-    else:
-        modes = [(name, resolve(manifest, {"beam_size": beam, "n_best": 1, "max_len": max_len, "timestamps": False}))
-                 for name, beam in (("greedy", 1), (f"beam{beam_size}", beam_size))]
+    reference_search = reference_search or StepLoop(reference)
+    modes = plan.modes
     agreements = {name: [0, 0.0, []] for name, _ in modes}
     step_diff, forward_diff = NO_DIFF, NO_DIFF
     model = getattr(reference, "model", None)  # a PyTorch reference: check its step against its forward
@@ -154,19 +153,18 @@ def check_parity(
     min_agreement = MIN_TOKEN_AGREEMENT[manifest.quantization.kind] if quantised else 1.0
     return ParityReport(tolerance, step_diff, searches, len(sources), min_agreement,
                         forward_diff if isinstance(model, Seq2SeqModel) else None, forward_tolerance,
-                        batch_agreement(manifest, candidate, sources, max_len, encode), not per_tensor)
+                        batch_agreement(manifest, candidate, sources, plan.batch, encode), not per_tensor)
 
 
 BATCH_ROWS = 32
 
 
-def batch_agreement(manifest: Manifest, backend: Backend, sources: Sequence[str], max_len: int,
+def batch_agreement(manifest: Manifest, backend: Backend, sources: Sequence[str], config: SearchConfig,
                     encode: Encode | None = None) -> SearchAgreement:
     """Greedy tokens of ``backend`` in batches of 32 against one sentence at a time: a
     sentence's translation must not depend on its batchmates."""
     encode = encode or text_encoder(manifest)
-    prompt = tuple(manifest.search.get("decoder_prompt", ()))
-    config, identical, mismatches = SearchConfig(1, 1, max_len, decoder_prompt=prompt), 0, []
+    identical, mismatches = 0, []
     for start in range(0, len(sources), BATCH_ROWS):
         chunk = list(sources[start : start + BATCH_ROWS])
         together = search(backend, *encode(chunk), config)

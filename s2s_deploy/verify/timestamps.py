@@ -20,10 +20,11 @@ import numpy as np
 from s2s_deploy.errors import S2SError
 from s2s_deploy.format.manifest import Manifest
 from s2s_deploy.frontends.media import medium_of, synthetic_clips
-from s2s_deploy.frontends.source import checked_features, frontend_for
+from s2s_deploy.frontends.source import featurise, frontend_for
 from s2s_deploy.runtime.decoding import SearchConfig, resolve
 from s2s_deploy.runtime.search import SearchEngine
 from s2s_deploy.runtime.timestamps import Piece, seek_windows
+from s2s_deploy.verify.plan import ParityPlan
 
 LONG_CLIPS = 4
 """Seeded synthetic clips longer than the window, added to the synthetic parity inputs."""
@@ -75,11 +76,6 @@ def timestamp_window(manifest: Manifest) -> int | None:
     return manifest.max_source_length
 
 
-def timed_config(manifest: Manifest, beam: int, max_len: int) -> SearchConfig:
-    """The export's own settings with timestamps on, but the beam size and ``max_len`` (per window)."""
-    return resolve(manifest, {"beam_size": beam, "n_best": 1, "max_len": max_len, "timestamps": True})
-
-
 def window_seconds(manifest: Manifest) -> float | None:
     """How long one window is, by the timestamp rows: ``time_precision / timestamp_frames`` seconds a
     frame; None without a fixed window."""
@@ -95,7 +91,7 @@ def whole_features(manifest: Manifest, inputs: dict[str, Any]) -> dict[str, np.n
     reads it."""
     source = manifest.encoder_input
     frontend = frontend_for(source)
-    return {label: checked_features(source, frontend.whole(item), label) for label, item in inputs.items()}
+    return {label: featurise(source, item, label, whole=True, frontend=frontend) for label, item in inputs.items()}
 
 
 def stepwise(engine: SearchEngine, window: int | None) -> TimedSearch:
@@ -119,16 +115,15 @@ def same_segments(want: Sequence[Piece], got: Sequence[Piece], precision: float)
 
 def check_timestamps(
     manifest: Manifest, reference: TimedSearch, candidate: TimedSearch, features: dict[str, np.ndarray], *,
-    beam_size: int = 4, max_len: int = 64, batch_size: int = 16,
+    plan: ParityPlan, batch_size: int = 16,
 ) -> tuple[TimedAgreement, ...]:
-    """``reference`` against ``candidate`` with timestamps on, greedy and beam ``beam_size``, on
-    ``features`` (whole inputs by label), ``batch_size`` inputs at a time."""
+    """``reference`` against ``candidate`` with timestamps on, in the plan's timed modes (greedy and
+    beam), on ``features`` (whole inputs by label), ``batch_size`` inputs at a time."""
     window = manifest.max_source_length
     labels = list(features)
     long = sum(window is not None and features[label].shape[-1] > window for label in labels)
     found = []
-    for mode, beam in (("greedy", 1), (f"beam{beam_size}", beam_size)):
-        config = timed_config(manifest, beam, max_len)
+    for mode, config in plan.timed_modes:
         tokens = segments = identical = cut = 0
         mismatches = []
         for start in range(0, len(labels), batch_size):
