@@ -76,6 +76,37 @@ class ExportCache:
             self._pool.shutdown(cancel_futures=True)
 
 
+FAST_ARCHS = frozenset({"gru", "transformer"})
+"""The bundled exports the fast tier decodes: one recurrent, one Transformer (each exported once)."""
+
+SLOW_MODULES = frozenset({
+    "test_hf", "test_hf_families", "test_hf_speech_to_text", "test_hf_vision", "test_hf_whisper",
+    "test_hf_whisper_parity_timestamps", "test_hf_whisper_timestamps", "test_hf_whisper_tokenizer",
+    "test_train", "test_speech_data", "test_distributed", "test_web", "test_manifest_client", "test_first_hour",
+    "test_runtime_torch_free", "test_cuda_graph", "test_bench", "test_threads",
+})
+"""Modules whose every test is in the full tier only: Hugging Face families against ``generate``,
+training, Ray, Node and Chromium clients, fresh virtual environments, benchmarks and threads."""
+
+
+def slow(item: pytest.Item) -> bool:
+    """The full tier's own tests (``pytest -m slow``); the rest is the fast tier (``pytest -m "not slow"``):
+    a test is slow if its module is in ``SLOW_MODULES``, it is marked ``slow``, or it decodes an
+    architecture's export (its ``arch`` parameter) other than ``FAST_ARCHS``."""
+    if item.module.__name__ in SLOW_MODULES or item.get_closest_marker("slow"):
+        return True
+    arch = item.callspec.params.get("arch") if hasattr(item, "callspec") else None
+    return arch is not None and arch not in FAST_ARCHS
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark the full tier's tests before ``-m`` selects: see ``slow``."""
+    for item in items:
+        if slow(item):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(autouse=True)
 def one_torch_thread() -> Iterator[None]:
     """A test that changes PyTorch's thread count (training, benchmarks) leaves one thread behind it."""
