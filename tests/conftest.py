@@ -83,17 +83,24 @@ SLOW_MODULES = frozenset({
     "test_hf", "test_hf_families", "test_hf_speech_to_text", "test_hf_vision", "test_hf_whisper",
     "test_hf_whisper_parity_timestamps", "test_hf_whisper_timestamps", "test_hf_whisper_tokenizer",
     "test_train", "test_speech_data", "test_distributed", "test_web", "test_manifest_client", "test_first_hour",
-    "test_runtime_torch_free", "test_cuda_graph", "test_bench", "test_threads",
+    "test_runtime_torch_free", "test_cuda_graph", "test_bench", "test_threads", "test_attention", "test_export_options",
 })
 """Modules whose every test is in the full tier only: Hugging Face families against ``generate``,
-training, Ray, Node and Chromium clients, fresh virtual environments, benchmarks and threads."""
+training, Ray, Node and Chromium clients, fresh virtual environments, benchmarks, threads, attention
+maps and optimised or .ort exports."""
+
+SLOW_FIXTURES = frozenset({"speech"})
+"""Module fixtures that export a model outside ``FAST_ARCHS`` (test_speech_source's speech export)."""
 
 
 def slow(item: pytest.Item) -> bool:
     """The full tier's own tests (``pytest -m slow``); the rest is the fast tier (``pytest -m "not slow"``):
-    a test is slow if its module is in ``SLOW_MODULES``, it is marked ``slow``, or it decodes an
-    architecture's export (its ``arch`` parameter) other than ``FAST_ARCHS``."""
+    a test is slow if its module is in ``SLOW_MODULES``, it is marked ``slow``, it uses one of
+    ``SLOW_FIXTURES``, or it decodes an architecture's export (its ``arch`` parameter) other than
+    ``FAST_ARCHS``."""
     if item.module.__name__ in SLOW_MODULES or item.get_closest_marker("slow"):
+        return True
+    if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
         return True
     arch = item.callspec.params.get("arch") if hasattr(item, "callspec") else None
     return arch is not None and arch not in FAST_ARCHS

@@ -44,7 +44,9 @@ def test_the_table_is_the_config_the_schema_and_the_cli() -> None:
     assert SCHEMA["properties"]["search"]["properties"] == search_schema()
     assert set(search_schema()) == {key for o in OPTIONS for key in o.manifest_keys}
     params = {p.name for p in main.commands["translate"].params}
-    assert {o.name for o in OPTIONS if o.cli_flag} <= params
+    assert {o.name for o in OPTIONS if o.cli_flag and not o.timed} <= params
+    assert not {o.name for o in OPTIONS if o.timed} & params  # text has no time axis
+    assert {o.name for o in OPTIONS if o.cli_flag} <= {p.name for p in main.commands["transcribe"].params}
     assert "early_stopping" not in params  # recorded only: no flag
 
 

@@ -171,6 +171,7 @@ def test_translate_engine_graph_matches_loop(exports, tmp_path: Path) -> None:
     assert outputs[0] == outputs[1] and len(outputs[0].splitlines()) == 4
 
 
+@pytest.mark.slow
 def test_compiled_search_functions_are_current() -> None:
     """fuse reads the search steps compiled (onnxscript is off the base install): after editing
     export/search_graph.py, rerun `python -m s2s_deploy.export.search_graph`."""

@@ -181,6 +181,7 @@ def _children(pid: int) -> set[int]:
     return found
 
 
+@pytest.mark.slow
 def test_uvicorn_two_workers_and_sigterm_lets_requests_finish(gru) -> None:
     """A real server with two worker processes. SIGTERM once the first of 24 concurrent requests is
     answered: the other requests, queued or running, still get their full answers, and it exits 0."""
@@ -247,6 +248,7 @@ def _cli_translations(manifest, texts: list[str], beam: int, n_best: int) -> dic
             for i, text in enumerate(unique)}
 
 
+@pytest.mark.slow
 def test_serve_with_threads_answers_as_translate_prints(gru) -> None:
     """A real server with two intra-op threads, twelve clients at once, each sending requests of its
     own beam, n-best and batch size: every answer is what `s2s-deploy translate` prints for it."""
@@ -281,6 +283,7 @@ def test_serve_with_threads_answers_as_translate_prints(gru) -> None:
             np.testing.assert_allclose([h["score"] for h in got["hypotheses"]], [s for s, _ in want], atol=6e-5)
 
 
+@pytest.mark.slow
 def test_the_soak_benchmark_runs_clean_for_seconds(gru) -> None:
     """benchmarks/serve_soak.py in miniature: faults mixed in and a worker killed halfway, yet no
     wrong answer and nothing lost beyond that worker's requests in flight (exit 0)."""
@@ -294,6 +297,7 @@ def test_the_soak_benchmark_runs_clean_for_seconds(gru) -> None:
 SPEECH_CLIPS = sorted((Path(__file__).parent / "data").glob("speech_*hz.flac"))
 
 
+@pytest.mark.slow
 def test_transcribe_endpoint_answers_as_the_transcriber(exports) -> None:
     """An audio upload (any rate, FLAC here) through the batcher gives what Transcriber gives; clips
     from concurrent requests share batches; a text export and an audio export each send the client

@@ -38,7 +38,7 @@ def permuted(vocab: Vocabulary, order: list[int], keep_bos: bool) -> Vocabulary:
                       decoder_start_id=new[vocab.decoder_start_id])
 
 
-@pytest.fixture(scope="module", params=["transformer", "gru"])
+@pytest.fixture(scope="module", params=[pytest.param("transformer", marks=pytest.mark.slow), "gru"])
 def pair(request, exports, tmp_path_factory):
     """(original manifest, permuted manifest, target order) for one bundled model."""
     arch = request.param
