@@ -219,7 +219,8 @@ def test_node_search_module_knows_every_option() -> None:
 
     resolved = json.loads(run({}))
     assert {k: v for k, v in resolved.items() if k not in ("alpha", "max_len")} == {
-        k: v for k, v in defaults.items() if k not in ("alpha", "max_len", "forced_bos")}
+        k: v for k, v in defaults.items() if k not in ("alpha", "max_len")}
+    assert run({"forced_bos": 5}).startswith("refused: search.forced_bos is set")
     whisper = {"timestamp_begin": 128, "max_initial_timestamp": 10, "time_precision": 0.02, "timestamp_frames": 2}
     assert not run(whisper).startswith("refused")
     assert run({**whisper, "timestamps": True}) == ("refused: search.timestamps is set, which this search module "
