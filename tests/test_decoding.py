@@ -72,7 +72,7 @@ def test_resolve_rules(gru, tmp_path: Path) -> None:
         resolve(manifest, {"max_len": 4, "min_len": 7})  # the caller's own min_len does not yield
     plain = resolve(gru)
     assert gru.max_target_length is None and "max_len" not in gru.search
-    assert plain.max_len == 256 and plain.alpha == gru.search["length_penalty_alpha"]
+    assert plain.max_len == 256 and plain.alpha == gru.search["alpha"]
     with pytest.raises(DecodingError, match=r"n_best 3 needs a beam of at least 3 \(beam_size is 1\)"):
         resolve(gru, {"n_best": 3})
     with pytest.raises(DecodingError, match="unknown decoding option 'top_k'"):

@@ -196,7 +196,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("max_len", Whole(1), 256, "Most target tokens, EOS included.",
            shown_default="the model's position limit, else 256"),
     Option("alpha", Real(0.0), 0.75, "Length penalty: score = log P / L**alpha.",
-           aliases=("length_penalty_alpha",)),
+           aliases=("length_penalty_alpha",)),  # the key manifest formats 2 to 6 required
     Option("min_len", Whole(0), 0, "Forbid EOS before this many tokens."),
     Option("sampling_topk", Whole(0), 1, "Sample from the K best; 0: all; 1: no sampling (greedy)."),
     Option("sampling_topp", Real(0.0, 1.0, open_low=True), 1.0, "Nucleus: sample from the smallest head of mass P."),

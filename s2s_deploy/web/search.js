@@ -111,7 +111,7 @@
     // ort: the onnxruntime module; encoder, decoder: its InferenceSessions over the export's graphs.
     constructor(ort, manifest, encoder, decoder) {
       if (!['s2s-deploy-manifest/2', 's2s-deploy-manifest/3', 's2s-deploy-manifest/4', 's2s-deploy-manifest/5',
-        's2s-deploy-manifest/6'].includes(manifest.format)) {
+        's2s-deploy-manifest/6', 's2s-deploy-manifest/7'].includes(manifest.format)) {
         throw new Error(`unsupported manifest format ${manifest.format}`);
       }
       const input = manifest.encoder_input || { kind: 'tokens' }; // formats 2 and 3 read token ids
