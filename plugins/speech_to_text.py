@@ -34,17 +34,16 @@ from s2s_deploy.format.specs import MemorySpec, StateSpec
 from s2s_deploy.frontends import KaldiFbank
 
 PREPROCESSOR_FILE = "preprocessor_config.json"
+FRONTEND = KaldiFbank()
+"""The tiny preset's front end: Speech2Text's defaults."""
 
 
 @dataclass(frozen=True)
 class Speech2TextConfig:
-    """``config.json``'s sizes and the front end's parameters (``preprocessor_config.json``).
-    ``conv_kernel_sizes`` is a comma-separated string, so the config stays flat JSON scalars."""
+    """``config.json``'s sizes and the front end (``preprocessor_config.json``), whose parameters its
+    own config states. ``conv_kernel_sizes`` is a comma-separated string of JSON scalars."""
 
-    sampling_rate: int = 16000
-    num_mel_bins: int = 80
-    normalize_means: bool = True
-    normalize_vars: bool = True
+    frontend: KaldiFbank = FRONTEND
     conv_kernel_sizes: str = "5,5"
     conv_channels: int = 128
     d_model: int = 64
@@ -71,9 +70,10 @@ class Speech2TextConfig:
     def kernels(self) -> tuple[int, ...]:
         return tuple(int(k) for k in self.conv_kernel_sizes.split(","))
 
-    def frontend(self) -> KaldiFbank:
-        return KaldiFbank(sampling_rate=self.sampling_rate, num_mel_bins=self.num_mel_bins,
-                          normalize_means=self.normalize_means, normalize_vars=self.normalize_vars)
+    @property
+    def num_mel_bins(self) -> int:
+        """The mel bins the first convolution reads."""
+        return self.frontend.num_mel_bins
 
     def layers(self) -> EncoderDecoderConfig:
         """The shared parts' config: pre-norm layers, final LayerNorms, fairseq sinusoidal positions
@@ -104,7 +104,7 @@ class Speech2TextPlugin(EncoderDecoderPlugin):
         """``(frames, num_mel_bins)`` filterbanks, as the front end makes them and ``transformers``
         reads them; padding frames are zeroed and masked, so their value is moot."""
         return SourceSpec(kind=FEATURES, shape=(FRAMES, config.num_mel_bins), dtype="float32",
-                          frontend=config.frontend().to_json())
+                          frontend=config.frontend.to_json())
 
     def memory_specs(self, config: Speech2TextConfig) -> tuple[MemorySpec, ...]:  # type: ignore[override]
         return super().memory_specs(config.layers())
@@ -140,9 +140,8 @@ class Speech2TextPlugin(EncoderDecoderPlugin):
         tie = hf.get("tie_word_embeddings", True) is not False
         try:
             config = Speech2TextConfig(
-                sampling_rate=frontend.sampling_rate, num_mel_bins=frontend.num_mel_bins,
-                normalize_means=frontend.normalize_means, normalize_vars=frontend.normalize_vars,
-                conv_kernel_sizes=",".join(str(k) for k in kernels), conv_channels=int(hf.get("conv_channels", 1024)),
+                frontend=frontend, conv_kernel_sizes=",".join(str(k) for k in kernels),
+                conv_channels=int(hf.get("conv_channels", 1024)),
                 d_model=int(hf["d_model"]), encoder_layers=int(hf["encoder_layers"]),
                 decoder_layers=int(hf["decoder_layers"]), encoder_attention_heads=int(hf["encoder_attention_heads"]),
                 decoder_attention_heads=int(hf["decoder_attention_heads"]), encoder_ffn_dim=int(hf["encoder_ffn_dim"]),

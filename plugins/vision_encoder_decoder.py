@@ -48,23 +48,17 @@ OLD_VIT_NAMES = (
 """Checkpoints saved before transformers 5 name the ViT/DeiT layers as BERT does; transformers
 renames them on load (``conversion_mapping.py``, ``ViTModel``), and so does this plugin, in order."""
 
+TINY_FRONTEND = VitImage(height=32, width=32, resample=0)
+"""The tiny preset's front end: 32x32 images. Its ``resample`` is 0 (nearest) so that a checkpoint's
+config may say nearest: a whole-number field is held to at least ``min(default, 1)``."""
+
 
 @dataclass(frozen=True)
 class VisionEncoderDecoderConfig:
-    """The image front end (``preprocessor_config.json``), the encoder (``config.json``'s ``encoder``)
-    and the decoder (its ``decoder``)."""
+    """The image front end (``preprocessor_config.json``), whose size is the encoder's image size, the
+    encoder (``config.json``'s ``encoder``) and the decoder (its ``decoder``)."""
 
-    image_height: int = 32
-    image_width: int = 32
-    resample: int = 0
-    """Pillow's filter code: 0 nearest, 1 Lanczos, 2 bilinear, 3 bicubic. The default is 0 so that a
-    checkpoint's config may say nearest: a whole-number field is held to at least ``min(default, 1)``."""
-    do_resize: bool = True
-    do_rescale: bool = True
-    rescale_factor: float = 1 / 255
-    do_normalize: bool = True
-    image_mean: tuple[float, ...] = (0.5, 0.5, 0.5)
-    image_std: tuple[float, ...] = (0.5, 0.5, 0.5)
+    frontend: VitImage = TINY_FRONTEND
     patch_size: int = 8
     encoder_hidden_size: int = 64
     encoder_layers: int = 2
@@ -90,19 +84,10 @@ class VisionEncoderDecoderConfig:
     """The decoder's cross-attention reads the encoder's width itself (``cross_attention_hidden_size``);
     otherwise ``enc_to_dec_proj`` maps it when the widths differ."""
 
-    def __post_init__(self) -> None:  # a checkpoint's JSON gives lists
-        object.__setattr__(self, "image_mean", tuple(self.image_mean))
-        object.__setattr__(self, "image_std", tuple(self.image_std))
-
-    def frontend(self) -> VitImage:
-        return VitImage(height=self.image_height, width=self.image_width, resample=self.resample,
-                        do_resize=self.do_resize, do_rescale=self.do_rescale, rescale_factor=self.rescale_factor,
-                        do_normalize=self.do_normalize, image_mean=self.image_mean, image_std=self.image_std)
-
     @property
     def positions(self) -> int:
         """Encoder positions: one per patch, plus the class token (and DeiT's distillation token)."""
-        patches = (self.image_height // self.patch_size) * (self.image_width // self.patch_size)
+        patches = (self.frontend.height // self.patch_size) * (self.frontend.width // self.patch_size)
         return patches + 1 + int(self.distillation_token)
 
     @property
@@ -175,8 +160,8 @@ class VisionEncoderDecoderPlugin(EncoderDecoderPlugin):
 
     def source_spec(self, config: VisionEncoderDecoderConfig) -> SourceSpec:
         """``(3, height, width)`` pixels, one fixed-size item per row: nothing is padded."""
-        return SourceSpec(kind=FEATURES, shape=(CHANNELS, config.image_height, config.image_width),
-                          dtype="float32", frontend=config.frontend().to_json())
+        return SourceSpec(kind=FEATURES, shape=(CHANNELS, config.frontend.height, config.frontend.width),
+                          dtype="float32", frontend=config.frontend.to_json())
 
     def memory_specs(self, config: VisionEncoderDecoderConfig) -> tuple[MemorySpec, ...]:  # type: ignore[override]
         return super().memory_specs(config.layers())
@@ -215,10 +200,7 @@ class VisionEncoderDecoderPlugin(EncoderDecoderPlugin):
             raise CheckpointError(f"config.json: the decoder's cross_attention_hidden_size {cross} is not the "
                                   f"encoder's hidden_size {encoder['hidden_size']}")
         config = VisionEncoderDecoderConfig(
-            image_height=height, image_width=width, resample=frontend.resample, do_resize=frontend.do_resize,
-            do_rescale=frontend.do_rescale, rescale_factor=frontend.rescale_factor,
-            do_normalize=frontend.do_normalize, image_mean=frontend.image_mean, image_std=frontend.image_std,
-            patch_size=patch[0], encoder_hidden_size=int(encoder["hidden_size"]),
+            frontend=frontend, patch_size=patch[0], encoder_hidden_size=int(encoder["hidden_size"]),
             encoder_layers=int(encoder["num_hidden_layers"]),
             encoder_attention_heads=int(encoder["num_attention_heads"]),
             encoder_ffn_dim=int(encoder["intermediate_size"]),

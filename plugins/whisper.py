@@ -53,16 +53,16 @@ WHISPER_ONLY = ("language", "task", "lang_to_id", "task_to_id", "no_timestamps_t
                 "return_timestamps", "max_initial_timestamp_index", "condition_on_prev_tokens", *LONG_FORM_SETTINGS)
 """generation_config.json keys that only Whisper's generate reads (``GenerationConfig`` defines none of them)."""
 
+TINY_FRONTEND = WhisperLogMel(chunk_length=1)
+"""The tiny preset's front end: Whisper's, with a 1 s window."""
+
 
 @dataclass(frozen=True)
 class WhisperConfig:
-    """``config.json``'s sizes and the front end's window (``preprocessor_config.json``)."""
+    """``config.json``'s sizes and the front end (``preprocessor_config.json``), whose parameters its
+    own config states (the tiny preset's window is 1 s)."""
 
-    n_mels: int = 80
-    sampling_rate: int = 16000
-    n_fft: int = 400
-    hop_length: int = 160
-    chunk_length: int = 1
+    frontend: WhisperLogMel = TINY_FRONTEND
     d_model: int = 64
     encoder_layers: int = 2
     decoder_layers: int = 2
@@ -75,9 +75,10 @@ class WhisperConfig:
     activation_function: str = "gelu"
     tie_word_embeddings: bool = True
 
-    def frontend(self) -> WhisperLogMel:
-        return WhisperLogMel(sampling_rate=self.sampling_rate, n_mels=self.n_mels, n_fft=self.n_fft,
-                             hop_length=self.hop_length, chunk_length=self.chunk_length)
+    @property
+    def n_mels(self) -> int:
+        """The mel bins the first convolution reads."""
+        return self.frontend.n_mels
 
     @property
     def frames(self) -> int:
@@ -187,7 +188,7 @@ class WhisperPlugin(EncoderDecoderPlugin):
     def source_spec(self, config: WhisperConfig) -> SourceSpec:
         """``(n_mels, frames)`` log-mel features; padding frames are masked, so their value is moot."""
         return SourceSpec(kind=FEATURES, shape=(config.n_mels, FRAMES), dtype="float32",
-                          frontend=config.frontend().to_json())
+                          frontend=config.frontend.to_json())
 
     def memory_specs(self, config: WhisperConfig) -> tuple[MemorySpec, ...]:  # type: ignore[override]
         return super().memory_specs(config.layers())
@@ -211,8 +212,7 @@ class WhisperPlugin(EncoderDecoderPlugin):
             raise CheckpointError(f"{PREPROCESSOR_FILE}: {exc}") from exc
         tie = hf.get("tie_word_embeddings", True) is not False
         config = WhisperConfig(
-            n_mels=frontend.n_mels, sampling_rate=frontend.sampling_rate, n_fft=frontend.n_fft,
-            hop_length=frontend.hop_length, chunk_length=frontend.chunk_length, d_model=int(hf["d_model"]),
+            frontend=frontend, d_model=int(hf["d_model"]),
             encoder_layers=int(hf["encoder_layers"]), decoder_layers=int(hf["decoder_layers"]),
             encoder_attention_heads=int(hf["encoder_attention_heads"]),
             decoder_attention_heads=int(hf["decoder_attention_heads"]), encoder_ffn_dim=int(hf["encoder_ffn_dim"]),

@@ -285,7 +285,7 @@ def test_translator_takes_its_defaults_from_the_manifest(hf_exports: HFExports) 
     search = translator.manifest.to_dict()["search"]
     config = translator.search_config()
     assert config.beam_size == search.get("beam_size", 1)
-    assert config.alpha == search["length_penalty_alpha"]
+    assert config.alpha == search["alpha"]
     assert config.max_len == search.get("max_len", translator.manifest.max_target_length)
     assert translator.search_config(beam=2, alpha=0.5, max_len=5) == replace(
         config, beam_size=2, alpha=0.5, max_len=5, min_len=min(config.min_len, 5))
@@ -404,7 +404,7 @@ def test_search_defaults_are_generates_for_what_the_folder_leaves_out() -> None:
 
     config = {"eos_token_id": 2, "pad_token_id": 1, "decoder_start_token_id": 2, "max_position_embeddings": 16}
     found = search_defaults(config, {"forced_bos_token_id": 0, "forced_eos_token_id": 2})
-    assert found == {"beam_size": 1, "length_penalty_alpha": 1.0, "early_stopping": False, "no_repeat_ngram_size": 0,
+    assert found == {"beam_size": 1, "alpha": 1.0, "early_stopping": False, "no_repeat_ngram_size": 0,
                      "max_len": 15, "min_len": 0, "forced_bos": 0, "forced_eos": True}  # 16 positions, start included
     assert search_defaults(config, {"max_length": 200, "min_length": 3})["max_len"] == 199
     assert search_defaults(config, {"max_new_tokens": 30, "early_stopping": "never"})["max_len"] == 30

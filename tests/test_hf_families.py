@@ -523,8 +523,8 @@ def test_parity_reference_compares_with_generate(family_exports: FamilyExports, 
     changed = tmp_path / "alpha"
     shutil.copytree(built.out, changed)
     raw = json.loads((changed / "manifest.json").read_text())
-    assert raw["search"]["length_penalty_alpha"] == 1.0
-    raw["search"]["length_penalty_alpha"] = 0.75
+    assert raw["search"]["alpha"] == 1.0
+    raw["search"]["alpha"] = 0.75
     (changed / "manifest.json").write_text(json.dumps(raw))
     result = runner.invoke(main, ["parity", str(changed), "--reference", str(built.hf_dir)])
     assert result.exit_code == 1 and "parity: FAIL" in result.output, result.output

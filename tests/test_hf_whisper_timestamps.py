@@ -118,10 +118,10 @@ def timed(whisper: dict[str, Any], features: list[np.ndarray], beams: int, reade
 
 
 def test_manifest_holds_the_timestamp_rules(whisper: dict[str, Any]) -> None:
-    from s2s_deploy.format.manifest import load_manifest
+    from s2s_deploy.format.manifest import FORMAT, load_manifest
 
     manifest = load_manifest(whisper["out"])
-    assert manifest.format == "s2s-deploy-manifest/6"
+    assert manifest.format == FORMAT
     search = manifest.search
     assert search["timestamp_begin"] == BEGIN and search["max_initial_timestamp"] == MAX_INITIAL
     assert search["time_precision"] == 0.02 and search["timestamp_frames"] == 2

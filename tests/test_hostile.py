@@ -87,8 +87,8 @@ MANIFEST_CASES = [
     ("special_tokens.eos", 100_000, "special_tokens.eos"),
     ("special_tokens.eos", -1, "special_tokens.eos"),
     ("special_tokens.decoder_start", "1", "special_tokens.decoder_start"),
-    ("search.length_penalty_alpha", "x", "search.length_penalty_alpha"),
-    ("search.length_penalty_alpha", KeyError, "length_penalty_alpha"),
+    ("search.alpha", "x", "search.alpha"),
+    ("search.alpha", KeyError, "'alpha' is a required property"),
     ("search.beam_size", "abc", "search.beam_size"),  # decoding defaults are typed: no int("abc") later
     ("search.min_len", [1], "search.min_len"),
     ("search.bad_words_ids", [["x"]], "search.bad_words_ids"),
@@ -120,7 +120,7 @@ def test_vocabularies_are_checked_against_the_graphs(gru: Path, tmp_path: Path) 
 def test_nan_and_deep_nesting_in_the_manifest(gru: Path, tmp_path: Path) -> None:
     folder = tampered(gru, tmp_path, lambda raw: None)
     text = (folder / "manifest.json").read_text()
-    (folder / "manifest.json").write_text(text.replace('"length_penalty_alpha": 0.75', '"length_penalty_alpha": NaN'))
+    (folder / "manifest.json").write_text(text.replace('"alpha": 0.75', '"alpha": NaN'))
     one_line(*run("translate", str(folder), "a")[::2], "NaN")
     deep = '"search": {"x": ' + "[" * 5000 + "]" * 5000 + ","
     (folder / "manifest.json").write_text(text.replace('"search": {', deep))

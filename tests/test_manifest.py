@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from s2s_deploy.architecture.registry import get_plugin
 from s2s_deploy.cli import main
-from s2s_deploy.errors import S2SError
+from s2s_deploy.errors import ManifestError, S2SError
 from s2s_deploy.export.exporter import export_model
 from s2s_deploy.export.sources import load_source
 from s2s_deploy.format.files import sha256_of
@@ -80,7 +80,33 @@ def test_the_document_round_trips_and_evolves(gru: Path, tmp_path: Path) -> None
     assert set(before) == {"encoder.onnx", "decoder.onnx", "checkpoint.safetensors"} and set(before.values()) == {"ok"}
     evolved = manifest.with_validation(note=1.0)
     assert evolved.to_dict()["validation"]["note"] == 1.0 and manifest.to_dict() == on_disk
-    assert load_manifest(folder).search == manifest.search and "length_penalty_alpha" in manifest.search
+    assert load_manifest(folder).search == manifest.search and "alpha" in manifest.search
+
+
+def test_a_format_6_export_keeps_its_length_penalty_key(gru: Path, tmp_path: Path) -> None:
+    """Formats 2 to 6 required ``search.length_penalty_alpha``; format 7 requires the option's own name,
+    ``alpha``. An older export still loads, decodes with its alpha and keeps its key when evolved; each
+    format refuses a search block without its own key."""
+    from s2s_deploy.format.schema import FORMAT
+    from s2s_deploy.runtime.decoding import resolve
+
+    folder = copy_of(gru, tmp_path)
+    raw = json.loads((folder / MANIFEST_NAME).read_text())
+    assert raw["format"] == FORMAT == "s2s-deploy-manifest/7" and "length_penalty_alpha" not in raw["search"]
+    raw["search"].pop("alpha")
+    (folder / MANIFEST_NAME).write_text(json.dumps(raw))
+    with pytest.raises(ManifestError, match="key search: 'alpha' is a required property"):
+        load_manifest(folder)
+    raw |= {"format": "s2s-deploy-manifest/6", "search": {**raw["search"], "length_penalty_alpha": 0.25}}
+    (folder / MANIFEST_NAME).write_text(json.dumps(raw))
+    old = load_manifest(folder)
+    assert resolve(old).alpha == 0.25
+    old.with_validation(note=1.0).write()
+    assert json.loads((folder / MANIFEST_NAME).read_text())["format"] == "s2s-deploy-manifest/6"
+    raw["search"].pop("length_penalty_alpha")
+    (folder / MANIFEST_NAME).write_text(json.dumps(raw | {"search": {**raw["search"], "alpha": 0.25}}))
+    with pytest.raises(ManifestError, match="key search: 'length_penalty_alpha' is a required property"):
+        load_manifest(folder)
 
 
 def test_specs_have_one_home() -> None:

@@ -75,6 +75,19 @@ def test_manifest_search_defaults(exports, tmp_path):
         _both(copy, texts[:8], ["--scores"], per=extra.get("n_best", 1))
 
 
+def test_a_format_6_export(exports, tmp_path):
+    """An export written before format 7 names the length penalty search.length_penalty_alpha."""
+    folder, texts = _folder(exports, "gru")
+    copy = tmp_path / "gru6"
+    shutil.copytree(folder, copy)
+    manifest = json.loads((copy / "manifest.json").read_text(encoding="utf-8"))
+    assert "length_penalty_alpha" not in manifest["search"]
+    search = {key: value for key, value in manifest["search"].items() if key != "alpha"}
+    manifest |= {"format": "s2s-deploy-manifest/6", "search": search | {"length_penalty_alpha": 0.1, "beam_size": 3}}
+    (copy / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
+    _both(copy, texts[:8], ["--scores"])
+
+
 def test_lstm_matches_translate(exports):
     folder, texts = _folder(exports, "lstm")
     _both(folder, texts, ["--beam", "4", "--n-best", "3", "--scores", "--min-len", "5"])

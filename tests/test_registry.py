@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -146,3 +147,35 @@ def test_config_from_dict_rejects_unknown_fields() -> None:
         plugin.config_from_dict({"d_model": 8, "colour": "red"})
 
 
+
+
+@pytest.mark.parametrize("name", [entry.plugin.name for entry in REGISTRY.entries() if entry.builtin])
+def test_every_preset_reads_back_from_its_json(name: str) -> None:
+    """A checkpoint stores ``asdict(config)`` as JSON; every plugin's presets read back equal, the
+    front ends that Whisper, Speech2Text and TrOCR configs hold as one field included."""
+    import json
+
+    plugin = REGISTRY.get(name)
+    for preset in plugin.presets.values():
+        assert plugin.config_from_dict(json.loads(json.dumps(dataclasses.asdict(preset)))) == preset
+
+
+@pytest.mark.parametrize(("name", "edit", "message"), [
+    ("whisper", {"n_mels": 80}, "unknown config fields n_mels"),
+    ("whisper", {"frontend": {"n_mels": "x"}}, "whisper: config frontend.n_mels='x' must be a whole number"),
+    ("whisper", {"frontend": {"colour": 1}}, "unknown config fields frontend.colour"),
+    ("whisper", {"frontend": 80}, "whisper: config frontend must be an object"),
+    ("speech_to_text", {"frontend": {"normalize_means": 1}}, "config frontend.normalize_means=1 must be true or false"),
+    ("vision_encoder_decoder", {"frontend": {"resample": 0, "height": 0}}, "frontend.height=0 is out of range"),
+])
+def test_a_front_end_in_a_config_is_checked_as_the_config_is(name: str, edit: dict, message: str) -> None:
+    """The front end's parameters are stated once, in its own dataclass, and a checkpoint's values for
+    them are held to the same rules as every other config value; what a checkpoint leaves out of the
+    front end is the preset's."""
+    plugin = REGISTRY.get(name)
+    with pytest.raises(ContractError, match=re.escape(message)):
+        plugin.config_from_dict(edit)
+    partial = plugin.config_from_dict({"frontend": {"sampling_rate": 8000}} if name != "vision_encoder_decoder"
+                                      else {"frontend": {"width": 64}})
+    assert partial.frontend == dataclasses.replace(plugin.preset().frontend, **(
+        {"sampling_rate": 8000} if name != "vision_encoder_decoder" else {"width": 64}))

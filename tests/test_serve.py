@@ -59,11 +59,18 @@ def test_translate_health_metadata(gru) -> None:
     ({"texts": []}, "'texts' must be a non-empty list of strings"),
     ({"texts": ["a", 3]}, "'texts' must be a non-empty list of strings"),
     ({"texts": ["  "]}, "text 1 is empty"),
-    ({"texts": ["a"], "beam": 0}, "'beam' must be an integer between 1 and"),
-    ({"texts": ["a"], "beam": True}, "'beam' must be an integer"),
+    ({"texts": ["a"], "beam": 0}, "'beam' must be between 1 and 65536, not 0"),
+    ({"texts": ["a"], "beam": True}, "'beam' must be a whole number, not true"),
+    ({"texts": ["a"], "beam": 17}, "beam 17 exceeds this server's largest, 16: name a smaller 'beam'"),
     ({"texts": ["a"], "beam": 2, "n_best": 3}, "n_best 3 needs a beam of at least 3 (beam_size is 2)"),
-    ({"texts": ["a"], "alpha": "x"}, "'alpha' must be a finite number"),
-    ({"texts": ["a"], "max_len": 0}, "'max_len' must be an integer"),
+    ({"texts": ["a"], "alpha": "x"}, "'alpha' must be a finite number, not \"x\""),
+    ({"texts": ["a"], "max_len": 0}, "'max_len' must be between 1 and 65536, not 0"),
+    ({"texts": ["a"], "max_len": 100000}, "'max_len' must be between 1 and 65536, not 100000"),
+    ({"texts": ["a"], "timestamps": None, "prompt": 5}, "'prompt' must be text or a list of target ids, not 5"),
+    ({"texts": ["a"], "prompt": [1, "x"]}, "'prompt' holds [1, \"x\"], not target ids"),
+    ({"texts": ["a"], "timestamps": "yes"}, "'timestamps' must be true or false, not \"yes\""),
+    ({"texts": ["a"], "target_lang": ["fr"]}, "'target_lang' must be a code of at most 64 characters, not [\"fr\"]"),
+    ({"texts": ["a"], "prompt": "earlier text"}, "prompt: this export takes no prompt"),
     ({"texts": ["a"], "temperature": 1}, "unknown field 'temperature'"),
     (["a"], "the body must be a JSON object"),
 ])
@@ -333,8 +340,10 @@ def test_transcribe_endpoint_answers_as_the_transcriber(exports) -> None:
         for params, content, status, message in [
             ({}, b"not audio", 400, "cannot read audio from the upload"),
             ({}, b"", 400, "the body is empty"),
-            ({"beam": "four"}, SPEECH_CLIPS[0].read_bytes(), 400, "'beam' must be a number, not 'four'"),
+            ({"beam": "four"}, SPEECH_CLIPS[0].read_bytes(), 400, "'beam' must be a number, not \"four\""),
             ({"temperature": "1"}, SPEECH_CLIPS[0].read_bytes(), 400, "unknown parameter 'temperature'"),
+            ({"beam": "0"}, SPEECH_CLIPS[0].read_bytes(), 400, "'beam' must be between 1 and 65536, not 0"),
+            ({"timestamps": "on"}, SPEECH_CLIPS[0].read_bytes(), 400, "'timestamps' must be true or false, not \"on\""),
         ]:
             response = http.post("/transcribe", params=params, content=content)
             assert response.status_code == status and message in response.json()["error"], response.text

@@ -26,6 +26,7 @@ from s2s_deploy.frontends import WhisperLogMel
 from s2s_deploy.frontends.source import check_frontend
 from s2s_deploy.modeling.contract import validate_plugin
 from s2s_deploy.modeling.torch_backend import TorchBackend
+from s2s_deploy.runtime.decoding import resolve
 from s2s_deploy.runtime.search import search
 from s2s_deploy.runtime.transcriber import Transcriber, pad_features
 from s2s_deploy.train.metrics import error_rate
@@ -112,11 +113,17 @@ def test_arrays_in_any_rate_give_what_files_give(speech) -> None:
     assert transcriber(CLIPS[0], max_len=8)[0].text == transcriber((samples, rate), max_len=8)[0].text
 
 
-def test_transcribe_command_lines_json_and_one_line_errors(speech, tmp_path: Path) -> None:
+def test_transcribe_command_lines_json_and_one_line_errors(speech, tmp_path: Path, monkeypatch) -> None:
+    """...and the options are resolved once, by the command (the reader takes the ready config)."""
+    from s2s_deploy.runtime import translator
+
     _, _, out = speech
     runner = CliRunner()
+    resolved = []
+    monkeypatch.setattr(translator, "resolve", lambda *args: resolved.append(args) or resolve(*args))
     result = runner.invoke(main, ["transcribe", str(out), *CLIPS, "--max-len", "8", "--quiet"])
     assert result.exit_code == 0, result.output
+    assert len(resolved) == 1 and resolved[0][1]["max_len"] == 8
     lines = result.output.splitlines()
     assert len(lines) == len(CLIPS)
     target = tmp_path / "out.json"

@@ -22,6 +22,7 @@ from s2s_deploy.frontends.audio import KaldiFbank, WhisperLogMel, load_audio
 from s2s_deploy.runtime.transcriber import Transcriber
 from s2s_deploy.runtime.translator import Translator
 from s2s_deploy.web.bundle import ORT_DIR, ORT_FILES, PAGE_FILES, PAGE_FRONTENDS, write_web_bundle
+from s2s_deploy.web.defaults import SEARCH_JS, rendered
 
 ROOT = Path(__file__).resolve().parents[1]
 CLIPS = sorted((ROOT / "tests" / "data").glob("speech_*hz.flac"))
@@ -159,6 +160,13 @@ def test_page_transcribes_like_the_transcriber(exports, served, tmp_path: Path) 
     print(f"{source}: {text!r}")
     assert source.startswith("recording (")
     assert (tmp_path / "speech.png").stat().st_size > 10_000
+
+
+def test_search_js_defaults_are_generated_from_the_option_table() -> None:
+    """search.js's BUILT_IN and ALIASES are the option table's (format/decoding.py), never a hand copy:
+    after changing a row, rerun `python -m s2s_deploy.web.defaults`."""
+    text = SEARCH_JS.read_text(encoding="utf-8")
+    assert rendered(text) == text, "search.js's defaults are stale: run python -m s2s_deploy.web.defaults"
 
 
 def test_web_bundle_refuses_a_front_end_the_page_does_not_compute(exports, tmp_path: Path) -> None:

@@ -136,7 +136,7 @@ async function main() {
     decoder: await ort.InferenceSession.create(path.join(folder, manifest.graphs.decoder.file), sessionOptions),
     decoderInputs: new Set(manifest.graphs.decoder.inputs.map((io) => io.name)),
   };
-  const alpha = options.alpha ?? manifest.search.length_penalty_alpha;
+  const alpha = options.alpha ?? manifest.search.alpha ?? manifest.search.length_penalty_alpha; // formats 2-6: the older key
   const maxLen = options.maxLen ?? ((manifest.limits && manifest.limits.max_target_length) || 256);
   for (const text of texts) {
     const pieces = srcVocab.level === 'char' ? Array.from(text) : (text.match(WORD) || []);

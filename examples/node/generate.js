@@ -32,7 +32,7 @@ async function main() {
       src_len: new ort.Tensor('int64', [BigInt(ids.length)], [1]),
       max_len: scalar('int64', maxLen),
       min_len: scalar('int64', 0),
-      alpha: scalar('float32', manifest.search.length_penalty_alpha),
+      alpha: scalar('float32', manifest.search.alpha ?? manifest.search.length_penalty_alpha), // formats 2-6: the older key
     };
     if (graph.search === 'beam') Object.assign(feeds, { beam_size: scalar('int64', beam), n_best: scalar('int64', 1) });
     const out = await session.run(feeds);

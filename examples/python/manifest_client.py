@@ -26,7 +26,7 @@ import numpy as np
 import onnxruntime as ort
 
 KNOWN_FORMATS = {"s2s-deploy-manifest/2", "s2s-deploy-manifest/3", "s2s-deploy-manifest/4",
-                 "s2s-deploy-manifest/5", "s2s-deploy-manifest/6"}
+                 "s2s-deploy-manifest/5", "s2s-deploy-manifest/6", "s2s-deploy-manifest/7"}
 NEG_INF = float("-inf")
 HARD_MAX = 65536
 
@@ -313,7 +313,7 @@ def resolve(given: dict, ex: Export) -> Options:
             o[name] = given[name]
         elif name in search:
             o[name] = search[name]
-        elif name == "alpha" and "length_penalty_alpha" in search:
+        elif name == "alpha" and "length_penalty_alpha" in search:  # formats 2 to 6 required this key
             o[name] = search["length_penalty_alpha"]
         else:
             o[name] = default

@@ -14,7 +14,7 @@ from torch import Tensor, nn
 
 from s2s_deploy.modeling.contract import Seq2SeqModel, StepOutput
 from s2s_deploy_plugins.bahdanau import BahdanauConfig
-from s2s_deploy_plugins.models.gru import layer_dropout, padding_bias, run_packed, xavier_init
+from s2s_deploy_plugins.models.recurrent import layer_dropout, padding_bias, run_packed, xavier_init
 
 
 class AdditiveAttention(nn.Module):

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from s2s_deploy.modeling.contract import Seq2SeqModel, StepOutput
 from s2s_deploy_plugins.lstm import LSTMConfig
-from s2s_deploy_plugins.models.gru import layer_dropout, run_packed, xavier_init
+from s2s_deploy_plugins.models.recurrent import layer_dropout, run_packed, xavier_init
 
 
 def reverse_within_length(src: Tensor, src_len: Tensor) -> Tensor:

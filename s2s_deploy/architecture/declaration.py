@@ -161,17 +161,9 @@ class ArchitecturePlugin(ABC):
         return defaults
 
     def config_from_dict(self, data: Mapping[str, Any]) -> Any:
-        fields = {f.name for f in dataclasses.fields(self.config_type)}
-        unknown = sorted(set(data) - fields)
-        if unknown:
-            raise ContractError(f"{self.name}: unknown config fields {', '.join(unknown)}")
-        for f in dataclasses.fields(self.config_type):
-            if f.name in data:
-                check_config_value(self.name, f.name, data[f.name], f.default)
-        try:
-            return self.config_type(**data)
-        except (TypeError, ValueError) as exc:
-            raise ContractError(f"{self.name}: invalid config: {exc}") from exc
+        """The config a checkpoint's JSON (``dataclasses.asdict``) holds, every value checked. A field
+        whose default is itself a frozen dataclass (a front end's parameters) is read the same way."""
+        return _dataclass_from_dict(self.name, "", self.config_type, data)
 
     def preset(self, name: str | None = None) -> Any:
         name = name or self.default_preset
@@ -181,6 +173,29 @@ class ArchitecturePlugin(ABC):
 
 
 MAX_CONFIG_INT = 1 << 24
+
+
+def _dataclass_from_dict(plugin: str, where: str, kind: Any, data: Any) -> Any:
+    """``kind`` (a dataclass type, or a default instance whose values fill what ``data`` leaves out)
+    from JSON; lists become tuples, as frozen dataclasses hold them."""
+    if not isinstance(data, Mapping):
+        raise ContractError(f"{plugin}: config {where.rstrip('.')} must be an object")
+    fields = {f.name: f for f in dataclasses.fields(kind)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ContractError(f"{plugin}: unknown config fields {', '.join(where + name for name in unknown)}")
+    values = {}
+    for name, value in data.items():
+        default = getattr(kind, name) if not isinstance(kind, type) else fields[name].default
+        if dataclasses.is_dataclass(default):
+            values[name] = _dataclass_from_dict(plugin, f"{where}{name}.", default, value)
+            continue
+        check_config_value(plugin, where + name, value, default)
+        values[name] = tuple(value) if isinstance(value, list) else value
+    try:
+        return dataclasses.replace(kind, **values) if not isinstance(kind, type) else kind(**values)
+    except (TypeError, ValueError) as exc:
+        raise ContractError(f"{plugin}: invalid config{' ' + where.rstrip('.') if where else ''}: {exc}") from exc
 
 
 def check_config_value(plugin: str, name: str, value: Any, default: Any) -> None:

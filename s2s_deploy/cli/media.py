@@ -73,7 +73,7 @@ def decode_files(reader_type: type, export_dir: str, files: tuple[str, ...], wha
         raise S2SError(f"--output {Path(output_path or '').name} holds one file's segments: give one {what} file")
     if not quiet:
         echo_device(reader.notice, reader.provider)
-    found = reader(list(files), batch_size=batch_size, **options)
+    found = reader(list(files), batch_size=batch_size, config=config)
     lines = [f"{score:.4f}\t{text}" if scores else text for t in found for text, score in t.hypotheses]
     if output_path is None and config.timestamps:  # one line per segment: [start --> end] text
         lines = [(f"{t.source}\t" if len(found) > 1 else "") + (f"{t.score:.4f}\t" if scores else "")

@@ -166,7 +166,7 @@ def search_defaults(config: Mapping[str, Any], generation: Mapping[str, Any]) ->
                                   "reproduce; remove it from the folder to export the model without it")
     eos = special_ids(config, generation)["eos"]
     defaults: dict[str, Any] = {
-        "beam_size": int(setting("num_beams")), "length_penalty_alpha": float(setting("length_penalty")),
+        "beam_size": int(setting("num_beams")), "alpha": float(setting("length_penalty")),
         "early_stopping": setting("early_stopping"), "no_repeat_ngram_size": int(setting("no_repeat_ngram_size")),
     }
     new_tokens = _setting(config, generation, "max_new_tokens")

@@ -8,6 +8,7 @@ default, the CLI flag and help, and any older manifest key that also sets it. St
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, replace
 from typing import Any, Literal
@@ -32,7 +33,7 @@ class Whole:
 
     def problem(self, value: Any) -> str | None:
         if isinstance(value, bool) or not isinstance(value, int):
-            return f"must be a whole number, not {value!r:.40}"
+            return f"must be a whole number, not {shown(value)}"
         if value < self.low or (self.high is not None and value > self.high):
             return f"must be {_bounds(self.low, self.high)}, not {value}"
         return None
@@ -53,7 +54,7 @@ class Real:
 
     def problem(self, value: Any) -> str | None:
         if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-            return f"must be a finite number, not {value!r:.40}"
+            return f"must be a finite number, not {shown(value)}"
         if value < self.low or (self.open_low and value == self.low) or value > self.high:
             low = f"above {self.low:g}" if self.open_low else f">= {self.low:g}"
             return f"must be {low} and <= {self.high:g}, not {value:g}"
@@ -69,10 +70,15 @@ class Switch:
     python_type = bool
 
     def problem(self, value: Any) -> str | None:
-        return None if isinstance(value, bool) else f"must be true or false, not {value!r:.40}"
+        return None if isinstance(value, bool) else f"must be true or false, not {shown(value)}"
 
     def schema(self) -> dict[str, Any]:
         return {"type": "boolean"}
+
+
+IDS_GIVEN = {"text": "text or a list of target ids", "token": "a list of tokens or target ids",
+             "texts": "a list of texts or of target id lists"}
+"""What a caller may give a token option, in the words of JSON (HTTP, manifests) and of Python lists alike."""
 
 
 @dataclass(frozen=True)
@@ -103,11 +109,11 @@ class Ids:
             return next(filter(None, (replace(self, per_sentence=False).problem(row) for row in value)), None)
         rows = value if self.nested else (value,)
         if not isinstance(value, tuple) or not all(isinstance(row, tuple) for row in rows):
-            return "must be a tuple of target ids" + (" tuples" if self.nested else "")
+            return f"must be {IDS_GIVEN[self.strings]}, not {shown(value)}"
         for row in rows:
             low = OPEN_SLOT if self.open_slot else 0
             if any(isinstance(i, bool) or not isinstance(i, int) or i < low for i in row):
-                return f"holds {row!r:.40}, not target ids"
+                return f"holds {shown(row)}, not target ids"
             if self.nested and not row:
                 return "holds an empty sequence"
         return None
@@ -128,7 +134,7 @@ class OneOf:
     def problem(self, value: Any) -> str | None:
         ok = any(value is v if isinstance(v, bool) else (value == v and not isinstance(value, bool))
                  for v in self.values)
-        return None if ok else f"must be one of {', '.join(map(repr, self.values))}, not {value!r:.40}"
+        return None if ok else f"must be one of {', '.join(map(shown, self.values))}, not {shown(value)}"
 
     def schema(self) -> dict[str, Any]:
         return {"enum": list(self.values)}
@@ -148,7 +154,7 @@ class Code:
 
     def problem(self, value: Any) -> str | None:
         if not isinstance(value, str) or len(value) > MAX_CODE:
-            return f"must be a code of at most {MAX_CODE} characters, not {value!r:.40}"
+            return f"must be a code of at most {MAX_CODE} characters, not {shown(value)}"
         return None
 
     def schema(self) -> dict[str, Any]:
@@ -192,7 +198,7 @@ OPTIONS: tuple[Option, ...] = (
     Option("max_len", Whole(1), 256, "Most target tokens, EOS included.",
            shown_default="the model's position limit, else 256"),
     Option("alpha", Real(0.0), 0.75, "Length penalty: score = log P / L**alpha.",
-           aliases=("length_penalty_alpha",)),
+           aliases=("length_penalty_alpha",)),  # the key manifest formats 2 to 6 required
     Option("min_len", Whole(0), 0, "Forbid EOS before this many tokens."),
     Option("sampling_topk", Whole(0), 1, "Sample from the K best; 0: all; 1: no sampling (greedy)."),
     Option("sampling_topp", Real(0.0, 1.0, open_low=True), 1.0, "Nucleus: sample from the smallest head of mass P."),
@@ -253,6 +259,16 @@ BY_NAME = {option.name: option for option in OPTIONS}
 def search_schema() -> dict[str, Any]:
     """The manifest's ``search`` block as JSON Schema: every option by name and alias."""
     return {key: option.kind.schema() for option in OPTIONS for key in option.manifest_keys}
+
+
+def shown(value: Any) -> str:
+    """A refused value as JSON writes it (``true``, ``"x"``, ``[1, 2]``): options arrive as JSON (manifests,
+    HTTP requests) or as Python values that JSON writes alike; at most 40 characters."""
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):  # not JSON: a Python caller's object
+        text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _bounds(low: int, high: int | None) -> str:

@@ -20,6 +20,7 @@ from types import MappingProxyType
 from typing import Any
 
 from s2s_deploy.errors import ManifestError, S2SError
+from s2s_deploy.format.decoding import BY_NAME
 from s2s_deploy.format.files import MANIFEST_NAME, inside, sha256_of, write_atomically
 from s2s_deploy.format.schema import FORMAT, FORMATS, check_graph, graph_dim, read_manifest_json, validate_manifest
 from s2s_deploy.format.source import TOKEN_SOURCE, SourceSpec
@@ -202,7 +203,7 @@ class Manifest:
             "special_tokens": tgt_vocab.special_ids(),
             "vocab": {"source": src_vocab.to_dict(), "target": tgt_vocab.to_dict()},
             "limits": dict(zip(LIMIT_KEYS, limits, strict=True)),
-            "search": {"length_penalty_alpha": 0.75, **search},
+            "search": {"alpha": BY_NAME["alpha"].default, **search},
             "validation": dict(validation),
             "samples": list(samples),
             "checkpoint": {"file": checkpoint.file, "sha256": checkpoint.sha256, "included": checkpoint.included},

@@ -22,10 +22,13 @@ from s2s_deploy.format.decoding import search_schema
 from s2s_deploy.format.files import inside
 from s2s_deploy.format.specs import DTYPES
 
-FORMAT = "s2s-deploy-manifest/6"
+FORMAT = "s2s-deploy-manifest/7"
 FORMATS = ("s2s-deploy-manifest/2", "s2s-deploy-manifest/3", "s2s-deploy-manifest/4", "s2s-deploy-manifest/5",
-           FORMAT)
+           "s2s-deploy-manifest/6", FORMAT)
 """Formats this code reads, the one it writes last (docs/manifest.md, Compatibility)."""
+ALPHA_KEY_FORMATS = FORMATS[:5]
+"""Formats 2 to 6 require the length penalty as ``search.length_penalty_alpha``, which format 7 names
+``alpha``, as the option table does; the older key is still read as ``alpha``'s alias."""
 MAX_MANIFEST_BYTES = 64 << 20  # a vocabulary of a million tokens fits; a crafted 1 GB file does not
 MAX_DEPTH = 32
 MAX_VOCAB = 10_000_000
@@ -97,7 +100,7 @@ PROPERTIES: dict[str, Any] = {
     "vocab": {"type": "object", "required": ["source", "target"],
               "properties": {"source": _VOCAB, "target": _VOCAB}},
     "limits": {"type": "object", "properties": {"max_source_length": _LIMIT, "max_target_length": _LIMIT}},
-    "search": {"type": "object", "required": ["length_penalty_alpha"], "properties": search_schema()},
+    "search": {"type": "object", "properties": search_schema()},
     "checkpoint": {"type": "object", "required": ["file", "sha256"],
                    "properties": {"file": _FILE, "sha256": _SHA, "included": {"type": "boolean"}}},
     "quantization": {"type": "object", "required": ["kind"],
@@ -124,6 +127,9 @@ SCHEMA: dict[str, Any] = {
     "type": "object",
     "required": ["format", "plugin", "graphs", "memory", "state", "special_tokens", "vocab", "search"],
     "properties": PROPERTIES,
+    "if": {"properties": {"format": {"enum": list(ALPHA_KEY_FORMATS)}}},
+    "then": {"properties": {"search": {"required": ["length_penalty_alpha"]}}},
+    "else": {"properties": {"search": {"required": ["alpha"]}}},
 }
 
 

@@ -45,7 +45,13 @@ DEFAULT_MAX_LEN = 256
 
 
 class DecodingError(S2SError, ValueError):
-    """An option out of range, or options that contradict each other: one line naming the option."""
+    """An option out of range, or options that contradict each other: one line naming the option.
+    ``option``: the one option whose value is refused, named first in the message (a caller that
+    spells it otherwise, as ``serve``'s ``beam``, says it its way)."""
+
+    def __init__(self, message: str, option: str | None = None) -> None:
+        super().__init__(message)
+        self.option = option
 
 
 _Fields = make_dataclass("_Fields", [(o.name, o.kind.python_type, field(default=o.default)) for o in OPTIONS],
@@ -76,7 +82,7 @@ def check(config: Any) -> None:
     for option in OPTIONS:
         problem = option.kind.problem(getattr(config, option.name))
         if problem:
-            raise DecodingError(f"{option.name} {problem}")
+            raise DecodingError(f"{option.name} {problem}", option=option.name)
     if config.n_best > config.beam_size:
         raise DecodingError(f"n_best {config.n_best} needs a beam of at least {config.n_best} "
                             f"(beam_size is {config.beam_size})")
@@ -124,7 +130,7 @@ def resolve(manifest: Manifest, given: Mapping[str, Any] | None = None) -> Searc
     for name, value in given.items():  # the caller's values first, so an error names what they gave
         problem = BY_NAME[name].kind.problem(value)
         if problem:
-            raise DecodingError(f"{name} {problem}")
+            raise DecodingError(f"{name} {problem}", option=name)
     limit = manifest.max_target_length
     stored = manifest_defaults(manifest)
     values = {o.name: o.default for o in OPTIONS} | {"max_len": limit or DEFAULT_MAX_LEN} | stored | given
@@ -156,10 +162,10 @@ def resolve(manifest: Manifest, given: Mapping[str, Any] | None = None) -> Searc
     values = {name: float(value) if isinstance(BY_NAME[name].kind, Real) else value for name, value in values.items()}
     if "max_len" in given and limit is not None and given["max_len"] > limit:
         raise DecodingError(f"max_len {given['max_len']} exceeds the model's limit of {limit} target tokens "
-                            "(its position table)")
+                            "(its position table)", option="max_len")
     if values["beam_size"] >= len(vocab):
         raise DecodingError(f"beam_size {values['beam_size']} must be smaller than the target vocabulary "
-                            f"({len(vocab)} tokens)")
+                            f"({len(vocab)} tokens)", option="beam_size")
     config = SearchConfig(**values)
     for option in OPTIONS:
         if isinstance(option.kind, Ids):

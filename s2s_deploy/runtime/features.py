@@ -116,13 +116,15 @@ class FeatureReader:
         return featurise(self.source, self.load(item, label), label, whole, self.frontend)
 
     def __call__(self, items: Any, beam: int | None = None, n_best: int | None = None, max_len: int | None = None,
-                 alpha: float | None = None, batch_size: int = 16, **options: Any) -> list[Decoded]:
-        """One result per input, in order; inputs are featurised and decoded ``batch_size`` at a time."""
+                 alpha: float | None = None, batch_size: int = 16, *, config: SearchConfig | None = None,
+                 **options: Any) -> list[Decoded]:
+        """One result per input, in order; inputs are featurised and decoded ``batch_size`` at a time.
+        ``options``: any decoding option by name, or ``config``, one made by ``translator.search_config``."""
         if self.single(items):
             items = [items]
         if not len(items):
             raise S2SError(f"no {self.reads} given")
-        config = self.translator.search_config(beam, n_best, max_len, alpha, **options)
+        config = self.translator.config_for(config, beam, n_best, max_len, alpha, options)
         labels = [str(item) if isinstance(item, str | Path) else f"{self.label} {i + 1}"
                   for i, item in enumerate(items)]
         found: list[Decoded] = []

@@ -16,6 +16,7 @@ import numpy as np
 from s2s_deploy.errors import S2SError
 from s2s_deploy.frontends import AUDIO, decode_audio, load_audio, resample
 from s2s_deploy.frontends.media import MEDIA
+from s2s_deploy.runtime.decoding import SearchConfig
 from s2s_deploy.runtime.features import Decoded, FeatureReader, Segment, pad_features
 from s2s_deploy.runtime.translator import Translator
 
@@ -51,10 +52,11 @@ class Transcriber(FeatureReader):
             self.translator.search_config(prompt=prompt)  # a folder that takes no prompt says so now
 
     def __call__(self, items: Any, beam: int | None = None, n_best: int | None = None, max_len: int | None = None,
-                 alpha: float | None = None, batch_size: int = 16, **options: Any) -> list[Decoded]:
-        if options.get("prompt") is None:
+                 alpha: float | None = None, batch_size: int = 16, *, config: SearchConfig | None = None,
+                 **options: Any) -> list[Decoded]:
+        if config is None and options.get("prompt") is None:  # a ready config holds the prompt it was made with
             options["prompt"] = self.prompt
-        return super().__call__(items, beam, n_best, max_len, alpha, batch_size, **options)
+        return super().__call__(items, beam, n_best, max_len, alpha, batch_size, config=config, **options)
 
     @property
     def sampling_rate(self) -> int:

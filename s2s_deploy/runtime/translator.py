@@ -256,8 +256,8 @@ class Translator:
         return resolve(self.manifest, {"beam_size": beam, "n_best": n_best, "max_len": max_len, "alpha": alpha,
                                        **options})
 
-    def _config(self, config: SearchConfig | None, beam: int | None, n_best: int | None, max_len: int | None,
-                alpha: float | None, options: dict[str, object]) -> SearchConfig:
+    def config_for(self, config: SearchConfig | None, beam: int | None, n_best: int | None, max_len: int | None,
+                   alpha: float | None, options: dict[str, object]) -> SearchConfig:
         """A ready config (from ``search_config``, resolved once by a caller that decodes many
         batches with it), or the options resolved now; never both."""
         if config is None:
@@ -277,7 +277,7 @@ class Translator:
         self._check_text()
         if isinstance(texts, str):  # one sentence, not one per character
             texts = [texts]
-        config = self._config(config, beam, n_best, max_len, alpha, options)
+        config = self.config_for(config, beam, n_best, max_len, alpha, options)
         prefixes = None
         if config.prefix and isinstance(config.prefix[0], tuple):  # one per sentence: each batch takes its own
             prefixes, config = config.prefix, replace(config, prefix=())
@@ -348,7 +348,7 @@ class Translator:
         hypothesis's ``tokens`` are target ids without the start token and EOS. ``options``: any
         SearchConfig field by name, or ``config``, as for ``__call__``; defaults come from the manifest."""
         self._check_text()
-        config = self._config(config, beam, n_best, max_len, alpha, options)
+        config = self.config_for(config, beam, n_best, max_len, alpha, options)
         manifest = self.manifest
         rows = check_ids(ids, len(manifest.src_vocab), manifest.max_source_length)
         return search_ids(self.engine, rows, manifest.src_vocab.pad_id, config, batch_size, unpadded(manifest))

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import os
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
@@ -24,9 +23,8 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from s2s_deploy.errors import S2SError
-from s2s_deploy.format.decoding import OPTIONS as DECODING_OPTIONS
-from s2s_deploy.format.decoding import Code
-from s2s_deploy.runtime.decoding import SearchConfig
+from s2s_deploy.format.decoding import BY_NAME, Real, Switch, Whole, shown
+from s2s_deploy.runtime.decoding import DecodingError, SearchConfig
 from s2s_deploy.runtime.transcriber import Transcriber
 from s2s_deploy.runtime.translator import Translator, translate, unpadded
 from s2s_deploy.serve.batcher import Batcher, BatchLimits, Decode, QueueFullError, TooLargeError
@@ -34,11 +32,10 @@ from s2s_deploy.serve.batcher import Batcher, BatchLimits, Decode, QueueFullErro
 CONFIG_ENV = "S2S_DEPLOY_SERVE_CONFIG"
 """How ``--workers N`` hands the settings to each worker process (uvicorn imports the factory)."""
 
-OPTIONS = ("beam", "n_best", "alpha", "max_len", "target_lang", "task", "timestamps", "prompt")
-CODES = tuple(o.name for o in DECODING_OPTIONS if isinstance(o.kind, Code) and o.name in OPTIONS)
-"""Options whose value is a code (a string), as the option table kinds them."""
-STRINGS = (*CODES, "prompt")
-"""Options whose value is a string (codes, and the prompt's text): the rest are numbers or switches."""
+OPTIONS = {"beam": "beam_size", "n_best": "n_best", "alpha": "alpha", "max_len": "max_len",
+           "target_lang": "target_lang", "task": "task", "timestamps": "timestamps", "prompt": "prompt"}
+"""The options a request may name, as ``Translator`` names them, and the table's option each sets."""
+SPELLED = {option: name for name, option in OPTIONS.items()}
 MAX_BODY_BYTES = 1 << 20
 """A larger JSON body is refused (413) before it is read."""
 MAX_AUDIO_BYTES = 32 << 20
@@ -66,39 +63,26 @@ class BadRequestError(S2SError):
     pass
 
 
-def _integer(body: dict[str, Any], key: str, low: int, high: int | None) -> int | None:
-    value = body.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
-        bounds = f"between {low} and {high}" if high is not None else f">= {low}"
-        raise BadRequestError(f"{key!r} must be an integer {bounds}")
-    return value
-
-
 def parse_options(fields: dict[str, Any], translator: Translator, max_beam: int) -> SearchConfig:
-    """The request's options over the export's own defaults, or a BadRequestError naming the first problem."""
-    manifest = translator.manifest
-    beam = _integer(fields, "beam", 1, min(max_beam, len(manifest.tgt_vocab) - 1))
-    n_best = _integer(fields, "n_best", 1, None)
-    max_len = _integer(fields, "max_len", 1, manifest.max_target_length)
-    alpha = fields.get("alpha")
-    if alpha is not None and (isinstance(alpha, bool) or not isinstance(alpha, (int, float))
-                              or not math.isfinite(alpha) or alpha < 0):
-        raise BadRequestError("'alpha' must be a finite number >= 0")
-    strings = {key: fields.get(key) for key in STRINGS}
-    for key, value in strings.items():
-        if value is not None and not isinstance(value, str):
-            raise BadRequestError(f"{key!r} must be a {'code ' if key in CODES else ''}string")
-    timestamps = fields.get("timestamps")
-    if timestamps is not None and not isinstance(timestamps, bool):
-        raise BadRequestError("'timestamps' must be true or false")
-    # what the request leaves out: the export's
-    config = translator.search_config(beam, n_best, max_len, alpha, timestamps=timestamps, **strings)
+    """The request's options over the export's own defaults, checked once, by ``resolve``; a
+    BadRequestError names the first problem, and the option as the request names it."""
+    try:
+        config = translator.search_config(**fields)  # what the request leaves out: the export's
+    except DecodingError as exc:
+        raise BadRequestError(_spelled(exc)) from None
     if config.beam_size > max_beam:
-        raise BadRequestError(f"the export's default beam {config.beam_size} exceeds this server's largest, "
-                              f"{max_beam}: name a smaller 'beam'")
+        whose = "" if fields.get("beam") is not None else "the export's default "
+        raise BadRequestError(f"{whose}beam {config.beam_size} exceeds this server's largest, {max_beam}: "
+                              "name a smaller 'beam'")
     return config
+
+
+def _spelled(exc: DecodingError) -> str:
+    """resolve's one line, with the option it refuses named as a request names it (``'beam'``)."""
+    message = str(exc)
+    if exc.option is None or not message.startswith(exc.option):
+        return message
+    return repr(SPELLED.get(exc.option, exc.option)) + message[len(exc.option):]
 
 
 def parse_request(body: Any, translator: Translator, max_beam: int) -> tuple[list[str], SearchConfig]:
@@ -114,7 +98,7 @@ def parse_request(body: Any, translator: Translator, max_beam: int) -> tuple[lis
     for number, text in enumerate(texts, 1):
         if not text.strip():
             raise BadRequestError(f"text {number} is empty")
-    return texts, parse_options(body, translator, max_beam)
+    return texts, parse_options({key: body[key] for key in OPTIONS if key in body}, translator, max_beam)
 
 
 def parse_query(query: dict[str, str], translator: Translator, max_beam: int) -> SearchConfig:
@@ -122,18 +106,23 @@ def parse_query(query: dict[str, str], translator: Translator, max_beam: int) ->
     unknown = sorted(set(query) - set(OPTIONS))
     if unknown:
         raise BadRequestError(f"unknown parameter {unknown[0]!r}; known: {', '.join(OPTIONS)}")
-    fields: dict[str, Any] = {}
-    for key, text in query.items():
-        try:
-            if key == "timestamps":
-                if text not in ("true", "false"):
-                    raise BadRequestError(f"'timestamps' must be true or false, not {text!r}")
-                fields[key] = text == "true"
-                continue
-            fields[key] = text if key in STRINGS else float(text) if key == "alpha" else int(text)
-        except ValueError:
-            raise BadRequestError(f"{key!r} must be a number, not {text!r}") from None
+    fields = {key: _typed(key, text) for key, text in query.items()}
     return parse_options(fields, translator, max_beam)
+
+
+def _typed(key: str, text: str) -> Any:
+    """A query parameter's text as the JSON value its option's kind takes (resolve then checks it)."""
+    kind = BY_NAME[OPTIONS[key]].kind
+    if isinstance(kind, Switch):
+        if text not in ("true", "false"):
+            raise BadRequestError(f"{key!r} must be true or false, not {shown(text)}")
+        return text == "true"
+    if not isinstance(kind, Whole | Real):
+        return text
+    try:
+        return int(text) if isinstance(kind, Whole) else float(text)
+    except ValueError:
+        raise BadRequestError(f"{key!r} must be a number, not {shown(text)}") from None
 
 
 def text_lengths(translator: Translator, texts: list[str]) -> list[int]:

@@ -42,26 +42,57 @@
   }
 
   // Decoding options as docs/manifest.md's "Resolving the options" has them (s2s_deploy/runtime/decoding.py):
-  // the caller's value, else the manifest's search value (alpha also as length_penalty_alpha), else the
+  // the caller's value, else the manifest's search value (by its name, else an older key of ALIASES), else the
   // built-in default; max_len's is limits.max_target_length, else 256; a manifest min_len yields to a
   // shorter max_len. This module runs beam, alpha and the length limits: an export whose search block
   // turns on any other option is refused, never decoded without it.
+  // BEGIN generated from s2s_deploy/format/decoding.py by `python -m s2s_deploy.web.defaults`: do not edit
   const BUILT_IN = {
-    beam_size: 1, n_best: 1, alpha: 0.75, min_len: 0, sampling_topk: 1, sampling_topp: 1, sampling_temperature: 1,
-    seed: 0, repetition_penalty: 1, no_repeat_ngram_size: 0, prefix: [], suppress_tokens: [], disable_unk: false,
-    bad_words_ids: [], forced_eos: false, max_len_a: 0, max_len_b: 0, early_stopping: false,
-    begin_suppress_tokens: [], decoder_prompt: [], target_lang: '', task: '', prompt: [], prompt_start: -1,
-    timestamps: false, timestamp_begin: -1, max_initial_timestamp: -1, time_precision: 0.02, timestamp_frames: 2,
+    beam_size: 1,
+    n_best: 1,
+    max_len: 256,
+    alpha: 0.75,
+    min_len: 0,
+    sampling_topk: 1,
+    sampling_topp: 1.0,
+    sampling_temperature: 1.0,
+    seed: 0,
+    repetition_penalty: 1.0,
+    no_repeat_ngram_size: 0,
+    prefix: [],
+    suppress_tokens: [],
+    disable_unk: false,
+    bad_words_ids: [],
+    forced_eos: false,
+    max_len_a: 0.0,
+    max_len_b: 0,
+    early_stopping: false,
+    forced_bos: -1,
+    begin_suppress_tokens: [],
+    decoder_prompt: [],
+    target_lang: "",
+    task: "",
+    prompt: [],
+    prompt_start: -1,
+    timestamps: false,
+    timestamp_begin: -1,
+    max_initial_timestamp: -1,
+    time_precision: 0.02,
+    timestamp_frames: 2,
   };
+  const ALIASES = {
+    alpha: ["length_penalty_alpha"],
+  };
+  // END generated
   // prompt_start and the timestamp parameters change nothing while prompt and timestamps are off (refused when on)
   const RUN_HERE = new Set(['beam_size', 'n_best', 'alpha', 'max_len', 'max_len_a', 'max_len_b', 'seed', 'early_stopping',
     'prompt_start', 'timestamp_begin', 'max_initial_timestamp', 'time_precision', 'timestamp_frames']);
 
   function resolve(manifest, given = {}) {
     const stored = manifest.search || {};
-    const options = { ...BUILT_IN, max_len: (manifest.limits && manifest.limits.max_target_length) || 256 };
+    const options = { ...BUILT_IN, max_len: (manifest.limits && manifest.limits.max_target_length) || BUILT_IN.max_len };
     for (const name of Object.keys(options)) {
-      const key = [name, ...(name === 'alpha' ? ['length_penalty_alpha'] : [])].find((k) => stored[k] !== undefined);
+      const key = [name, ...(ALIASES[name] || [])].find((k) => stored[k] !== undefined);
       if (key !== undefined) options[name] = stored[key];
     }
     for (const [name, value] of Object.entries(given)) if (value !== undefined) options[name] = value;
@@ -80,7 +111,7 @@
     // ort: the onnxruntime module; encoder, decoder: its InferenceSessions over the export's graphs.
     constructor(ort, manifest, encoder, decoder) {
       if (!['s2s-deploy-manifest/2', 's2s-deploy-manifest/3', 's2s-deploy-manifest/4', 's2s-deploy-manifest/5',
-        's2s-deploy-manifest/6'].includes(manifest.format)) {
+        's2s-deploy-manifest/6', 's2s-deploy-manifest/7'].includes(manifest.format)) {
         throw new Error(`unsupported manifest format ${manifest.format}`);
       }
       const input = manifest.encoder_input || { kind: 'tokens' }; // formats 2 and 3 read token ids
