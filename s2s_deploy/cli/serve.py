@@ -63,6 +63,7 @@ def serve_command(export_dir: str, host: str, port: int, workers: int, threads: 
     /v1/audio/translations, GET /v1/models) and LibreTranslate's (its form of POST /translate, GET /languages).
     """
     try:
+        import python_multipart  # noqa: F401  (the OpenAI-compatible uploads, LibreTranslate's forms)
         import starlette  # noqa: F401
         import uvicorn
     except ImportError as exc:
