@@ -57,7 +57,7 @@ def live_transformer(transformer):
 def test_libretranslate_client_gets_what_translate_prints(transformer, live_transformer) -> None:
     """libretranslatepy's ``translate`` and ``languages``, and LibreTranslate's JSON body with a list
     ``q``, against a live server: every text is what ``s2s-deploy translate`` prints for it; the native
-    JSON body on the same path still gets the native answer."""
+    JSON body on the same path still gets the native answer, whatever content type it declares."""
     from libretranslatepy import LibreTranslateAPI
 
     texts = list(transformer.samples[:6])
@@ -71,6 +71,10 @@ def test_libretranslate_client_gets_what_translate_prints(transformer, live_tran
     assert listed.status_code == 200 and listed.json() == {"translatedText": expected}
     native = httpx.post(f"{live_transformer}/translate", json={"texts": texts[:2]})
     assert [t["text"] for t in native.json()["translations"]] == expected[:2]
+    # `curl -d '{"texts": ...}'` declares its JSON a urlencoded form: still the native API's
+    curl_style = httpx.post(f"{live_transformer}/translate", content=json.dumps({"texts": texts[:2]}),
+                            headers={"content-type": "application/x-www-form-urlencoded"})
+    assert [t["text"] for t in curl_style.json()["translations"]] == expected[:2]
 
 
 def test_libretranslate_alternatives_html_and_refusals(transformer, live_transformer) -> None:

@@ -2,10 +2,11 @@
 ``GET /languages``, so LibreTranslate clients and plugins work against ``serve`` on a text export.
 
 ``POST /translate`` is also the native API's path. The two are told apart by the body alone: a form
-(``application/x-www-form-urlencoded`` or ``multipart/form-data``, as LibreTranslate clients send)
-or a JSON object with ``q`` is LibreTranslate's; anything else goes to the native handler unchanged
-(a JSON object with ``texts``, and every malformed body, which keeps its native error). The
-sentences then take the native path (service.translate_texts: a batch shared with other requests).
+(urlencoded or multipart, as LibreTranslate clients send) or a JSON object with ``q`` is
+LibreTranslate's; anything else goes to the native handler unchanged (a JSON object with ``texts``,
+whatever its declared content type, since ``curl -d`` calls JSON a form, and every malformed body,
+which keeps its native error). The sentences then take the native path (service.translate_texts: a
+batch shared with other requests).
 
 Fields: ``q`` (a string, or a list of strings), ``source``, ``target``, ``format`` (``text``, or
 ``html``: the text between tags is translated, the tags kept), ``alternatives`` (that many more
@@ -38,7 +39,7 @@ from s2s_deploy.serve.service import refusal_status, translate_texts
 
 Endpoint = Callable[[Request], Awaitable[Response]]
 FIELDS = ("q", "source", "target", "format", "alternatives", "api_key")
-FORMS = ("application/x-www-form-urlencoded", "multipart/form-data")
+URLENCODED, MULTIPART = "application/x-www-form-urlencoded", "multipart/form-data"
 AUTO = "auto"
 PAIR = re.compile(r"([a-z]{2,3})-([a-z]{2,3})")
 """A training record's task that names a language pair (``en-fr``)."""
@@ -238,23 +239,24 @@ def libretranslate_routes(native: Endpoint, state: dict[str, Any], languages_fla
         declared = request.headers.get("content-length", "")
         if not declared.isdigit() or int(declared) > max_body:
             return await native(request)  # refuses it (413), as for any body
-        if content_type in FORMS:
-            try:
-                async with request.form(max_files=1, max_fields=1024) as form:
-                    if any(isinstance(value, UploadFile) for _, value in form.multi_items()):
-                        return refused(400, "send the text in 'q', not as a file")
-                    fields: dict[str, Any] = {key: (values if key == "q" and len(values) > 1 else values[0])
-                                              for key in form for values in [form.getlist(key)]}
-            except HTTPException as exc:
-                return refused(400, f"cannot read the form: {exc.detail}")
-            return await decode(fields)
+        if content_type != MULTIPART:
+            try:  # JSON whatever its declared type: `curl -d '{"texts": ...}'` sends it as a urlencoded form
+                body = await request.json()
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                if content_type != URLENCODED:
+                    return await native(request)  # says the body is not valid JSON
+            else:
+                return await (decode(body) if isinstance(body, dict) and "q" in body and "texts" not in body
+                              else native(request))
         try:
-            body = await request.json()
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            return await native(request)
-        if isinstance(body, dict) and "q" in body and "texts" not in body:
-            return await decode(body)
-        return await native(request)
+            async with request.form(max_files=1, max_fields=1024) as form:
+                if any(isinstance(value, UploadFile) for _, value in form.multi_items()):
+                    return refused(400, "send the text in 'q', not as a file")
+                fields: dict[str, Any] = {key: (values if key == "q" and len(values) > 1 else values[0])
+                                          for key in form for values in [form.getlist(key)]}
+        except HTTPException as exc:
+            return refused(400, f"cannot read the form: {exc.detail}")
+        return await decode(fields)
 
     async def languages(request: Request) -> JSONResponse:
         return JSONResponse(languages_of(state["translator"].manifest, pair).as_json())
