@@ -6,6 +6,7 @@ answer held against what the CLI prints for the same input."""
 from __future__ import annotations
 
 import asyncio
+import html
 import json
 import re
 import subprocess
@@ -111,10 +112,12 @@ def test_libretranslate_alternatives_html_and_refusals(transformer, live_transfo
 
 
 def test_html_pieces_keep_the_markup() -> None:
-    pieces = html_pieces('<!DOCTYPE html><p title="a&amp;b">x &lt; y<br/> <!-- c --></p><style>p {}</style>')
-    assert pieces == [(False, "<!DOCTYPE html>"), (False, '<p title="a&amp;b">'), (True, "x < y"), (False, "<br/>"),
-                      (False, " "), (False, "<!-- c -->"), (False, "</p>"), (False, "<style>"), (False, "p {}"),
-                      (False, "</style>")]
+    markup = '<!DOCTYPE html><?xml x?><p title="a&amp;b">x &lt; y<br/> <!-- c --></p><style>p {}</style>'
+    pieces = html_pieces(markup)
+    assert pieces == [(False, "<!DOCTYPE html>"), (False, "<?xml x?>"), (False, '<p title="a&amp;b">'),
+                      (True, "x < y"), (False, "<br/>"), (False, " "), (False, "<!-- c -->"), (False, "</p>"),
+                      (False, "<style>"), (False, "p {}"), (False, "</style>")]
+    assert "".join(html.escape(piece, quote=False) if text else piece for text, piece in pieces) == markup
 
 
 def test_languages_come_from_the_export_the_flag_or_the_training_record(transformer, tmp_path: Path) -> None:

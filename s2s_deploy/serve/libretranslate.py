@@ -122,6 +122,12 @@ class _Pieces(HTMLParser):
     def handle_decl(self, decl: str) -> None:
         self.pieces.append((False, f"<!{decl}>"))
 
+    def handle_pi(self, data: str) -> None:
+        self.pieces.append((False, f"<?{data}>"))
+
+    def unknown_decl(self, data: str) -> None:
+        self.pieces.append((False, f"<![{data}]>"))
+
 
 def html_pieces(markup: str) -> list[tuple[bool, str]]:
     """``markup`` as (translate?, piece): a piece to translate is unescaped text, the rest markup as written."""

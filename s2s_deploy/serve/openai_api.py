@@ -163,18 +163,20 @@ async def read_form(request: Request, endpoint: str, transcriber: Transcriber, m
         await form.close()
 
 
-def timed(clip: Clip) -> tuple[Segment, ...]:
-    """The decoder's timed segments, or, from an export without timestamp tokens, one segment spanning
-    the whole clip."""
-    return clip.result.segments or (Segment(0.0, clip.duration, clip.result.text),)
+def timed(clip: Clip, request: AudioRequest) -> tuple[Segment, ...]:
+    """The decoder's timed segments (none where it heard nothing), or, from an export without timestamp
+    tokens, one segment spanning the whole clip."""
+    if request.options.get("timestamps"):
+        return clip.result.segments
+    return (Segment(0.0, clip.duration, clip.result.text),)
 
 
-def segments_of(clip: Clip, temperature: float) -> list[dict[str, Any]]:
+def segments_of(clip: Clip, request: AudioRequest) -> list[dict[str, Any]]:
     """verbose_json's segments. Fields OpenAI gives that the decoder did not measure are left out."""
     found = []
-    for number, segment in enumerate(timed(clip)):
+    for number, segment in enumerate(timed(clip, request)):
         row: dict[str, Any] = {"id": number, "start": segment.start, "end": segment.end, "text": segment.text,
-                               "temperature": temperature}
+                               "temperature": request.temperature}
         for ours, theirs in SEGMENT_FACTS:
             value = getattr(segment, ours, None)
             if value is not None:
@@ -193,8 +195,8 @@ def answer(clip: Clip, request: AudioRequest, endpoint: str) -> Response:
         return PlainTextResponse(result.text + "\n")
     if fmt == "verbose_json":
         return JSONResponse({"task": TASKS[endpoint], "language": result.language, "duration": clip.duration,
-                             "text": result.text, "segments": segments_of(clip, request.temperature)})
-    return PlainTextResponse(subtitles(timed(clip), f".{fmt}"))
+                             "text": result.text, "segments": segments_of(clip, request)})
+    return PlainTextResponse(subtitles(timed(clip, request), f".{fmt}"))
 
 
 def openai_routes(state: dict[str, Any], model_id: str, created: int, max_beam: int,
