@@ -32,7 +32,7 @@ from s2s_deploy.runtime.transcriber import Transcriber
 from s2s_deploy.runtime.translator import Translator, translate, unpadded
 from s2s_deploy.serve.batcher import Batcher, BatchLimits, Decode
 from s2s_deploy.serve.libretranslate import libretranslate_routes
-from s2s_deploy.serve.openai_api import model_facts, openai_routes
+from s2s_deploy.serve.openai_api import openai_routes
 from s2s_deploy.serve.service import refusal_status, transcribe_upload, translate_texts
 
 CONFIG_ENV = "S2S_DEPLOY_SERVE_CONFIG"
@@ -248,7 +248,7 @@ def create_app(config: ServeConfig) -> Starlette:
     routes = [*libretranslate_routes(translate_endpoint, state, config.languages, config.max_beam, MAX_BODY_BYTES),
               Route("/transcribe", transcribe_endpoint, methods=["POST"]),
               Route("/health", health), Route("/metadata", metadata),
-              *openai_routes(state, *model_facts(config.export_dir), config.max_beam, MAX_AUDIO_BYTES)]
+              *openai_routes(state, config.max_beam, MAX_AUDIO_BYTES)]
     return Starlette(routes=routes, lifespan=lifespan)
 
 

@@ -199,12 +199,15 @@ def answer(clip: Clip, request: AudioRequest, endpoint: str) -> Response:
     return PlainTextResponse(subtitles(timed(clip, request), f".{fmt}"))
 
 
-def openai_routes(state: dict[str, Any], model_id: str, created: int, max_beam: int,
-                  max_bytes: int) -> list[Route]:
+def openai_routes(state: dict[str, Any], max_beam: int, max_bytes: int) -> list[Route]:
     """The routes, over the app's ``state`` (translator, transcriber, batcher, front_end, set by its
-    lifespan). ``model_id``: the one model ``/v1/models`` lists; ``created``: its Unix time."""
+    lifespan); ``max_bytes``: the largest request, as for ``/transcribe``."""
 
-    model = {"id": model_id, "object": "model", "created": created, "owned_by": OWNER}
+    def model() -> dict[str, Any]:
+        """The one model: the export folder's name, ``created`` when its manifest was written."""
+        folder = Path(state["translator"].manifest.directory)
+        return {"id": folder.name, "object": "model", "created": int((folder / "manifest.json").stat().st_mtime),
+                "owned_by": OWNER}
 
     def audio(endpoint: str) -> Callable[[Request], Awaitable[Response]]:
         async def handle(request: Request) -> Response:
@@ -229,13 +232,14 @@ def openai_routes(state: dict[str, Any], model_id: str, created: int, max_beam: 
         return handle
 
     async def models(request: Request) -> JSONResponse:
-        return JSONResponse({"object": "list", "data": [model]})
+        return JSONResponse({"object": "list", "data": [model()]})
 
     async def one_model(request: Request) -> JSONResponse:
-        if request.path_params["model"] != model_id:
+        found = model()
+        if request.path_params["model"] != found["id"]:
             return error_response(404, f"the model {request.path_params['model']!r} does not exist; this server "
-                                       f"serves {model_id!r}", "model", "model_not_found")
-        return JSONResponse(model)
+                                       f"serves {found['id']!r}", "model", "model_not_found")
+        return JSONResponse(found)
 
     async def not_found(request: Request) -> JSONResponse:
         return error_response(404, f"no route {request.method} {request.url.path}: this server speaks "
@@ -247,8 +251,3 @@ def openai_routes(state: dict[str, Any], model_id: str, created: int, max_beam: 
             Route("/v1/models", models), Route("/v1/models/{model:path}", one_model),
             Route("/v1/{rest:path}", not_found, methods=["GET", "POST", "PUT", "DELETE", "PATCH"])]
 
-
-def model_facts(export_dir: str) -> tuple[str, int]:
-    """The model's id (the export folder's name) and its ``created`` time (the manifest's modification)."""
-    folder = Path(export_dir)
-    return folder.name, int((folder / "manifest.json").stat().st_mtime)
