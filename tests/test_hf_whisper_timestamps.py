@@ -250,6 +250,44 @@ def test_serve_transcribe_returns_segments(whisper: dict[str, Any], tmp_path: Pa
         assert refused.status_code == 400 and "'timestamps' must be true or false" in refused.text
 
 
+def test_openai_endpoint_times_segments_and_translates(whisper: dict[str, Any], tmp_path: Path) -> None:
+    """``/v1/audio/transcriptions`` on an export with timestamp tokens: verbose_json, srt and vtt carry the
+    segments ``Transcriber(..., timestamps=True)`` times, json the plain transcription; ``language`` is
+    the export's language code and ``/v1/audio/translations`` its ``translate`` task."""
+    import soundfile
+    from starlette.testclient import TestClient
+
+    from s2s_deploy.format.subtitles import subtitles
+    from s2s_deploy.serve.app import BatchLimits, ServeConfig, create_app
+
+    path = tmp_path / "clip.wav"
+    soundfile.write(path, whisper["long_audio"][2], RATE)
+    transcriber = whisper["transcriber"]
+    [timed_one] = transcriber([str(path)], timestamps=True)
+    [plain] = transcriber([str(path)])
+    [english] = transcriber([str(path)], target_lang="en")
+    [translated] = transcriber([str(path)], task="translate")
+    app = create_app(ServeConfig(str(whisper["out"]), BatchLimits(window_ms=1), threads=1))
+
+    def ask(endpoint: str = "transcriptions", **fields: str) -> Any:
+        response = http.post(f"/v1/audio/{endpoint}", files={"file": ("clip.wav", path.read_bytes())},
+                             data={"model": "whisper-1", **fields})
+        assert response.status_code == 200, response.text
+        return response
+
+    with TestClient(app) as http:
+        verbose = ask(response_format="verbose_json").json()
+        assert verbose["text"] == timed_one.text and verbose["language"] == "fr" and verbose["task"] == "transcribe"
+        assert [(s["id"], s["start"], s["end"], s["text"]) for s in verbose["segments"]] == [
+            (i, s.start, s.end, s.text) for i, s in enumerate(timed_one.segments)]
+        assert len(timed_one.segments) > 1
+        for fmt in ("srt", "vtt"):
+            assert ask(response_format=fmt).text == subtitles(timed_one.segments, f".{fmt}")
+        assert ask().json() == {"text": plain.text}
+        assert ask(language="en").json() == {"text": english.text}
+        assert ask("translations").json() == {"text": translated.text}
+
+
 
 @pytest.mark.parametrize("beams", [1, 4])
 def test_prompt_with_timestamps_matches_generate(whisper: dict[str, Any], beams: int) -> None:

@@ -17,7 +17,7 @@ EXTRA_MODULES: dict[str, tuple[str, ...]] = {
     "hf": ("transformers",),
     "plot": ("matplotlib",),
     "ray": ("ray",),
-    "serve": ("starlette", "uvicorn"),
+    "serve": ("starlette", "uvicorn", "python_multipart"),
 }
 """Top-level modules of each extra (``train`` is ``export`` plus ``eval``)."""
 

@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 import click
 
 from s2s_deploy.cli.group import decoding_options, device_option, echo_device, given_decoding, threads_option
+from s2s_deploy.format.subtitles import clock, subtitles
 from s2s_deploy.frontends.media import MEDIA
 
 OUTPUT_KINDS = (".txt", ".json", ".srt", ".vtt")
@@ -97,22 +98,3 @@ def decode_files(reader_type: type, export_dir: str, files: tuple[str, ...], wha
     except OSError as exc:
         raise S2SError(f"cannot write {output_path}: {exc.strerror}") from exc
 
-
-def subtitles(segments: Any, suffix: str) -> str:
-    """SubRip (``.srt``: numbered cues, ``00:00:01,500``) or WebVTT (``.vtt``: a header, ``00:00:01.500``)
-    cues, one per segment; both formats are this simple, so no library is needed."""
-
-    mark = "," if suffix == ".srt" else "."
-    cues = [f"{clock(s.start, mark)} --> {clock(s.end, mark)}\n{s.text}\n" for s in segments]
-    if suffix == ".srt":
-        return "\n".join(f"{i}\n{cue}" for i, cue in enumerate(cues, start=1))
-    return "WEBVTT\n\n" + "\n".join(cues)
-
-
-def clock(seconds: float, mark: str) -> str:
-    """``HH:MM:SS`` then ``mark`` and milliseconds: SubRip's ``,`` or WebVTT's ``.``."""
-    millis = round(seconds * 1000)
-    hours, millis = divmod(millis, 3_600_000)
-    minutes, millis = divmod(millis, 60_000)
-    whole, millis = divmod(millis, 1000)
-    return f"{hours:02d}:{minutes:02d}:{whole:02d}{mark}{millis:03d}"

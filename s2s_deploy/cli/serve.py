@@ -50,14 +50,20 @@ def split_threads(workers: int, threads: int | None, cores: int) -> int:
               help="Sentences waiting per worker; beyond it requests get 503.")
 @click.option("--max-beam", type=click.IntRange(1), default=16, show_default=True,
               help="Largest beam a request may ask for.")
+@click.option("--languages", default=None, metavar="SRC:TGT",
+              help="The language pair LibreTranslate requests name (e.g. en:fr), for a text export that lists no "
+                   "language codes [default: the pair its training record names].")
 def serve_command(export_dir: str, host: str, port: int, workers: int, threads: int | None, device: str,
-                  window_ms: float, max_batch: int, max_tokens: int, max_queue: int, max_beam: int) -> None:
+                  window_ms: float, max_batch: int, max_tokens: int, max_queue: int, max_beam: int,
+                  languages: str | None) -> None:
     """Serve an export over HTTP, with dynamic batching.
 
     POST /translate (JSON texts), or POST /transcribe (an audio file) for an export that reads audio;
-    GET /health, GET /metadata.
+    GET /health, GET /metadata. Beside them, OpenAI's audio API (POST /v1/audio/transcriptions and
+    /v1/audio/translations, GET /v1/models) and LibreTranslate's (its form of POST /translate, GET /languages).
     """
     try:
+        import python_multipart  # noqa: F401  (the OpenAI-compatible uploads, LibreTranslate's forms)
         import starlette  # noqa: F401
         import uvicorn
     except ImportError as exc:
@@ -67,6 +73,10 @@ def serve_command(export_dir: str, host: str, port: int, workers: int, threads: 
     from s2s_deploy.runtime.decoding import resolve
     from s2s_deploy.serve.app import CONFIG_ENV, ServeConfig
     from s2s_deploy.serve.batcher import BatchLimits
+    from s2s_deploy.serve.libretranslate import parse_pair
+
+    if languages is not None:
+        parse_pair(languages)  # a bad pair fails here, once, not in every worker
 
     manifest = load_manifest(export_dir)  # a bad folder fails here, once, not in every worker
     if manifest.encoder_input.is_features:
@@ -85,7 +95,7 @@ def serve_command(export_dir: str, host: str, port: int, workers: int, threads: 
     cores = available_cores()
     per_worker = split_threads(workers, threads, cores)
     config = ServeConfig(str(os.path.abspath(export_dir)), BatchLimits(window_ms, max_batch, max_tokens, max_queue),
-                         device, per_worker, max_beam)
+                         device, per_worker, max_beam, languages=languages)
     os.environ[CONFIG_ENV] = config.to_env()
     click.echo(f"serving {export_dir} on http://{host}:{port} with {workers} worker(s) × {per_worker} thread(s) "
                f"({cores} cores)", err=True)

@@ -1,5 +1,7 @@
 """The Starlette application: POST /translate (text exports) or POST /transcribe (exports whose
-encoder reads audio), GET /health, GET /metadata.
+encoder reads audio), GET /health, GET /metadata; beside them the OpenAI-compatible audio API
+(openai_api.py: /v1/audio/transcriptions, /v1/audio/translations, /v1/models) and the
+LibreTranslate-compatible text API (libretranslate.py: its form of POST /translate, GET /languages).
 
 Status codes: 400 for a malformed request or bad options (one line in ``error``), 413 for a
 request that can never fit one batch, 503 when the queue is full. Uvicorn stops taking
@@ -8,7 +10,6 @@ connections on SIGTERM and lets requests in flight finish before the lifespan cl
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 from collections.abc import AsyncIterator
@@ -27,7 +28,10 @@ from s2s_deploy.format.decoding import BY_NAME, Real, Switch, Whole, shown
 from s2s_deploy.runtime.decoding import DecodingError, SearchConfig
 from s2s_deploy.runtime.transcriber import Transcriber
 from s2s_deploy.runtime.translator import Translator, translate, unpadded
-from s2s_deploy.serve.batcher import Batcher, BatchLimits, Decode, QueueFullError, TooLargeError
+from s2s_deploy.serve.batcher import Batcher, BatchLimits, Decode
+from s2s_deploy.serve.libretranslate import libretranslate_routes
+from s2s_deploy.serve.openai_api import openai_routes
+from s2s_deploy.serve.service import refusal_status, transcribe_upload, translate_texts
 
 CONFIG_ENV = "S2S_DEPLOY_SERVE_CONFIG"
 """How ``--workers N`` hands the settings to each worker process (uvicorn imports the factory)."""
@@ -49,6 +53,8 @@ class ServeConfig:
     device: str = "cpu"
     threads: int | None = None
     max_beam: int = 16
+    languages: str | None = None
+    """``SRC:TGT`` (``--languages``): the pair LibreTranslate requests name, for an export that lists none."""
 
     def to_env(self) -> str:
         return json.dumps(asdict(self))
@@ -125,17 +131,6 @@ def _typed(key: str, text: str) -> Any:
         raise BadRequestError(f"{key!r} must be a number, not {shown(text)}") from None
 
 
-def text_lengths(translator: Translator, texts: list[str]) -> list[int]:
-    """Each text's source length in tokens; a text over the model's limit can never fit (413)."""
-    manifest = translator.manifest
-    lengths = [len(manifest.src_vocab.encode(text)) for text in texts]
-    limit = manifest.max_source_length
-    for number, length in enumerate(lengths, 1):
-        if limit is not None and length > limit:
-            raise TooLargeError(f"text {number} has {length} tokens; the model's limit is {limit}")
-    return lengths
-
-
 def text_decoder(translator: Translator) -> Decode:
     manifest = translator.manifest
 
@@ -157,9 +152,7 @@ def _error(status: int, message: str) -> JSONResponse:
 
 
 def _refusal(exc: S2SError) -> JSONResponse:
-    """413 for what can never fit a batch, 503 for a full queue, 400 for anything else the request got wrong."""
-    status = 413 if isinstance(exc, TooLargeError) else 503 if isinstance(exc, QueueFullError) else 400
-    return _error(status, str(exc))
+    return _error(refusal_status(exc), str(exc))
 
 
 def _declared_length(request: Request, limit: int) -> int | None:
@@ -197,7 +190,7 @@ def create_app(config: ServeConfig) -> Starlette:
             return _error(400, "the body is not valid JSON")
         try:
             texts, search = parse_request(body, translator, config.max_beam)
-            results = await batcher.submit(texts, text_lengths(translator, texts), search)
+            results = await translate_texts(translator, batcher, texts, search)
         except S2SError as exc:
             return _refusal(exc)
         return JSONResponse({"translations": [{"source": r.source, **_hypotheses(r)} for r in results]})
@@ -214,13 +207,7 @@ def create_app(config: ServeConfig) -> Starlette:
             return _error(400, "the body is empty: send the audio file's bytes")
         try:
             search = parse_query(dict(request.query_params), transcriber.translator, config.max_beam)
-            # the front end (decode, resample, features) runs beside the batch thread, not in the event loop
-            features = await asyncio.get_running_loop().run_in_executor(state["front_end"], transcriber.features,
-                                                                        data, "from the upload", True)
-            frames = int(features.shape[transcriber.source.length_axis - 1])
-            if transcriber.source.length_axis == len(transcriber.source.shape):  # a long clip runs a window at a time
-                frames = min(frames, transcriber.window([features]))
-            [result] = await batcher.submit([features], [frames], search)
+            result = (await transcribe_upload(transcriber, batcher, state["front_end"], data, search)).result
         except S2SError as exc:
             return _refusal(exc)
         timed = {"segments": [asdict(s) for s in result.segments]} if search.timestamps else {}
@@ -247,9 +234,10 @@ def create_app(config: ServeConfig) -> Starlette:
             "provider": translator.notice,
         })
 
-    routes = [Route("/translate", translate_endpoint, methods=["POST"]),
+    routes = [*libretranslate_routes(translate_endpoint, state, config.languages, config.max_beam, MAX_BODY_BYTES),
               Route("/transcribe", transcribe_endpoint, methods=["POST"]),
-              Route("/health", health), Route("/metadata", metadata)]
+              Route("/health", health), Route("/metadata", metadata),
+              *openai_routes(state, config.max_beam, MAX_AUDIO_BYTES)]
     return Starlette(routes=routes, lifespan=lifespan)
 
 
