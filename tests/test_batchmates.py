@@ -20,6 +20,26 @@ pytest.importorskip("babel")
 from s2s_deploy.train.tasks import generate_pairs
 
 SENTENCES = 80
+COPIES = 9
+"""Identical copies of one sentence in a batch: past the 8 from which beam search once ran its
+first step on one row per sentence (and on K tiled rows below), which moved fp32 scores."""
+
+
+@pytest.fixture(scope="module")
+def int8_folder(exports, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    _, manifest = exports.get("transformer")
+    return quantize_export(manifest, "int8", tmp_path_factory.mktemp("int8") / "int8").directory
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8"])
+def test_copies_of_one_sentence_score_as_it_does_alone(exports, int8_folder: Path, precision: str) -> None:
+    """No padding here (one length): only the batch's row count differs from the run alone."""
+    folder = int8_folder if precision == "int8" else exports.get("transformer")[1].directory
+    translator = Translator(folder, device="cpu", threads=1)
+    texts = [pair.source for pair in generate_pairs("en-fr", 20, seed=5)]
+    for text in texts:
+        alone = translator([text], beam=4, n_best=4)[0]
+        assert translator([text] * COPIES, beam=4, n_best=4) == [alone] * COPIES, text
 
 
 def alone_and_together(folder: Path) -> tuple[Translator, list[str], list, list]:
@@ -30,10 +50,8 @@ def alone_and_together(folder: Path) -> tuple[Translator, list[str], list, list]
     return translator, texts, together, alone
 
 
-def test_int8_per_row_output_does_not_depend_on_batchmates(exports, tmp_path: Path) -> None:
-    _, manifest = exports.get("transformer")
-    folder = quantize_export(manifest, "int8", tmp_path / "int8").directory
-    translator, texts, together, alone = alone_and_together(folder)
+def test_int8_per_row_output_does_not_depend_on_batchmates(int8_folder: Path) -> None:
+    translator, texts, together, alone = alone_and_together(int8_folder)
     assert together == alone  # every hypothesis, every score, to the bit
     ids = [translator.manifest.src_vocab.encode(text) for text in texts]
     assert translator.translate_ids(ids, beam=4, n_best=4, batch_size=32) == [

@@ -316,12 +316,10 @@ def test_fused_options_match_the_step_loop(transformer, tmp_path: Path) -> None:
 
 
 def test_beam_options_with_a_narrow_first_step(transformer) -> None:
-    """From NARROW_FIRST_STEP_FROM sentences beam search starts on one row per sentence: the
-    options follow the rows through that step too."""
-    from s2s_deploy.runtime.search import NARROW_FIRST_STEP_FROM
-
+    """Beam search starts on one row per sentence: the options follow the rows through that
+    step too, in a batch of many sentences."""
     manifest, ort_backend, torch_backend = transformer
-    texts = (list(manifest.samples) * NARROW_FIRST_STEP_FROM)[:NARROW_FIRST_STEP_FROM + 2]
+    texts = (list(manifest.samples) * 10)[:10]
     src, src_len = encode_batch(texts, manifest.src_vocab)
     for config in (SearchConfig(4, 2, max_len=40, prefix=ids(manifest, "le ")),
                    SearchConfig(4, 2, max_len=40, no_repeat_ngram_size=2, repetition_penalty=1.2)):
