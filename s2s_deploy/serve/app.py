@@ -28,7 +28,7 @@ from s2s_deploy.format.decoding import OPTIONS as DECODING_OPTIONS
 from s2s_deploy.format.decoding import Code
 from s2s_deploy.runtime.decoding import SearchConfig
 from s2s_deploy.runtime.transcriber import Transcriber
-from s2s_deploy.runtime.translator import Translator, translate, unpadded
+from s2s_deploy.runtime.translator import Translator, translate
 from s2s_deploy.serve.batcher import Batcher, BatchLimits, Decode, QueueFullError, TooLargeError
 
 CONFIG_ENV = "S2S_DEPLOY_SERVE_CONFIG"
@@ -136,15 +136,16 @@ def parse_query(query: dict[str, str], translator: Translator, max_beam: int) ->
     return parse_options(fields, translator, max_beam)
 
 
-def text_lengths(translator: Translator, texts: list[str]) -> list[int]:
-    """Each text's source length in tokens; a text over the model's limit can never fit (413)."""
+def text_widths(translator: Translator, texts: list[str]) -> list[int]:
+    """Each text's source width in tokens, padding included (what a batch's cost counts); a text
+    over the model's limit can never fit (413)."""
     manifest = translator.manifest
     lengths = [len(manifest.src_vocab.encode(text)) for text in texts]
     limit = manifest.max_source_length
     for number, length in enumerate(lengths, 1):
         if limit is not None and length > limit:
             raise TooLargeError(f"text {number} has {length} tokens; the model's limit is {limit}")
-    return lengths
+    return [translator.padding.of(length) for length in lengths]
 
 
 def text_decoder(translator: Translator) -> Decode:
@@ -153,7 +154,7 @@ def text_decoder(translator: Translator) -> Decode:
     def decode(texts: list[str], config: SearchConfig) -> list[Any]:
         return translate(translator.engine, texts, manifest.src_vocab, manifest.tgt_vocab, config,
                          batch_size=len(texts), max_source_length=manifest.max_source_length,
-                         exact=unpadded(manifest))
+                         padding=translator.padding)
 
     return decode
 
@@ -208,7 +209,7 @@ def create_app(config: ServeConfig) -> Starlette:
             return _error(400, "the body is not valid JSON")
         try:
             texts, search = parse_request(body, translator, config.max_beam)
-            results = await batcher.submit(texts, text_lengths(translator, texts), search)
+            results = await batcher.submit(texts, text_widths(translator, texts), search)
         except S2SError as exc:
             return _refusal(exc)
         return JSONResponse({"translations": [{"source": r.source, **_hypotheses(r)} for r in results]})
