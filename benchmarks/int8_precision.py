@@ -8,6 +8,9 @@ usage:
       the export's n-best (greedy, and beam 4 with 4-best) with the option forced off or on
   python benchmarks/int8_precision.py compare REFERENCE.json OTHER.json ...
       how far each file's scores and tokens are from the reference's
+  python benchmarks/int8_precision.py time EXPORT_DIR [--rounds 7]
+      process CPU time of 64 sentences at batch 16 (greedy, beam 4), the option off and on in
+      turn in one process (1 thread), medians, and whether both gave the same scores
 
 On a VNNI machine, emulate an AVX2 one with ``qemu-x86_64 -cpu Haswell .venv/bin/python
 benchmarks/int8_precision.py ...`` (qemu-user 7.2 or later; ~13 min for 100 sentences): the
@@ -51,19 +54,48 @@ def products() -> None:
               f"by up to {int(np.abs(got - exact).max())}")
 
 
-def scores(export_dir: str, value: str, out: str, sentences: int) -> None:
+def translator_with(export_dir: str, value: str):
+    """A Translator whose sessions take the option as asked, whatever the CPU's flags say."""
     from s2s_deploy.runtime.translator import Translator
-    from s2s_deploy.train.tasks import generate_pairs
 
     plain = backend.session_options
 
-    def forced(*args: object, **kwargs: object):  # the option as asked, whatever the CPU's flags say
+    def forced(*args: object, **kwargs: object):
         options = plain(*args, **kwargs)
         options.add_session_config_entry(KEY, value)
         return options
 
     backend.session_options = forced
-    translator = Translator(export_dir, device="cpu", threads=1)
+    try:
+        return Translator(export_dir, device="cpu", threads=1)
+    finally:
+        backend.session_options = plain
+
+
+def timed(export_dir: str, rounds: int) -> None:
+    import time
+
+    from s2s_deploy.train.tasks import generate_pairs
+
+    translators = {value: translator_with(export_dir, value) for value in ("0", "1")}
+    texts = [pair.source for pair in generate_pairs("en-fr", 64, seed=11)]
+    for beam in (1, 4):
+        seconds: dict[str, list[float]] = {value: [] for value in translators}
+        answers = {value: t(texts, beam=beam, batch_size=16) for value, t in translators.items()}  # warm-up
+        for r in range(rounds):
+            for value in ("0", "1") if r % 2 == 0 else ("1", "0"):
+                started = time.process_time()
+                translators[value](texts, beam=beam, batch_size=16)
+                seconds[value].append(time.process_time() - started)
+        off, on = (float(np.median(seconds[v])) for v in ("0", "1"))
+        print(f"beam {beam}: {KEY}=0 {off:.3f} s, =1 {on:.3f} s of CPU (x{on / off:.3f}); "
+              f"same scores: {answers['0'] == answers['1']}")
+
+
+def scores(export_dir: str, value: str, out: str, sentences: int) -> None:
+    from s2s_deploy.train.tasks import generate_pairs
+
+    translator = translator_with(export_dir, value)
     texts = [pair.source for pair in generate_pairs("en-fr", sentences, seed=11)]
     found = {beam: [[list(h) for h in t.hypotheses] for t in translator(texts, beam=beam, n_best=beam)]
              for beam in (1, 4)}
@@ -94,6 +126,8 @@ def main() -> None:
         scores(args[1], args[2], args[3], int(args[5]) if len(args) == 6 else 100)
     elif args[:1] == ["compare"] and len(args) >= 3:
         compare(args[1], args[2:])
+    elif args[:1] == ["time"] and len(args) in (2, 4):
+        timed(args[1], int(args[3]) if len(args) == 4 else 7)
     else:
         sys.exit(__doc__)
 
