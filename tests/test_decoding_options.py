@@ -21,7 +21,7 @@ from s2s_deploy.runtime.options import StepOptions, sentence_limits
 from s2s_deploy.runtime.ort.backend import OrtBackend
 from s2s_deploy.runtime.scoring import score
 from s2s_deploy.runtime.search import SearchConfig, search
-from s2s_deploy.runtime.translator import Translator, _batches, encode_batch
+from s2s_deploy.runtime.translator import Translator, Widths, batches_of, encode_batch
 
 SENTENCES = 6
 
@@ -242,12 +242,15 @@ def test_options_off_never_fetch_full_log_probs(transformer) -> None:
 def test_max_batch_tokens_limits_batches(transformer) -> None:
     manifest, _, _ = transformer
     texts = list(manifest.samples)[:8]
-    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
-    vocab = manifest.src_vocab
-    for chunk in _batches(order, texts, vocab, 32, 60):
-        assert len(chunk) == 1 or len(chunk) * max(len(vocab.encode(texts[i])) for i in chunk) <= 60
+    rows = [manifest.src_vocab.encode(text) for text in texts]
+    for padding, limit in ((Widths(False), 60), (Widths(True), 100)):
+        chunks = batches_of(rows, padding, 32, limit)
+        assert sorted(i for chunk in chunks for i in chunk) == list(range(len(rows)))
+        assert max(len(chunk) for chunk in chunks) > 1  # the limit binds, but not to one row a batch
+        for chunk in chunks:
+            assert len(chunk) == 1 or len(chunk) * padding.of(max(len(rows[i]) for i in chunk)) <= limit
     translate = Translator(manifest.directory, device="cpu", threads=1)
-    assert [r.text for r in translate(texts, max_batch_tokens=60)] == [r.text for r in translate(texts)]
+    assert translate(texts, max_batch_tokens=100) == translate(texts)
 
 
 def test_translator_reads_search_defaults_from_the_manifest(transformer, tmp_path: Path) -> None:
@@ -316,12 +319,10 @@ def test_fused_options_match_the_step_loop(transformer, tmp_path: Path) -> None:
 
 
 def test_beam_options_with_a_narrow_first_step(transformer) -> None:
-    """From NARROW_FIRST_STEP_FROM sentences beam search starts on one row per sentence: the
-    options follow the rows through that step too."""
-    from s2s_deploy.runtime.search import NARROW_FIRST_STEP_FROM
-
+    """Beam search starts on one row per sentence: the options follow the rows through that
+    step too, in a batch of many sentences."""
     manifest, ort_backend, torch_backend = transformer
-    texts = (list(manifest.samples) * NARROW_FIRST_STEP_FROM)[:NARROW_FIRST_STEP_FROM + 2]
+    texts = (list(manifest.samples) * 10)[:10]
     src, src_len = encode_batch(texts, manifest.src_vocab)
     for config in (SearchConfig(4, 2, max_len=40, prefix=ids(manifest, "le ")),
                    SearchConfig(4, 2, max_len=40, no_repeat_ngram_size=2, repetition_penalty=1.2)):

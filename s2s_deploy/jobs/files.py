@@ -32,15 +32,7 @@ from s2s_deploy.format.files import write_atomically
 from s2s_deploy.format.manifest import MANIFEST_NAME, Manifest, sha256_of
 from s2s_deploy.format.vocab import Vocabulary
 from s2s_deploy.runtime.decoding import SearchConfig, resolve
-from s2s_deploy.runtime.translator import (
-    Translator,
-    check_ids,
-    length_groups,
-    pad_ids,
-    parse_ids,
-    unknown_tokens,
-    unpadded,
-)
+from s2s_deploy.runtime.translator import Translator, batches_of, check_ids, parse_ids, unknown_tokens
 
 CHUNK_LINES = 10_000
 SAVE_SECONDS = 30.0  # a chunk's finished batches are saved this often, so Ctrl-C keeps them too
@@ -170,20 +162,17 @@ def translate_chunk(translator: Translator, data: bytes, first_line: int, option
         todo.append((offset, ids))
     if on_batch and blank + skipped:
         on_batch(blank + skipped)
-    todo.sort(key=lambda item: len(item[1]))
     done = Pending(0, {}) if pending is None else pending
     for offset, text in done.lines.items():
         out[offset] = text
     if on_batch and done.batches:
         on_batch(len(done.lines))
-    lengths = [len(ids) for _, ids in todo]
-    batches = [[todo[i] for i in group[start : start + options.batch_size]]
-               for group in length_groups(range(len(todo)), lengths, unpadded(manifest))
-               for start in range(0, len(group), options.batch_size)]
+    padding = translator.padding
+    batches = [[todo[i] for i in chunk] for chunk in batches_of([ids for _, ids in todo], padding, options.batch_size)]
     for number, batch in enumerate(batches):
         if number < done.batches:
             continue
-        src, src_len = pad_ids([ids for _, ids in batch], vocab.pad_id)
+        src, src_len = padding.pad([ids for _, ids in batch], vocab.pad_id)
         for (offset, _), hyps in zip(batch, translator.engine.search(src, src_len, config), strict=True):
             best = hyps[0]
             if options.ids:

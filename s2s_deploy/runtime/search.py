@@ -34,10 +34,6 @@ NON_FINITE = "the decoder returned NaN log-probs: the model's weights or graph a
 class NonFiniteError(S2SError):
     """The model, not the input, is at fault: no hypothesis can be ranked."""
 
-NARROW_FIRST_STEP_FROM = 8
-"""Sentences from which beam search runs its first step on one row per sentence. Measured
-(docs/performance.md): +1.8% tok/s for Transformer-base at beam 4 × 16; for small models
-below 8 sentences a step costs the same at 1 or K rows, and the extra set-up lost 2-8%."""
 
 
 @dataclass(frozen=True)
@@ -301,10 +297,13 @@ def beam_search(
     row_base = (np.arange(batch) * k)[:, None]
     # costs are negated scores, so one ascending stable sort ranks best first, ties to the lower beam, then id
     costs = np.empty(rows)
-    # The K beams of a sentence start identical, so a large batch's first step runs one row per
-    # sentence (as CTranslate2 does) and the next step's reorder tiles its K best into the beams.
-    # (not after a decoder prompt: a backend takes its own first step, a prompt token, as the narrow one)
-    narrow = k > 1 and batch >= NARROW_FIRST_STEP_FROM and not config.decoder_prompt and not config.prompt
+    # The K beams of a sentence start identical, so the first step runs one row per sentence (as
+    # CTranslate2 does) and the next step's reorder tiles its K best into the beams. Whatever the
+    # batch's size: a step's rows then hold the same sentences' rows in any batch, so a sentence's
+    # scores do not depend on how many share it (a threshold of 8 sentences moved fp32 scores
+    # in the last bits; docs/parity.md). Not after a decoder prompt: a backend takes its own first
+    # step, a prompt token, as the narrow one.
+    narrow = k > 1 and not config.decoder_prompt and not config.prompt
     tokens = np.full(batch if narrow else rows, backend.decoder_start_id, dtype=np.int64)
     reorder = np.arange(len(tokens), dtype=np.int64)
     if not narrow:

@@ -27,52 +27,103 @@ class Translation:
     hypotheses: tuple[tuple[str, float], ...]
 
 
-def encode_batch(texts: Sequence[str], vocab: Vocabulary, max_len: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Right-padded ids (with EOS) and their lengths. Empty lines are the caller's to skip."""
+WIDTH_STEP = 32
+"""Source ids are padded to the next multiple of this, alone or batched (``canonical_width``)."""
+
+
+def canonical_width(length: int, limit: int | None = None, step: int = WIDTH_STEP) -> int:
+    """The width a source of ``length`` ids is padded to, whatever its batchmates: the next
+    multiple of ``step``, never past the model's ``limit`` (nor below ``length``). A row's
+    arithmetic then depends on its own ids and this width alone, so it is the same in every
+    batch: that is what "alone" means (docs/parity.md). ``step`` 1 is exact-length batching."""
+    width = -(-length // step) * step
+    return width if limit is None or width <= limit else max(limit, length)
+
+
+@dataclass(frozen=True)
+class Widths:
+    """How an export's sources are padded and batched: ``canonical``, each to its
+    ``canonical_width`` and batched only with sources of that width (every export that promises
+    batch-independent output); else to the batch's longest (per-tensor int8, whose one
+    activation scale per tensor ties a row to its batchmates anyway)."""
+
+    canonical: bool
+    limit: int | None = None
+    step: int = WIDTH_STEP
+
+    def of(self, length: int) -> int:
+        return canonical_width(length, self.limit, self.step) if self.canonical else length
+
+    def groups(self, order: Sequence[int], lengths: Sequence[int]) -> list[list[int]]:
+        """``order`` (indices sorted by length) as the runs a batch may be cut from: one run per
+        width when canonical, else the whole order."""
+        if not self.canonical:
+            return [list(order)]
+        return [list(group) for _, group in itertools.groupby(order, key=lambda i: self.of(lengths[i]))]
+
+    def pad(self, ids: Sequence[Sequence[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+        """One batch, right-padded with ``pad_id`` to its width, and its lengths."""
+        return pad_ids(ids, pad_id, self.of(max(len(seq) for seq in ids)))
+
+
+def widths(manifest: Manifest) -> Widths:
+    """The padding rule of this export (see ``Widths``)."""
+    per_tensor = manifest.quantization is not None and manifest.quantization.activations == "per-tensor"
+    return Widths(not per_tensor, manifest.max_source_length)
+
+
+def encode_ids(texts: Sequence[str], vocab: Vocabulary, max_len: int | None = None) -> list[list[int]]:
+    """Each text's ids (with EOS), refused over the model's limit. Empty lines are the caller's to skip."""
     ids = [vocab.encode(text) for text in texts]
     for text, seq in zip(texts, ids, strict=True):
         if max_len is not None and len(seq) > max_len:
             raise S2SError(f"input of {len(seq)} tokens exceeds the model's limit of {max_len}: {text[:40]!r}")
-    return pad_ids(ids, vocab.pad_id)
+    return ids
 
 
-def pad_ids(ids: Sequence[Sequence[int]], pad_id: int) -> tuple[np.ndarray, np.ndarray]:
-    """Rows right-padded with ``pad_id``, and their lengths."""
+def encode_batch(texts: Sequence[str], vocab: Vocabulary, max_len: int | None = None,
+                 padding: Widths | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Right-padded ids (with EOS) and their lengths: to the longest, or by ``padding``."""
+    ids = encode_ids(texts, vocab, max_len)
+    return pad_ids(ids, vocab.pad_id) if padding is None else padding.pad(ids, vocab.pad_id)
+
+
+def pad_ids(ids: Sequence[Sequence[int]], pad_id: int, width: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Rows right-padded with ``pad_id`` to ``width`` (default: the longest), and their lengths."""
     lengths = np.array([len(seq) for seq in ids], dtype=np.int64)
-    batch = np.full((len(ids), int(lengths.max())), pad_id, dtype=np.int64)
+    batch = np.full((len(ids), int(lengths.max()) if width is None else width), pad_id, dtype=np.int64)
     for row, seq in enumerate(ids):
         batch[row, : len(seq)] = seq
     return batch, lengths
 
 
-def unpadded(manifest: Manifest) -> bool:
-    """Whether this export's batches must hold one source length, so that no sentence is padded:
-    int8 with per-row activation scales, which promises that a sentence's output ignores its
-    batchmates. Padding moves a row's fp32 sums in the last bits, which can tip an activation
-    across an int8 rounding edge; rows of one length run the very same arithmetic alone or
-    together (docs/parity.md)."""
-    return manifest.quantization is not None and manifest.quantization.activations == "per-row"
-
-
-def length_groups(order: Sequence[int], lengths: Sequence[int], exact: bool) -> list[list[int]]:
-    """``order`` (indices sorted by length) as the runs a batch may be cut from: with ``exact``
-    one run per length, so no batch pads a sentence (see ``unpadded``); else the whole order."""
-    if not exact:
-        return [list(order)]
-    return [list(group) for _, group in itertools.groupby(order, key=lengths.__getitem__)]
+def batches_of(ids: Sequence[Sequence[int]], padding: Widths, batch_size: int,
+               max_batch_tokens: int | None = None) -> list[list[int]]:
+    """Indices of ``ids`` cut into batches: sorted by length (ties in input order), within
+    ``padding``'s groups, at most ``batch_size`` rows and, with ``max_batch_tokens``, at most that
+    many padded source positions (rows x width); a row alone over it still gets a batch."""
+    lengths = [len(row) for row in ids]
+    order = sorted(range(len(ids)), key=lengths.__getitem__)
+    batches: list[list[int]] = []
+    for group in padding.groups(order, lengths):
+        current: list[int] = []
+        for index in group:  # sorted: the newest row is the widest
+            width = padding.of(lengths[index])
+            if current and (len(current) == batch_size
+                            or (max_batch_tokens is not None and width * (len(current) + 1) > max_batch_tokens)):
+                batches.append(current)
+                current = []
+            current.append(index)
+        batches.append(current)
+    return batches
 
 
 def search_ids(engine: SearchEngine, ids: Sequence[Sequence[int]], pad_id: int, config: SearchConfig,
-               batch_size: int = 32, exact: bool = False) -> list[list[Hypothesis]]:
-    """n-best hypotheses per row of source ids, batched by length (``exact``: one length per
-    batch), in input order."""
-    lengths = [len(row) for row in ids]
-    order = sorted(range(len(ids)), key=lengths.__getitem__)
+               batch_size: int = 32, padding: Widths = Widths(False)) -> list[list[Hypothesis]]:
+    """n-best hypotheses per row of source ids, batched by ``padding``, in input order."""
     results: list[list[Hypothesis]] = [[] for _ in ids]
-    batches = [group[start : start + batch_size] for group in length_groups(order, lengths, exact)
-               for start in range(0, len(group), batch_size)]
-    for chunk in batches:
-        src, src_len = pad_ids([ids[i] for i in chunk], pad_id)
+    for chunk in batches_of(ids, padding, batch_size):
+        src, src_len = padding.pad([ids[i] for i in chunk], pad_id)
         for index, hyps in zip(chunk, engine.search(src, src_len, config), strict=True):
             results[index] = hyps
     return results
@@ -89,50 +140,26 @@ def translate(
     on_batch: Callable[[int], None] | None = None,
     max_batch_tokens: int | None = None,
     prefixes: Sequence[tuple[int, ...]] | None = None,
-    exact: bool = False,
+    padding: Widths = Widths(False),
 ) -> list[Translation]:
     """Sentences are batched by length for speed and returned in input order. A batch holds at
     most ``batch_size`` sentences and, with ``max_batch_tokens``, at most that many source
-    tokens counted as rows x longest (padding included); with ``exact``, sentences of one source
-    length only (``unpadded``). ``prefixes``: one per text; ``on_batch`` hears how many sentences
-    each batch finished (for a progress bar)."""
+    tokens counted as rows x width (padding included); ``padding`` says how sources are padded
+    and which may share a batch (``widths(manifest)``). ``prefixes``: one per text; ``on_batch``
+    hears how many sentences each batch finished (for a progress bar)."""
     check_inputs(texts)
     if prefixes is not None and len(prefixes) != len(texts):
         raise S2SError(f"{len(prefixes)} prefixes for {len(texts)} inputs")
-    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
-    lengths = [len(src_vocab.encode(text)) for text in texts] if exact else []
-    if exact:
-        order.sort(key=lengths.__getitem__)
-    batches = [chunk for group in length_groups(order, lengths, exact)
-               for chunk in _batches(group, texts, src_vocab, batch_size, max_batch_tokens)]
+    ids = encode_ids(texts, src_vocab, max_source_length)
     results: list[Translation | None] = [None] * len(texts)
-    for chunk in batches:
-        src, src_len = encode_batch([texts[i] for i in chunk], src_vocab, max_source_length)
+    for chunk in batches_of(ids, padding, batch_size, max_batch_tokens):
+        src, src_len = padding.pad([ids[i] for i in chunk], src_vocab.pad_id)
         chunk_config = config if prefixes is None else replace(config, prefix=tuple(prefixes[i] for i in chunk))
         for index, hyps in zip(chunk, engine.search(src, src_len, chunk_config), strict=True):
             results[index] = _translation(texts[index], hyps, tgt_vocab)
         if on_batch:
             on_batch(len(chunk))
     return [r for r in results if r is not None]
-
-
-def _batches(order: list[int], texts: Sequence[str], vocab: Vocabulary, batch_size: int,
-             max_batch_tokens: int | None) -> list[list[int]]:
-    if max_batch_tokens is None:
-        return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
-    batches: list[list[int]] = []
-    current: list[int] = []
-    longest = 0
-    for index in order:
-        n = len(vocab.encode(texts[index]))
-        widest = max(longest, n)
-        if current and (len(current) == batch_size or widest * (len(current) + 1) > max_batch_tokens):
-            batches.append(current)
-            current, widest = [], n
-        current.append(index)
-        longest = widest
-    batches.append(current)
-    return batches
 
 
 def check_inputs(texts: Sequence[str]) -> None:
@@ -222,6 +249,7 @@ class Translator:
         if engine not in ENGINES:
             raise S2SError(f"unknown engine {engine!r}; known: {', '.join(ENGINES)}")
         self.manifest = load_manifest(export_dir)
+        self.padding = widths(self.manifest)
         self.unknown: Counter[str] = Counter()  # source tokens outside the vocabulary, over this translator's life
         self._unknown_lock = threading.Lock()  # calls from several threads add to it
         if engine == "graph":
@@ -288,7 +316,7 @@ class Translator:
             self.unknown.update(found)
         return translate(self.engine, texts, manifest.src_vocab, manifest.tgt_vocab, config, batch_size,
                          manifest.max_source_length, max_batch_tokens=max_batch_tokens, prefixes=prefixes,
-                         exact=unpadded(manifest))
+                         padding=self.padding)
 
     def stream(self, text: str, max_len: int | None = None, *, config: SearchConfig | None = None,
                **options: object) -> Iterator[str]:
@@ -308,7 +336,7 @@ class Translator:
         if config.beam_size != 1:
             raise S2SError(f"streaming is greedy or sampling: beam_size 1, not {config.beam_size}")
         manifest = self.manifest
-        src, src_len = encode_batch([text], manifest.src_vocab, manifest.max_source_length)
+        src, src_len = encode_batch([text], manifest.src_vocab, manifest.max_source_length, self.padding)
         done: list[int] = []
         shown = ""
         for token, _ in stream_tokens(self.backend, src, src_len, config):
@@ -332,13 +360,14 @@ class Translator:
             raise S2SError(f"{len(sources)} sources but {len(targets)} targets")
         check_inputs(sources)
         manifest = self.manifest
-        found: list[Scored] = []
-        for start in range(0, len(sources), batch_size):
-            src, src_len = encode_batch(sources[start : start + batch_size], manifest.src_vocab,
-                                        manifest.max_source_length)
-            ids = [manifest.tgt_vocab.encode(t, add_eos=False) for t in targets[start : start + batch_size]]
-            found.extend(score(self.backend, src, src_len, ids))
-        return found
+        ids = encode_ids(sources, manifest.src_vocab, manifest.max_source_length)
+        found: list[Scored | None] = [None] * len(sources)
+        for chunk in batches_of(ids, self.padding, batch_size):
+            src, src_len = self.padding.pad([ids[i] for i in chunk], manifest.src_vocab.pad_id)
+            gold = [manifest.tgt_vocab.encode(targets[i], add_eos=False) for i in chunk]
+            for index, scored in zip(chunk, score(self.backend, src, src_len, gold), strict=True):
+                found[index] = scored
+        return [scored for scored in found if scored is not None]
 
     def translate_ids(self, ids: Sequence[Sequence[int]], beam: int | None = None, n_best: int | None = None,
                       max_len: int | None = None, alpha: float | None = None, batch_size: int = 32, *,
@@ -351,5 +380,5 @@ class Translator:
         config = self.config_for(config, beam, n_best, max_len, alpha, options)
         manifest = self.manifest
         rows = check_ids(ids, len(manifest.src_vocab), manifest.max_source_length)
-        return search_ids(self.engine, rows, manifest.src_vocab.pad_id, config, batch_size, unpadded(manifest))
+        return search_ids(self.engine, rows, manifest.src_vocab.pad_id, config, batch_size, self.padding)
 

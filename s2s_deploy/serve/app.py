@@ -27,7 +27,7 @@ from s2s_deploy.errors import S2SError
 from s2s_deploy.format.decoding import BY_NAME, Real, Switch, Whole, shown
 from s2s_deploy.runtime.decoding import DecodingError, SearchConfig
 from s2s_deploy.runtime.transcriber import Transcriber
-from s2s_deploy.runtime.translator import Translator, translate, unpadded
+from s2s_deploy.runtime.translator import Translator, translate
 from s2s_deploy.serve.batcher import Batcher, BatchLimits, Decode
 from s2s_deploy.serve.libretranslate import libretranslate_routes
 from s2s_deploy.serve.openai_api import openai_routes
@@ -137,7 +137,7 @@ def text_decoder(translator: Translator) -> Decode:
     def decode(texts: list[str], config: SearchConfig) -> list[Any]:
         return translate(translator.engine, texts, manifest.src_vocab, manifest.tgt_vocab, config,
                          batch_size=len(texts), max_source_length=manifest.max_source_length,
-                         exact=unpadded(manifest))
+                         padding=translator.padding)
 
     return decode
 

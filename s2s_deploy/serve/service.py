@@ -24,21 +24,22 @@ def refusal_status(exc: S2SError) -> int:
     return 413 if isinstance(exc, TooLargeError) else 503 if isinstance(exc, QueueFullError) else 400
 
 
-def text_lengths(translator: Translator, texts: list[str]) -> list[int]:
-    """Each text's source length in tokens; a text over the model's limit can never fit (413)."""
+def text_widths(translator: Translator, texts: list[str]) -> list[int]:
+    """Each text's source width in tokens, padding included (what a batch's cost counts); a text
+    over the model's limit can never fit (413)."""
     manifest = translator.manifest
     lengths = [len(manifest.src_vocab.encode(text)) for text in texts]
     limit = manifest.max_source_length
     for number, length in enumerate(lengths, 1):
         if limit is not None and length > limit:
             raise TooLargeError(f"text {number} has {length} tokens; the model's limit is {limit}")
-    return lengths
+    return [translator.padding.of(length) for length in lengths]
 
 
 async def translate_texts(translator: Translator, batcher: Batcher, texts: list[str],
                           search: SearchConfig) -> list[Translation]:
     """``texts`` decoded in the batches the batcher forms with other requests' texts."""
-    return await batcher.submit(texts, text_lengths(translator, texts), search)
+    return await batcher.submit(texts, text_widths(translator, texts), search)
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from s2s_deploy.format.manifest import Manifest
 from s2s_deploy.runtime.backend import Backend
 from s2s_deploy.runtime.decoding import SearchConfig, plain
 from s2s_deploy.runtime.search import StepLoop
-from s2s_deploy.runtime.translator import translate
+from s2s_deploy.runtime.translator import translate, widths
 from s2s_deploy.train.metrics import Scores, score
 from s2s_deploy.train.speech_data import FeatureSplit, dataset_folder, load_metadata
 from s2s_deploy.train.tasks import load_task
@@ -72,7 +72,7 @@ def evaluate(
                 else:
                     texts = [r.text for r in translate(StepLoop(backend), sources, manifest.src_vocab,
                                                        manifest.tgt_vocab, config, 64, manifest.max_source_length,
-                                                       on_batch=bar.update)]
+                                                       on_batch=bar.update, padding=widths(manifest))]
             elapsed = time.perf_counter() - started
             rows.append(EvalRow(split, backend.name, mode, score(texts, references, tokenize), elapsed))
     return rows

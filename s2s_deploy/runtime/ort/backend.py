@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
+import platform
 import sys
 import time
 from collections.abc import Iterator
@@ -40,6 +42,35 @@ def default_threads() -> int:
     return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
 
 
+X86_64 = ("x86_64", "amd64", "x64")
+VNNI_FLAGS = ("avx512_vnni", "avx_vnni")
+PRECISE_INT8_KEY = "session.x64quantprecision"
+
+
+def saturating_cpu(machine: str, cpuinfo: str | None) -> bool:
+    """Whether ONNX Runtime's uint8 x int8 products may saturate on this CPU: x86-64 without VNNI
+    adds pairs of products in 16 bits (``vpmaddubsw``), so an int8 export's integer sums, and so
+    its scores, are not the exact ones (docs/parity.md, "int8 on CPUs without VNNI"). ``cpuinfo``:
+    Linux's /proc/cpuinfo; an x86-64 CPU whose flags cannot be read counts as saturating (exact
+    but slower beats fast but wrong)."""
+    if machine.lower() not in X86_64:
+        return False
+    flags = next((line.split(":", 1)[1].split() for line in (cpuinfo or "").splitlines()
+                  if line.startswith("flags")), None)
+    return flags is None or not any(flag in flags for flag in VNNI_FLAGS)
+
+
+@functools.cache
+def int8_products_saturate() -> bool:
+    """``saturating_cpu`` for this machine, read once."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as info:
+            cpuinfo: str | None = info.read()
+    except OSError:
+        cpuinfo = None
+    return saturating_cpu(platform.machine(), cpuinfo)
+
+
 def session_options(threads: int | None = None, spin: bool = True,
                     spin_between_runs: bool = True) -> ort.SessionOptions:
     """``spin_between_runs=False`` keeps the workers spinning inside a run but stops them when it
@@ -54,6 +85,8 @@ def session_options(threads: int | None = None, spin: bool = True,
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     options.log_severity_level = 3
+    if int8_products_saturate():  # exact uint8 x uint8 products instead: int8 bits are promised (docs/parity.md)
+        options.add_session_config_entry(PRECISE_INT8_KEY, "1")
     if not spin:
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     elif not spin_between_runs:
