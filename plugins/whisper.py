@@ -181,6 +181,7 @@ class WhisperPlugin(EncoderDecoderPlugin):
     hf_task_codes = r"<\|(transcribe|translate)\|>"
     hf_hidden_tokens = r"<\|\d+\.\d\d\|>"  # timestamps: WhisperTokenizer.decode drops them from text
     hf_prompt_token = r"<\|startofprev\|>"  # get_prompt_ids puts it before the prompt's text
+    hf_no_speech_token = r"<\|(nospeech|nocaptions)\|>"  # openai-whisper's tokenizer.no_speech, by either name
     hf_files = (PREPROCESSOR_FILE,)
     model = "s2s_deploy_plugins.models.whisper:WhisperModel"
 
