@@ -247,12 +247,13 @@ class WhisperPlugin(EncoderDecoderPlugin):
             raise CheckpointError("generation_config.json turns timestamps on by default (return_timestamps): "
                                   "remove it to export, and ask for them at run time (transcribe --timestamps)")
         if generation.get("condition_on_prev_tokens"):
-            raise CheckpointError("generation_config.json sets condition_on_prev_tokens: feeding the previous "
-                                  "window's text is not reproduced; remove it to export")
+            raise CheckpointError("generation_config.json sets condition_on_prev_tokens: earlier text is carried "
+                                  "at run time here (transcribe --condition-on-previous-text); remove it to export")
         for key in LONG_FORM_SETTINGS:
             if generation.get(key) is not None:
                 raise CheckpointError(f"generation_config.json sets {key}: Whisper's temperature fallback and "
-                                      "no-speech detection are not reproduced; remove it to export")
+                                      "no-speech skip are run-time options here (transcribe --temperature, "
+                                      "--log-prob-threshold, ...; docs/decoding.md); remove it to export")
         if generation.get("_from_model_config"):
             # transformers drops a generation_config.json's keys it does not define (Whisper's lang_to_id,
             # language, no_timestamps_token_id, ...) when the file says it was made from config.json

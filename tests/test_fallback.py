@@ -271,3 +271,31 @@ def test_text_exports_refuse_the_window_options(exports: Any) -> None:
     for options in ({"temperature": (0.0, 0.2)}, {"log_prob_threshold": -1.0}):
         with pytest.raises(S2SError, match="read audio window by window"):
             translator.search_config(**options)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("context", [(), (3, 9, 12)])
+def test_no_speech_probability_is_read_after_the_start_token(whisper: dict[str, Any], context: tuple[int, ...]) -> None:
+    """openai-whisper's ``no_speech_prob`` is the softmax at ``<|startoftranscript|>``'s position, after any
+    earlier text: transformers' model on the same features and tokens gives ours."""
+    import torch
+    import transformers
+    from test_hf_whisper_timestamps import NO_SPEECH, PREV, SOT
+
+    from s2s_deploy.runtime.fallback import Windows
+
+    transcriber = whisper["transcriber"]
+    manifest = transcriber.manifest
+    features = np.stack([transcriber.features(clip) for clip in whisper["audio"]])
+    config = transcriber.translator.search_config(max_len=5, temperature=(0.0,), timestamps=True)
+    windows = Windows(transcriber.translator.engine.search, manifest.tgt_vocab, manifest.max_target_length, config,
+                      len(features))
+    outcomes = windows.decode(features, np.full(len(features), features.shape[-1]), config, context)
+    ours = np.array([outcome.kept.no_speech_prob for outcome in outcomes])
+    model = transformers.WhisperForConditionalGeneration.from_pretrained(whisper["hf_dir"], local_files_only=True)
+    tokens = torch.tensor([[PREV, *context, SOT] if context else [SOT]] * len(features))
+    with torch.no_grad():
+        logits = model.eval()(input_features=torch.from_numpy(features), decoder_input_ids=tokens).logits
+    theirs = logits[:, -1].float().softmax(-1)[:, NO_SPEECH].numpy()
+    np.testing.assert_allclose(ours, theirs, rtol=1e-4)
+    assert len(set(np.round(ours, 8))) > 1  # it depends on the audio

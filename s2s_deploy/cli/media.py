@@ -75,7 +75,7 @@ def decode_files(reader_type: type, export_dir: str, files: tuple[str, ...], wha
     if suffix == ".json":
         rows = [{"file": t.source, "text": t.text, "score": t.score, "language": t.language,
                  "hypotheses": [{"text": text, "score": score} for text, score in t.hypotheses]}
-                | ({"segments": [segment_row(s) for s in t.segments]} if config.timestamps else {}) for t in found]
+                | ({"segments": [s.row() for s in t.segments]} if config.timestamps else {}) for t in found]
         data = json.dumps(rows, ensure_ascii=False, indent=1) + "\n"
     elif suffix in TIMED_KINDS:
         data = subtitles(found[0].segments, suffix)
@@ -85,16 +85,6 @@ def decode_files(reader_type: type, export_dir: str, files: tuple[str, ...], wha
         write_atomically(Path(output_path), data.encode("utf-8"))
     except OSError as exc:
         raise S2SError(f"cannot write {output_path}: {exc.strerror}") from exc
-
-
-def segment_row(segment: Any) -> dict[str, Any]:
-    """A segment in --output x.json: start, end and text, and with the temperature fallback its window's
-    temperature, avg_log_prob, compression_ratio and no_speech_prob (faster-whisper's names)."""
-    row = {"start": segment.start, "end": segment.end, "text": segment.text}
-    if segment.temperature is None:
-        return row
-    return row | {"temperature": segment.temperature, "avg_log_prob": segment.avg_log_prob,
-                  "compression_ratio": segment.compression_ratio, "no_speech_prob": segment.no_speech_prob}
 
 
 def subtitles(segments: Any, suffix: str) -> str:

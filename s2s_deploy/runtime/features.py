@@ -61,6 +61,15 @@ class Segment:
     compression_ratio: float | None = None
     no_speech_prob: float | None = None
 
+    def row(self) -> dict[str, Any]:
+        """As JSON (``--output x.json``, ``serve``): start, end and text, and with the fallback its
+        window's temperature, avg_log_prob, compression_ratio and no_speech_prob."""
+        row: dict[str, Any] = {"start": self.start, "end": self.end, "text": self.text}
+        if self.temperature is None:
+            return row
+        return row | {"temperature": self.temperature, "avg_log_prob": self.avg_log_prob,
+                      "compression_ratio": self.compression_ratio, "no_speech_prob": self.no_speech_prob}
+
 
 def pad_features(items: Sequence[np.ndarray], source: SourceSpec) -> tuple[np.ndarray, np.ndarray]:
     """``src`` ``(batch, *shape)`` right-padded along the frames axis with the source's ``pad_value``, and

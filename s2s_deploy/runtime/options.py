@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from s2s_deploy.runtime.backend import DecodeRun
-from s2s_deploy.runtime.decoding import prefixes_of
+from s2s_deploy.runtime.decoding import prefixes_of, window_options_on
 
 if TYPE_CHECKING:
     from s2s_deploy.runtime.decoding import SearchConfig
@@ -31,7 +31,7 @@ def options_on(config: SearchConfig) -> bool:
     return (config.sampling_topk != 1 or config.repetition_penalty != 1.0 or config.no_repeat_ngram_size > 0
             or any(prefixes_of(config)) or bool(config.suppress_tokens) or config.disable_unk
             or bool(config.bad_words_ids) or config.forced_eos or config.forced_bos >= 0
-            or bool(config.begin_suppress_tokens) or config.timestamps or bool(config.temperature))
+            or bool(config.begin_suppress_tokens) or config.timestamps or window_options_on(config))
 
 
 def sentence_limits(config: SearchConfig, src_len: np.ndarray) -> np.ndarray:
@@ -117,6 +117,7 @@ class StepOptions:
         self.single_bad = np.array(sorted({w[0] for w in config.bad_words_ids if len(w) == 1}), dtype=np.int64)
         self.long_bad = [w for w in config.bad_words_ids if len(w) > 1]
         self.sampling = config.sampling_topk != 1
+        self.renormalise = window_options_on(config) and config.beam_size == 1
         if config.timestamps and not 0 < config.timestamp_begin < vocab_size:
             raise ValueError(f"timestamp_begin {config.timestamp_begin} is outside the vocabulary "
                              f"(1..{vocab_size - 1})")
@@ -162,7 +163,7 @@ class StepOptions:
             out[:, self.eos] = -np.inf
         if config.timestamps:  # after every other rule, as generate's processor comes last
             self._timestamp_rules(out, history, t)
-        if config.temperature and config.beam_size == 1:  # greedy and sampled fallback attempts: log-probs of the
+        if self.renormalise:  # greedy and sampled fallback attempts: log-probs of the
             renormalise(out)  # filtered distribution, as openai-whisper's (beam search keeps generate's ranking)
         forced = np.full(rows, -1, dtype=np.int64)
         if self.prefixes:

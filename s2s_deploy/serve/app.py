@@ -34,11 +34,17 @@ from s2s_deploy.serve.batcher import Batcher, BatchLimits, Decode, QueueFullErro
 CONFIG_ENV = "S2S_DEPLOY_SERVE_CONFIG"
 """How ``--workers N`` hands the settings to each worker process (uvicorn imports the factory)."""
 
-OPTIONS = ("beam", "n_best", "alpha", "max_len", "target_lang", "task", "timestamps", "prompt")
+SWITCHES = ("timestamps", "condition_on_previous_text", "suppress_blank")
+REALS = ("compression_ratio_threshold", "log_prob_threshold", "no_speech_threshold", "prompt_reset_on_temperature")
+"""Numbers passed on to resolve, which checks their ranges (``alpha`` is checked here, as before)."""
+WHOLES = ("best_of", "seed")
+OPTIONS = ("beam", "n_best", "alpha", "max_len", "target_lang", "task", "timestamps", "prompt", "preset",
+           "temperature", "initial_prompt", *WHOLES, *REALS, *SWITCHES[1:])
 CODES = tuple(o.name for o in DECODING_OPTIONS if isinstance(o.kind, Code) and o.name in OPTIONS)
 """Options whose value is a code (a string), as the option table kinds them."""
-STRINGS = (*CODES, "prompt")
-"""Options whose value is a string (codes, and the prompt's text): the rest are numbers or switches."""
+STRINGS = (*CODES, "prompt", "preset", "temperature", "initial_prompt")
+"""Options whose value is a string (codes, a prompt's text, the preset's name, the temperatures
+comma-separated): the rest are numbers or switches."""
 MAX_BODY_BYTES = 1 << 20
 """A larger JSON body is refused (413) before it is read."""
 MAX_AUDIO_BYTES = 32 << 20
@@ -90,11 +96,17 @@ def parse_options(fields: dict[str, Any], translator: Translator, max_beam: int)
     for key, value in strings.items():
         if value is not None and not isinstance(value, str):
             raise BadRequestError(f"{key!r} must be a {'code ' if key in CODES else ''}string")
-    timestamps = fields.get("timestamps")
-    if timestamps is not None and not isinstance(timestamps, bool):
-        raise BadRequestError("'timestamps' must be true or false")
+    switches = {key: fields.get(key) for key in SWITCHES}
+    for key, value in switches.items():
+        if value is not None and not isinstance(value, bool):
+            raise BadRequestError(f"{key!r} must be true or false")
+    wholes = {key: _integer(fields, key, 0, None) for key in WHOLES}
+    reals = {key: fields.get(key) for key in REALS}
+    for key, value in reals.items():
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise BadRequestError(f"{key!r} must be a number")
     # what the request leaves out: the export's
-    config = translator.search_config(beam, n_best, max_len, alpha, timestamps=timestamps, **strings)
+    config = translator.search_config(beam, n_best, max_len, alpha, **switches, **strings, **wholes, **reals)
     if config.beam_size > max_beam:
         raise BadRequestError(f"the export's default beam {config.beam_size} exceeds this server's largest, "
                               f"{max_beam}: name a smaller 'beam'")
@@ -125,12 +137,12 @@ def parse_query(query: dict[str, str], translator: Translator, max_beam: int) ->
     fields: dict[str, Any] = {}
     for key, text in query.items():
         try:
-            if key == "timestamps":
+            if key in SWITCHES:
                 if text not in ("true", "false"):
-                    raise BadRequestError(f"'timestamps' must be true or false, not {text!r}")
+                    raise BadRequestError(f"{key!r} must be true or false, not {text!r}")
                 fields[key] = text == "true"
                 continue
-            fields[key] = text if key in STRINGS else float(text) if key == "alpha" else int(text)
+            fields[key] = text if key in STRINGS else float(text) if key in ("alpha", *REALS) else int(text)
         except ValueError:
             raise BadRequestError(f"{key!r} must be a number, not {text!r}") from None
     return parse_options(fields, translator, max_beam)
@@ -234,7 +246,7 @@ def create_app(config: ServeConfig) -> Starlette:
             [result] = await batcher.submit([features], [frames], search)
         except S2SError as exc:
             return _refusal(exc)
-        timed = {"segments": [asdict(s) for s in result.segments]} if search.timestamps else {}
+        timed = {"segments": [s.row() for s in result.segments]} if search.timestamps else {}
         return JSONResponse({"transcriptions": [{**_hypotheses(result), "language": result.language, **timed}]})
 
     async def health(request: Request) -> JSONResponse:
