@@ -299,3 +299,26 @@ def test_no_speech_probability_is_read_after_the_start_token(whisper: dict[str, 
     theirs = logits[:, -1].float().softmax(-1)[:, NO_SPEECH].numpy()
     np.testing.assert_allclose(ours, theirs, rtol=1e-4)
     assert len(set(np.round(ours, 8))) > 1  # it depends on the audio
+
+
+def test_an_export_without_whisper_s_tokens_takes_what_applies(exports: Any) -> None:
+    """The bundled speech demo names no no-speech token, no prompt start and no timestamps: the preset
+    leaves those parts off (and says nothing), asking for them is one line, and the fallback runs on
+    what remains; sampling from its features is seeded whatever the batch."""
+    from s2s_deploy.runtime.transcriber import Transcriber
+
+    transcriber = Transcriber(exports.get("speech")[1].directory, device="cpu")
+    config = transcriber.translator.search_config(preset="faster-whisper")
+    assert config.temperature == SCHEDULE and config.beam_size == 5
+    assert config.no_speech_threshold is None and not config.condition_on_previous_text and not config.timestamps
+    with pytest.raises(S2SError, match="names no no-speech token"):
+        transcriber.translator.search_config(no_speech_threshold=0.6)
+    with pytest.raises(S2SError, match="takes no prompt"):
+        transcriber.translator.search_config(condition_on_previous_text=True)
+    clips = sorted((Path(__file__).parent / "data").glob("speech_*hz.flac"))
+    plain = transcriber(clips, beam=4)
+    once = transcriber(clips, beam=4, temperature=(0.0,))
+    assert [t.text for t in once] == [t.text for t in plain]
+    sampled = {"temperature": (1.0,), "best_of": 2, "seed": 11}
+    together = transcriber(clips, **sampled)
+    assert [transcriber(clip, **sampled)[0].text for clip in clips] == [t.text for t in together]

@@ -64,7 +64,8 @@ def test_translate_health_metadata(gru) -> None:
     ({"texts": ["a"], "beam": 2, "n_best": 3}, "n_best 3 needs a beam of at least 3 (beam_size is 2)"),
     ({"texts": ["a"], "alpha": "x"}, "'alpha' must be a finite number"),
     ({"texts": ["a"], "max_len": 0}, "'max_len' must be an integer"),
-    ({"texts": ["a"], "temperature": 1}, "unknown field 'temperature'"),
+    ({"texts": ["a"], "temperatur": 1}, "unknown field 'temperatur'"),
+    ({"texts": ["a"], "temperature": "0,0.5"}, "the temperature fallback and its options"),
     (["a"], "the body must be a JSON object"),
 ])
 def test_bad_requests_get_400_with_one_line(gru, body, message: str) -> None:
@@ -330,7 +331,8 @@ def test_transcribe_endpoint_answers_as_the_transcriber(exports) -> None:
             ({}, b"not audio", 400, "cannot read audio from the upload"),
             ({}, b"", 400, "the body is empty"),
             ({"beam": "four"}, SPEECH_CLIPS[0].read_bytes(), 400, "'beam' must be a number, not 'four'"),
-            ({"temperature": "1"}, SPEECH_CLIPS[0].read_bytes(), 400, "unknown parameter 'temperature'"),
+            ({"temperatur": "1"}, SPEECH_CLIPS[0].read_bytes(), 400, "unknown parameter 'temperatur'"),
+            ({"no_speech_threshold": "0.6"}, SPEECH_CLIPS[0].read_bytes(), 400, "names no no-speech token"),
         ]:
             response = http.post("/transcribe", params=params, content=content)
             assert response.status_code == status and message in response.json()["error"], response.text
