@@ -243,7 +243,10 @@ def test_preset_turns_on_faster_whisper_s_defaults(whisper: dict[str, Any], tmp_
     assert (config.compression_ratio_threshold, config.log_prob_threshold, config.no_speech_threshold) == (2.4, -1.0,
                                                                                                           0.6)
     assert config.condition_on_previous_text and config.suppress_blank and config.timestamps
-    assert config.max_initial_timestamp == 50 and config.no_speech_token == manifest.search["no_speech_token"]
+    from test_hf_whisper_timestamps import NO_SPEECH
+
+    assert manifest.search["no_speech_token"] == NO_SPEECH  # <|nospeech|>, found by the plugin's hf_no_speech_token
+    assert config.max_initial_timestamp == 50 and config.no_speech_token == NO_SPEECH
     vocab = manifest.tgt_vocab
     assert {*vocab.tasks, vocab.decoder_start_id, config.prompt_start, config.no_speech_token} <= set(
         config.suppress_tokens)
