@@ -78,6 +78,8 @@ class Reals:
     python_type = tuple[float, ...]
 
     def problem(self, value: Any) -> str | None:
+        if isinstance(value, str):
+            return f"must be numbers, comma-separated (0,0.2,0.4), not {value!r:.40}"
         if not isinstance(value, tuple) or len(value) > MAX_REALS:
             return f"must be a tuple of at most {MAX_REALS} numbers, not {value!r:.40}"
         for item in value:
