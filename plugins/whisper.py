@@ -182,6 +182,7 @@ class WhisperPlugin(EncoderDecoderPlugin):
     hf_task_codes = r"<\|(transcribe|translate)\|>"
     hf_hidden_tokens = r"<\|\d+\.\d\d\|>"  # timestamps: WhisperTokenizer.decode drops them from text
     hf_prompt_token = r"<\|startofprev\|>"  # get_prompt_ids puts it before the prompt's text
+    hf_no_speech_token = r"<\|(nospeech|nocaptions)\|>"  # openai-whisper's tokenizer.no_speech, by either name
     hf_files = (PREPROCESSOR_FILE,)
     model = "s2s_deploy_plugins.models.whisper:WhisperModel"
 
@@ -246,12 +247,13 @@ class WhisperPlugin(EncoderDecoderPlugin):
             raise CheckpointError("generation_config.json turns timestamps on by default (return_timestamps): "
                                   "remove it to export, and ask for them at run time (transcribe --timestamps)")
         if generation.get("condition_on_prev_tokens"):
-            raise CheckpointError("generation_config.json sets condition_on_prev_tokens: feeding the previous "
-                                  "window's text is not reproduced; remove it to export")
+            raise CheckpointError("generation_config.json sets condition_on_prev_tokens: earlier text is carried "
+                                  "at run time here (transcribe --condition-on-previous-text); remove it to export")
         for key in LONG_FORM_SETTINGS:
             if generation.get(key) is not None:
                 raise CheckpointError(f"generation_config.json sets {key}: Whisper's temperature fallback and "
-                                      "no-speech detection are not reproduced; remove it to export")
+                                      "no-speech skip are run-time options here (transcribe --temperature, "
+                                      "--log-prob-threshold, ...; docs/decoding.md); remove it to export")
         if generation.get("_from_model_config"):
             # transformers drops a generation_config.json's keys it does not define (Whisper's lang_to_id,
             # language, no_timestamps_token_id, ...) when the file says it was made from config.json

@@ -71,7 +71,8 @@ def test_translate_health_metadata(gru) -> None:
     ({"texts": ["a"], "timestamps": "yes"}, "'timestamps' must be true or false, not \"yes\""),
     ({"texts": ["a"], "target_lang": ["fr"]}, "'target_lang' must be a code of at most 64 characters, not [\"fr\"]"),
     ({"texts": ["a"], "prompt": "earlier text"}, "prompt: this export takes no prompt"),
-    ({"texts": ["a"], "temperature": 1}, "unknown field 'temperature'"),
+    ({"texts": ["a"], "temperatur": 1}, "unknown field 'temperatur'"),
+    ({"texts": ["a"], "temperature": "0,0.5"}, "the temperature fallback and its options"),
     (["a"], "the body must be a JSON object"),
 ])
 def test_bad_requests_get_400_with_one_line(gru, body, message: str) -> None:
@@ -341,7 +342,8 @@ def test_transcribe_endpoint_answers_as_the_transcriber(exports) -> None:
             ({}, b"not audio", 400, "cannot read audio from the upload"),
             ({}, b"", 400, "the body is empty"),
             ({"beam": "four"}, SPEECH_CLIPS[0].read_bytes(), 400, "'beam' must be a number, not \"four\""),
-            ({"temperature": "1"}, SPEECH_CLIPS[0].read_bytes(), 400, "unknown parameter 'temperature'"),
+            ({"temperatur": "1"}, SPEECH_CLIPS[0].read_bytes(), 400, "unknown parameter 'temperatur'"),
+            ({"no_speech_threshold": "0.6"}, SPEECH_CLIPS[0].read_bytes(), 400, "names no no-speech token"),
             ({"beam": "0"}, SPEECH_CLIPS[0].read_bytes(), 400, "'beam' must be between 1 and 65536, not 0"),
             ({"timestamps": "on"}, SPEECH_CLIPS[0].read_bytes(), 400, "'timestamps' must be true or false, not \"on\""),
         ]:

@@ -102,6 +102,10 @@ class ArchitecturePlugin(ABC):
     """Likewise for the one target token that opens earlier text fed before the start token
     (Whisper's ``<|startofprev|>``): the export writes its id as the search block's ``prompt_start``,
     so the ``prompt`` option takes text."""
+    hf_no_speech_token: ClassVar[str | None] = None
+    """Likewise for the one target token whose probability right after the start token says a window
+    holds no speech (Whisper's ``<|nospeech|>``, ``<|nocaptions|>`` in older vocabularies): the export
+    writes its id as the search block's ``no_speech_token``, so ``no_speech_threshold`` can skip silence."""
     hf_files: ClassVar[tuple[str, ...]] = ()
     """JSON files of a Hugging Face folder that ``from_hf`` reads besides ``config.json`` (a speech
     family's ``preprocessor_config.json``: its front end); each must be there, and is passed as ``files``."""

@@ -96,7 +96,7 @@ def decoding_options(command: F, timed: bool = True) -> F:
     value is None when not given (a switch has its ``--no-`` form, to turn off an export's default):
     the command passes them on by name to ``decoding.resolve``. ``timed=False``: a command whose
     inputs have no time axis, without the options that need one."""
-    from s2s_deploy.format.decoding import OPTIONS, Code, Ids, Switch, Whole
+    from s2s_deploy.format.decoding import OPTIONS, Code, Ids, OneOf, Reals, Switch, Whole
 
     for option in reversed(OPTIONS):
         flag, kind = option.cli_flag, option.kind
@@ -109,8 +109,11 @@ def decoding_options(command: F, timed: bool = True) -> F:
             decorator = click.option(f"{flag}/--no-{flag[2:]}", option.name, default=None, help=text)
         elif isinstance(kind, Ids):
             decorator = click.option(flag, option.name, multiple=kind.strings != "text", default=None, help=text)
-        elif isinstance(kind, Code):
+        elif isinstance(kind, Code | Reals):  # a code; numbers comma-separated (resolve splits them)
             decorator = click.option(flag, *option.more_flags, option.name, default=None, help=text)
+        elif isinstance(kind, OneOf):
+            decorator = click.option(flag, option.name, type=click.Choice([str(v) for v in kind.values if v]),
+                                     default=None, help=text)
         else:  # the range is the row's to check, in resolve: one line naming the option, exit 1
             decorator = click.option(flag, option.name, type=int if isinstance(kind, Whole) else float, default=None,
                                      help=text)

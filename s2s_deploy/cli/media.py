@@ -86,8 +86,7 @@ def decode_files(reader_type: type, export_dir: str, files: tuple[str, ...], wha
     if suffix == ".json":
         rows = [{"file": t.source, "text": t.text, "score": t.score, "language": t.language,
                  "hypotheses": [{"text": text, "score": score} for text, score in t.hypotheses]}
-                | ({"segments": [{"start": s.start, "end": s.end, "text": s.text} for s in t.segments]}
-                   if config.timestamps else {}) for t in found]
+                | ({"segments": [s.row() for s in t.segments]} if config.timestamps else {}) for t in found]
         data = json.dumps(rows, ensure_ascii=False, indent=1) + "\n"
     elif suffix in TIMED_KINDS:
         data = subtitles(found[0].segments, suffix)

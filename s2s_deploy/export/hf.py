@@ -296,7 +296,8 @@ def sample_texts(vocab: Vocabulary, count: int = SAMPLE_COUNT) -> tuple[str, ...
 
 def matching_ids(vocab: Vocabulary, pattern: str) -> tuple[int, ...]:
     """The ids whose tokens the plugin's ``hf_language_codes`` (``hf_task_codes``, ``hf_hidden_tokens``,
-    ``hf_prompt_token``) matches in full (none for an ids-only vocabulary, whose tokens are ``t<id>``)."""
+    ``hf_prompt_token``, ``hf_no_speech_token``) matches in full (none for an ids-only vocabulary, whose
+    tokens are ``t<id>``)."""
     code = re.compile(pattern)
     return tuple(i for i, token in enumerate(vocab.tokens) if code.fullmatch(token))
 
@@ -324,12 +325,15 @@ def load_hf(plugin: ArchitecturePlugin, directory: str | Path) -> HFSource:
                ("hidden", plugin.hf_hidden_tokens)) if pattern is not None}
     tgt_vocab = replace(tgt_vocab, **listed)
     search = plugin.hf_search(folder.config, folder.generation, search_defaults(folder.config, folder.generation))
-    if plugin.hf_prompt_token is not None:
-        found = matching_ids(tgt_vocab, plugin.hf_prompt_token)
+    for key, attribute in (("prompt_start", "hf_prompt_token"), ("no_speech_token", "hf_no_speech_token")):
+        pattern = getattr(plugin, attribute)
+        if pattern is None:
+            continue
+        found = matching_ids(tgt_vocab, pattern)
         if len(found) > 1:
-            raise CheckpointError(f"{directory}: {len(found)} target tokens match the plugin's hf_prompt_token "
-                                  f"{plugin.hf_prompt_token!r}; it must name one")
-        search |= {"prompt_start": found[0]} if found else {}
+            raise CheckpointError(f"{directory}: {len(found)} target tokens match the plugin's {attribute} "
+                                  f"{pattern!r}; it must name one")
+        search |= {key: found[0]} if found else {}
     if OPEN_SLOT in search.get("decoder_prompt", ()) and not tgt_vocab.languages:
         raise CheckpointError(f"{directory}: generate would detect the language, but without a {TOKENIZER_FILE} "
                               "naming its language tokens the export cannot list them: add the folder's "

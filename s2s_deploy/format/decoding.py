@@ -45,14 +45,18 @@ class Whole:
 
 @dataclass(frozen=True)
 class Real:
-    """A finite number in ``[low, high]``, or ``(low, high]`` when ``open_low``."""
+    """A finite number in ``[low, high]``, or ``(low, high]`` when ``open_low``; with ``nullable``
+    also None (off: a threshold that is not applied)."""
 
     low: float = 0.0
     high: float = 1e6
     open_low: bool = False
+    nullable: bool = False
     python_type = float
 
     def problem(self, value: Any) -> str | None:
+        if value is None and self.nullable:
+            return None
         if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
             return f"must be a finite number, not {shown(value)}"
         if value < self.low or (self.open_low and value == self.low) or value > self.high:
@@ -62,7 +66,32 @@ class Real:
 
     def schema(self) -> dict[str, Any]:
         low = {"exclusiveMinimum": self.low} if self.open_low else {"minimum": self.low}
-        return {"type": "number", **low, "maximum": self.high}
+        return {"type": ["number", "null"] if self.nullable else "number", **low, "maximum": self.high}
+
+
+@dataclass(frozen=True)
+class Reals:
+    """A tuple of at most ``MAX_REALS`` finite numbers in ``[low, high]`` (``temperature``'s schedule);
+    a caller's string is comma-separated (``"0,0.2,0.4"``)."""
+
+    low: float = 0.0
+    high: float = 1e6
+    python_type = tuple[float, ...]
+
+    def problem(self, value: Any) -> str | None:
+        if isinstance(value, str):
+            return f"must be numbers, comma-separated (0,0.2,0.4), not {value!r:.40}"
+        if not isinstance(value, tuple) or len(value) > MAX_REALS:
+            return f"must be a tuple of at most {MAX_REALS} numbers, not {value!r:.40}"
+        for item in value:
+            problem = Real(self.low, self.high).problem(item)
+            if problem:
+                return f"holds a value that {problem}"
+        return None
+
+    def schema(self) -> dict[str, Any]:
+        return {"type": "array", "maxItems": MAX_REALS,
+                "items": {"type": "number", "minimum": self.low, "maximum": self.high}}
 
 
 @dataclass(frozen=True)
@@ -162,7 +191,11 @@ class Code:
 
 
 MAX_CODE = 64
-Kind = Whole | Real | Switch | Ids | OneOf | Code
+MAX_REALS = 64
+Kind = Whole | Real | Reals | Switch | Ids | OneOf | Code
+PRESETS = ("", "faster-whisper")
+"""``preset``'s values: none, or faster-whisper's ``WhisperModel.transcribe`` defaults
+(runtime/decoding.py's ``preset_values`` says which options each sets)."""
 
 
 @dataclass(frozen=True)
@@ -252,6 +285,38 @@ OPTIONS: tuple[Option, ...] = (
     Option("time_precision", Real(0.0, 60.0, open_low=True), 0.02, "Seconds per timestamp index.", flag=None),
     Option("timestamp_frames", Whole(1), 2, "Encoder input frames per timestamp index (window seeking).",
            flag=None),
+    Option("preset", OneOf(PRESETS), "",
+           "A bundle of defaults over the export's: faster-whisper (its WhisperModel.transcribe defaults: beam 5, "
+           "temperature fallback, thresholds, condition_on_previous_text, timestamps, ...); options given "
+           "override it.", shown_default="none"),
+    Option("temperature", Reals(0.0, 100.0), (),
+           "Temperature fallback, read window by window (comma-separated, e.g. 0,0.2,0.4,0.6,0.8,1): each window "
+           "decoded at the first, again at the next while a threshold fails; 0: the search as configured, above "
+           "0: sampling (best_of draws). Empty: off.", shown_default="off"),
+    Option("best_of", Whole(1, 64), 1, "Sampled candidates per window at a fallback temperature above 0; the "
+           "best-scored is kept."),
+    Option("compression_ratio_threshold", Real(0.0, nullable=True), None,
+           "Fallback when a window's text compresses (zlib) by more than this ratio (repetition). None: off.",
+           shown_default="off"),
+    Option("log_prob_threshold", Real(-1e6, 0.0, nullable=True), None,
+           "Fallback when a window's average token log-prob is below this. None: off.", shown_default="off"),
+    Option("no_speech_threshold", Real(0.0, 1.0, nullable=True), None,
+           "Skip a window whose no-speech probability exceeds this, unless its average log-prob clears "
+           "log_prob_threshold; needs the export's no_speech_token. None: off.", shown_default="off"),
+    Option("no_speech_token", Whole(-1, MAX_ID), -1,
+           "The token whose probability right after the start token is a window's no-speech probability "
+           "(Whisper's <|nospeech|>). -1: the export has none.", flag=None),
+    Option("condition_on_previous_text", Switch(), False,
+           "Feed each window the text of the input's earlier windows as its prompt (after prompt_start), "
+           "until a window ends at a temperature above prompt_reset_on_temperature."),
+    Option("initial_prompt", Ids("text", continues=True), (),
+           "Earlier text fed to an input's first window only (then carried with condition_on_previous_text), "
+           "as faster-whisper's initial_prompt; prompt feeds every window instead."),
+    Option("prompt_reset_on_temperature", Real(0.0, 100.0), 0.5,
+           "With condition_on_previous_text: a window that ends at a temperature above this feeds no earlier "
+           "text to the next."),
+    Option("suppress_blank", Switch(), False,
+           "Never produce a blank (the tokenised space) or EOS as the first generated token."),
 )
 BY_NAME = {option.name: option for option in OPTIONS}
 

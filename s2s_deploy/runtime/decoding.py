@@ -18,7 +18,11 @@ The rules, in order:
    option (``forced_bos``); else it is refused.
    With ``timestamps`` on, the export must set ``timestamp_begin``, and a decoder prompt ending in the
    id before it (the no-timestamps token) loses that token. A ``prompt`` (text: stripped, tokenised
-   after a space) needs the export's ``prompt_start`` and may hold no special, language, task or hidden id.
+   after a space) needs the export's ``prompt_start`` and may hold no special, language, task or hidden id;
+   so does an ``initial_prompt``, and the two exclude each other.
+   A ``preset`` sets its options (``preset_values``) over the export's, under the caller's.
+   ``suppress_blank`` adds the tokenised space and EOS to ``begin_suppress_tokens``; a
+   ``no_speech_threshold`` needs the export's ``no_speech_token``.
 4. Every value is checked against its row, then the rules between options; then against the
    export: a caller's ``max_len`` within the position table, the beam below the vocabulary size,
    every id inside the target vocabulary.
@@ -33,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from s2s_deploy.errors import S2SError
-from s2s_deploy.format.decoding import BY_NAME, OPEN_SLOT, OPTIONS, Code, Ids, Real
+from s2s_deploy.format.decoding import BY_NAME, OPEN_SLOT, OPTIONS, Code, Ids, Real, Reals
 
 if TYPE_CHECKING:
     from s2s_deploy.format.manifest import Manifest
@@ -95,6 +99,52 @@ def check(config: Any) -> None:
         raise DecodingError(f"timestamps give one hypothesis per input: n_best must be 1, not {config.n_best}")
     if any(len(p) >= config.max_len for p in prefixes_of(config)):
         raise DecodingError("a prefix must be shorter than max_len")
+    if config.prompt and config.initial_prompt:
+        raise DecodingError("give prompt (every window) or initial_prompt (the first window, then carried), not both")
+    if config.condition_on_previous_text and config.prompt:
+        raise DecodingError("condition_on_previous_text carries earlier text from initial_prompt on: give "
+                            "initial_prompt instead of prompt (which feeds every window the same text)")
+    if config.condition_on_previous_text and config.prompt_start < 0:
+        raise DecodingError("condition_on_previous_text: this export takes no prompt (its search block sets no "
+                            "prompt_start), so earlier text cannot be fed")
+    if config.no_speech_threshold is not None and config.no_speech_token < 0:
+        raise DecodingError("no_speech_threshold: this export names no no-speech token (its search block sets no "
+                            "no_speech_token), so no window's no-speech probability is known")
+
+
+def window_options_on(config: Any) -> bool:
+    """Whether an option that only window-by-window reading of audio applies is on (the temperature
+    fallback, its thresholds, carried text, an initial prompt): runtime/fallback.py's, never text's."""
+    return bool(config.temperature or config.condition_on_previous_text or config.initial_prompt
+                or config.compression_ratio_threshold is not None or config.log_prob_threshold is not None
+                or config.no_speech_threshold is not None)
+
+
+def preset_values(name: str, values: Mapping[str, Any], vocab: Vocabulary) -> dict[str, Any]:
+    """The options a ``preset`` sets, from the values it lands on (the export's): ``faster-whisper``
+    is faster-whisper 1.2.1's ``WhisperModel.transcribe`` defaults (docs/decoding.md says which, and
+    why): beam 5, best of 5, length penalty 1, the temperatures 0, 0.2, ..., 1 with thresholds 2.4
+    (compression), -1 (log-prob) and 0.6 (no speech, where the export names a no-speech token),
+    earlier text carried until a window ends above 0.5, blanks suppressed first, timestamps with the
+    first one at most 1 s, and its ``suppress_tokens=[-1]``: the export's list plus the task tokens,
+    the start token, the prompt start and the no-speech token."""
+    if not name:
+        return {}
+    found: dict[str, Any] = {
+        "beam_size": 5, "n_best": 1, "best_of": 5, "alpha": 1.0, "temperature": (0.0, 0.2, 0.4, 0.6, 0.8, 1.0),
+        "compression_ratio_threshold": 2.4, "log_prob_threshold": -1.0, "prompt_reset_on_temperature": 0.5,
+        "suppress_blank": True}
+    if values["prompt_start"] >= 0:
+        found["condition_on_previous_text"] = True
+    if values["no_speech_token"] >= 0:
+        found["no_speech_threshold"] = 0.6
+    if values["timestamp_begin"] >= 1:
+        found["timestamps"] = True
+        found["max_initial_timestamp"] = round(1.0 / values["time_precision"])
+    specials = {*vocab.tasks, vocab.decoder_start_id, values["prompt_start"], values["no_speech_token"]}
+    found["suppress_tokens"] = tuple(sorted({*values["suppress_tokens"], *(i for i in specials
+                                                                           if i is not None and i >= 0)}))
+    return found
 
 
 def prefixes_of(config: Any) -> tuple[tuple[int, ...], ...]:
@@ -126,14 +176,16 @@ def resolve(manifest: Manifest, given: Mapping[str, Any] | None = None) -> Searc
         raise DecodingError(f"unknown decoding option {unknown[0]!r}; known: {', '.join(NAMES)}")
     vocab = manifest.tgt_vocab
     given = {name: _as_ids(vocab, kind, _tupled(value)) if isinstance(kind := BY_NAME[name].kind, Ids)
-             else _tupled(value) for name, value in given.items()}
+             else _as_reals(value) if isinstance(kind, Reals) else _tupled(value) for name, value in given.items()}
     for name, value in given.items():  # the caller's values first, so an error names what they gave
         problem = BY_NAME[name].kind.problem(value)
         if problem:
             raise DecodingError(f"{name} {problem}", option=name)
     limit = manifest.max_target_length
     stored = manifest_defaults(manifest)
-    values = {o.name: o.default for o in OPTIONS} | {"max_len": limit or DEFAULT_MAX_LEN} | stored | given
+    values = {o.name: o.default for o in OPTIONS} | {"max_len": limit or DEFAULT_MAX_LEN} | stored
+    preset = given.get("preset", values["preset"])
+    values |= preset_values(preset, values, vocab) | given
     for option in OPTIONS:
         if isinstance(option.kind, Code) and values[option.name]:
             _place(option, values[option.name], vocab, values, given)
@@ -143,7 +195,12 @@ def resolve(manifest: Manifest, given: Mapping[str, Any] | None = None) -> Searc
         raise DecodingError(f"decoder_prompt holds {OPEN_SLOT} (the language the model scores best), but this "
                             "export lists no language tokens")
     if values["prompt"]:
-        _prompted(values, vocab)
+        _prompted(values, vocab, "prompt")
+    if values["initial_prompt"]:
+        _prompted(values, vocab, "initial_prompt")
+    if values["suppress_blank"]:  # as openai-whisper's SuppressBlank: the space and EOS, first token only
+        blank = {*vocab.encode(" ", add_eos=False), vocab.eos_id}
+        values["begin_suppress_tokens"] = tuple(sorted({*values["begin_suppress_tokens"], *blank}))
     context = 1 + len(values["prompt"]) if values["prompt"] else 0
     prompt = context + len(values["decoder_prompt"])
     if prompt and limit is not None:  # the prompts take decoder positions too
@@ -159,7 +216,8 @@ def resolve(manifest: Manifest, given: Mapping[str, Any] | None = None) -> Searc
             values["max_len"] = min(values["max_len"], room)
     if "min_len" in stored and "min_len" not in given:
         values["min_len"] = min(stored["min_len"], values["max_len"])
-    values = {name: float(value) if isinstance(BY_NAME[name].kind, Real) else value for name, value in values.items()}
+    values = {name: float(value) if isinstance(BY_NAME[name].kind, Real) and value is not None else value
+              for name, value in values.items()}
     if "max_len" in given and limit is not None and given["max_len"] > limit:
         raise DecodingError(f"max_len {given['max_len']} exceeds the model's limit of {limit} target tokens "
                             "(its position table)", option="max_len")
@@ -251,18 +309,19 @@ def _place(option: Any, code: str, vocab: Vocabulary, values: dict[str, Any], gi
     values["decoder_prompt"] = tuple(prompt)
 
 
-def _prompted(values: dict[str, Any], vocab: Vocabulary) -> None:
-    """Rule 3: a prompt needs the export's ``prompt_start``, and holds text: none of the target
-    vocabulary's special, language, task or hidden ids (``get_prompt_ids`` refuses special tokens)."""
+def _prompted(values: dict[str, Any], vocab: Vocabulary, name: str) -> None:
+    """Rule 3: a prompt (``name``: ``prompt`` or ``initial_prompt``) needs the export's ``prompt_start``,
+    and holds text: none of the target vocabulary's special, language, task or hidden ids
+    (``get_prompt_ids`` refuses special tokens)."""
     start = values["prompt_start"]
     if start < 0:
-        raise DecodingError("prompt: this export takes no prompt (its search block sets no prompt_start)")
+        raise DecodingError(f"{name}: this export takes no prompt (its search block sets no prompt_start)")
     if start >= len(vocab):
         raise DecodingError(f"prompt_start {start} is outside the target vocabulary (0..{len(vocab) - 1})")
     reserved = {start, *vocab.special_ids().values(), *vocab.languages, *vocab.tasks, *vocab.hidden}
-    found = next((i for i in values["prompt"] if i in reserved), None)
+    found = next((i for i in values[name] if i in reserved), None)
     if found is not None:
-        raise DecodingError(f"prompt holds {vocab.tokens[found]!r} (id {found}), which is not text")
+        raise DecodingError(f"{name} holds {vocab.tokens[found]!r} (id {found}), which is not text")
 
 
 def _timestamped(values: dict[str, Any], size: int) -> None:
@@ -293,6 +352,22 @@ def _check_in_vocabulary(name: str, value: tuple[Any, ...], size: int) -> None:
     outside = [i for i in ids if i >= size]
     if outside:
         raise DecodingError(f"{name} holds id {outside[0]}, outside the target vocabulary (0..{size - 1})")
+
+
+def _as_reals(value: Any) -> Any:
+    """A caller's number list as a tuple of floats; a string is comma-separated (``"0,0.2,0.4"``).
+    Anything else is left for the kind to refuse."""
+    if isinstance(value, str):
+        try:
+            return tuple(float(item) for item in value.split(",") if item.strip())
+        except ValueError:
+            return value
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return (float(value),)
+    if isinstance(value, list | tuple) and all(isinstance(v, int | float) and not isinstance(v, bool)
+                                                 for v in value):
+        return tuple(float(v) for v in value)
+    return _tupled(value)
 
 
 def _is_int(value: Any) -> bool:

@@ -13,7 +13,7 @@ another; its result is then the text alone, unless the caller asked for ``timest
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -24,9 +24,10 @@ from s2s_deploy.errors import S2SError
 from s2s_deploy.format.source import SourceSpec
 from s2s_deploy.frontends.media import Medium
 from s2s_deploy.frontends.source import featurise, frontend_for, use_instead
-from s2s_deploy.runtime.decoding import SearchConfig, with_timestamps
+from s2s_deploy.runtime.decoding import SearchConfig, window_options_on, with_timestamps
+from s2s_deploy.runtime.fallback import Windows
 from s2s_deploy.runtime.search import Hypothesis
-from s2s_deploy.runtime.timestamps import Sought, seek_windows
+from s2s_deploy.runtime.timestamps import Piece, Sought, seek_windows
 from s2s_deploy.runtime.translator import Translator
 
 
@@ -53,6 +54,22 @@ class Segment:
     start: float
     end: float
     text: str
+    temperature: float | None = None
+    """With the temperature fallback: the temperature its window ended at, and that window's average
+    log-prob, compression ratio and no-speech probability (None where not read), as faster-whisper's
+    ``Segment`` reports them; else all None."""
+    avg_log_prob: float | None = None
+    compression_ratio: float | None = None
+    no_speech_prob: float | None = None
+
+    def row(self) -> dict[str, Any]:
+        """As JSON (``--output x.json``, ``serve``): start, end and text, and with the fallback its
+        window's temperature, avg_log_prob, compression_ratio and no_speech_prob."""
+        row: dict[str, Any] = {"start": self.start, "end": self.end, "text": self.text}
+        if self.temperature is None:
+            return row
+        return row | {"temperature": self.temperature, "avg_log_prob": self.avg_log_prob,
+                      "compression_ratio": self.compression_ratio, "no_speech_prob": self.no_speech_prob}
 
 
 def pad_features(items: Sequence[np.ndarray], source: SourceSpec) -> tuple[np.ndarray, np.ndarray]:
@@ -68,6 +85,15 @@ def pad_features(items: Sequence[np.ndarray], source: SourceSpec) -> tuple[np.nd
         index[axis] = slice(0, item.shape[axis])
         batch[(row, *index)] = item
     return batch, lengths
+
+
+def window_facts(piece: Piece) -> tuple[float | None, ...]:
+    """A segment's window's temperature, average log-prob, compression ratio and no-speech probability
+    (all None without the temperature fallback)."""
+    if piece.window is None:
+        return (None, None, None, None)
+    kept = piece.window.kept
+    return (piece.window.temperature, kept.avg_log_prob, kept.compression_ratio, kept.no_speech_prob)
 
 
 class FeatureReader:
@@ -150,7 +176,13 @@ class FeatureReader:
                                  strict=True):
                 found[i] = self._with_segments(labels[i], sought, False, whole_windows=config.timestamp_begin < 1)
         short = [i for i in range(len(features)) if found[i] is None]
-        if short:
+        if short and window_options_on(config):  # the fallback reads every clip as windows, a short one as one
+            window = self.window(features)
+            for i, sought in zip(short, seek_windows([features[i] for i in short], window,
+                                                     self.translator.engine.search, config,
+                                                     self._windows(config)), strict=True):
+                found[i] = self._with_segments(labels[i], sought, False)
+        elif short:
             src, src_len = pad_features([features[i] for i in short], self.source)
             for i, hyps in zip(short, self.translator.engine.search(src, src_len, config), strict=True):
                 found[i] = self._decoded(labels[i], hyps)
@@ -165,7 +197,16 @@ class FeatureReader:
         """Timestamped decoding (runtime/timestamps.py), ``window`` frames at a time."""
         if self.source.length_axis != len(self.source.shape):
             raise S2SError("timestamps: this encoder's input has no frames axis last to seek along")
-        return seek_windows(features, self.window(features), self.translator.engine.search, config)
+        return seek_windows(features, self.window(features), self.translator.engine.search, config,
+                            self._windows(config))
+
+    def _windows(self, config: SearchConfig) -> Callable[[int], Windows] | None:
+        """The temperature fallback's window decoder for ``count`` inputs where one of its options is
+        on (runtime/fallback.py), else None: the seek loop's plain search."""
+        if not window_options_on(config):
+            return None
+        engine, manifest = self.translator.engine, self.manifest
+        return lambda count: Windows(engine.search, manifest.tgt_vocab, manifest.max_target_length, config, count)
 
     def long_form(self, features: Sequence[np.ndarray], config: SearchConfig, labels: Sequence[str]) -> list[Sought]:
         """Inputs longer than the window, without ``timestamps`` asked for: read window by window with
@@ -175,9 +216,10 @@ class FeatureReader:
             raise S2SError(f"{labels[0]} is longer than the encoder's window of {self.window(features)} frames and "
                            f"is read window by window, which gives one hypothesis: n_best must be 1, not "
                            f"{config.n_best}")
+        windows = self._windows(config)
         if config.timestamp_begin >= 1:
             config = with_timestamps(config, len(self.manifest.tgt_vocab))
-        return seek_windows(features, self.window(features), self.translator.engine.search, config)
+        return seek_windows(features, self.window(features), self.translator.engine.search, config, windows)
 
     def _with_segments(self, label: str, sought: Sought, timed: bool, whole_windows: bool = False) -> Decoded:
         """``sought`` as text, with its segments when the caller asked for ``timestamps`` (``timed``).
@@ -185,7 +227,8 @@ class FeatureReader:
         the windows' texts, stripped, joined by one space, since a window may end mid-word and ids
         laid end to end would run two windows' words together."""
         vocab = self.manifest.tgt_vocab  # timestamps are among its hidden ids (the plugin's hf_hidden_tokens)
-        segments = tuple(Segment(piece.start, piece.end, vocab.decode(piece.tokens)) for piece in sought.pieces)
+        segments = tuple(Segment(piece.start, piece.end, vocab.decode(piece.tokens), *window_facts(piece))
+                         for piece in sought.pieces)
         if whole_windows:
             text = " ".join(stripped for segment in segments if (stripped := segment.text.strip()))
         else:

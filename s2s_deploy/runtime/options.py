@@ -10,13 +10,14 @@ Imports numpy only.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from s2s_deploy.runtime.backend import DecodeRun
-from s2s_deploy.runtime.decoding import prefixes_of
+from s2s_deploy.runtime.decoding import prefixes_of, window_options_on
 
 if TYPE_CHECKING:
     from s2s_deploy.runtime.decoding import SearchConfig
@@ -30,7 +31,7 @@ def options_on(config: SearchConfig) -> bool:
     return (config.sampling_topk != 1 or config.repetition_penalty != 1.0 or config.no_repeat_ngram_size > 0
             or any(prefixes_of(config)) or bool(config.suppress_tokens) or config.disable_unk
             or bool(config.bad_words_ids) or config.forced_eos or config.forced_bos >= 0
-            or bool(config.begin_suppress_tokens) or config.timestamps)
+            or bool(config.begin_suppress_tokens) or config.timestamps or window_options_on(config))
 
 
 def sentence_limits(config: SearchConfig, src_len: np.ndarray) -> np.ndarray:
@@ -42,9 +43,15 @@ def sentence_limits(config: SearchConfig, src_len: np.ndarray) -> np.ndarray:
 
 def sentence_seeds(seed: int, src: np.ndarray, src_len: np.ndarray) -> list[np.random.Generator]:
     """One generator per sentence, from the seed and the sentence's own source ids: a sentence
-    samples the same tokens whatever its batch, its place in it, or the backend."""
-    return [np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, *src[i, : int(n)].tolist()])))
-            for i, n in enumerate(src_len)]
+    samples the same tokens whatever its batch, its place in it, or the backend. A features source
+    (floats) is seeded by the sha256 of its row's bytes and its length instead: a window read window
+    by window is always padded to the encoder's window, so its draws do not depend on its batchmates."""
+    if np.issubdtype(src.dtype, np.integer):
+        return [np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, *src[i, : int(n)].tolist()])))
+                for i, n in enumerate(src_len)]
+    return [np.random.Generator(np.random.PCG64(np.random.SeedSequence(
+        [seed, int(n), *np.frombuffer(hashlib.sha256(np.ascontiguousarray(src[i]).tobytes()).digest(),
+                                      dtype=np.uint32).tolist()]))) for i, n in enumerate(src_len)]
 
 
 def top_of(values: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -67,6 +74,17 @@ def top_of(values: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         else:
             ids[row] = candidates[np.argsort(negated[row, candidates], kind="stable")[:k]]
     return np.take_along_axis(values, ids, axis=1), ids
+
+
+def renormalise(out: np.ndarray) -> None:
+    """Each row, in place, as log-probs over the ids its options left (log-softmax of what is finite):
+    openai-whisper takes the log-softmax of the logits after its filters, so its average log-prob reads
+    the filtered distribution. A row's ranking is unchanged; a row with nothing left stays."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        top = out.max(axis=1, keepdims=True)
+        top = np.where(np.isfinite(top), top, np.float32(0.0))
+        norm = top + np.log(np.exp(out - top).sum(axis=1, keepdims=True, dtype=np.float64)).astype(np.float32)
+    out -= np.where(np.isfinite(norm), norm, np.float32(0.0))
 
 
 class StepOptions:
@@ -99,6 +117,7 @@ class StepOptions:
         self.single_bad = np.array(sorted({w[0] for w in config.bad_words_ids if len(w) == 1}), dtype=np.int64)
         self.long_bad = [w for w in config.bad_words_ids if len(w) > 1]
         self.sampling = config.sampling_topk != 1
+        self.renormalise = window_options_on(config) and config.beam_size == 1
         if config.timestamps and not 0 < config.timestamp_begin < vocab_size:
             raise ValueError(f"timestamp_begin {config.timestamp_begin} is outside the vocabulary "
                              f"(1..{vocab_size - 1})")
@@ -144,6 +163,8 @@ class StepOptions:
             out[:, self.eos] = -np.inf
         if config.timestamps:  # after every other rule, as generate's processor comes last
             self._timestamp_rules(out, history, t)
+        if self.renormalise:  # greedy and sampled fallback attempts: log-probs of the
+            renormalise(out)  # filtered distribution, as openai-whisper's (beam search keeps generate's ranking)
         forced = np.full(rows, -1, dtype=np.int64)
         if self.prefixes:
             for row in range(rows):

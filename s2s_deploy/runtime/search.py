@@ -25,8 +25,8 @@ import numpy as np
 from s2s_deploy.errors import S2SError
 from s2s_deploy.format.decoding import OPEN_SLOT
 from s2s_deploy.runtime.backend import Backend, DecodeRun
-from s2s_deploy.runtime.decoding import SearchConfig
-from s2s_deploy.runtime.options import StepOptions, options_on
+from s2s_deploy.runtime.decoding import SearchConfig, window_options_on
+from s2s_deploy.runtime.options import StepOptions, options_on, top_of
 
 NON_FINITE = "the decoder returned NaN log-probs: the model's weights or graph are broken (re-export it)"
 
@@ -44,6 +44,9 @@ class Hypothesis:
     finished: bool
     prompt: tuple[int, ...] = ()
     """The decoder prompt its sentence was fed, an open slot filled with the language chosen there."""
+    no_speech_prob: float | None = None
+    """The probability of ``no_speech_token`` right after the start token (openai-whisper's
+    ``no_speech_prob``), where the temperature fallback asked for it; else None."""
 
     @property
     def log_prob(self) -> float:
@@ -128,10 +131,14 @@ class PromptedRun(DecodeRun):
 
     An open slot (-1) is, per row, the token of ``languages`` with the best log-prob after the
     tokens before it (the first of equal ones, ascending ids), with no option applied: Whisper's
-    ``detect_language``. ``fed`` holds each row's prompt once the first step ran."""
+    ``detect_language``. ``fed`` holds each row's prompt once the first step ran.
+
+    ``no_speech`` (an id, -1: none): each row's probability of that id in the output right after the
+    start token (the model's own softmax, no option applied), kept in ``no_speech_probs``: openai-whisper
+    reads its no-speech probability there (``probs_at_sot``), after any earlier text."""
 
     def __init__(self, run: DecodeRun, start_id: int, prompt: tuple[int, ...], languages: tuple[int, ...],
-                 context: tuple[int, ...] = ()) -> None:
+                 context: tuple[int, ...] = (), no_speech: int = -1) -> None:
         if OPEN_SLOT in prompt and not languages:
             raise S2SError(f"the decoder prompt holds {OPEN_SLOT} (the language the model scores best), but the "
                            "backend knows no language tokens")
@@ -140,6 +147,11 @@ class PromptedRun(DecodeRun):
         self.run, self.start, self.prompt, self.context = run, start_id, prompt, context
         self.languages = np.asarray(sorted(languages), dtype=np.int64)
         self.fed: np.ndarray | None = None  # (rows, prompt tokens)
+        self.no_speech = no_speech
+        self.no_speech_probs: np.ndarray | None = None  # (rows,)
+
+    def _keep_no_speech(self, log_probs: np.ndarray) -> None:
+        self.no_speech_probs = np.exp(np.asarray(log_probs[:, self.no_speech], dtype=np.float64))
 
     def _tokens(self, tokens: np.ndarray) -> np.ndarray:
         if self.fed is not None:
@@ -150,9 +162,12 @@ class PromptedRun(DecodeRun):
             self.run.step_top(np.full(rows, token, dtype=np.int64), identity, 1)
         columns = [np.full(rows, token, dtype=np.int64) for token in (self.start, *self.prompt)]
         for position, token in enumerate(self.prompt):  # feeds the column before each prompt token
-            if token == OPEN_SLOT:  # chosen by the log-probs after the column before it
+            if token == OPEN_SLOT or (position == 0 and self.no_speech >= 0):  # the log-probs are read
                 log_probs = self.run.step(columns[position], identity)
-                columns[position + 1] = self.languages[np.argmax(log_probs[:, self.languages], axis=1)]
+                if position == 0 and self.no_speech >= 0:
+                    self._keep_no_speech(log_probs)
+                if token == OPEN_SLOT:  # chosen by the log-probs after the column before it
+                    columns[position + 1] = self.languages[np.argmax(log_probs[:, self.languages], axis=1)]
             else:
                 self.run.step_top(columns[position], identity, 1)
         self.fed = np.stack(columns[1:], axis=1) if self.prompt else np.empty((rows, 0), dtype=np.int64)
@@ -165,10 +180,28 @@ class PromptedRun(DecodeRun):
         per = len(self.fed) // sentences
         return [tuple(self.fed[i * per].tolist()) for i in range(sentences)]
 
+    def _at_start(self) -> bool:
+        """Whether this step is fed the start token itself (no decoder prompt) and its no-speech
+        probability is still to be read."""
+        return self.no_speech >= 0 and self.no_speech_probs is None and not self.prompt
+
+    def sentence_no_speech(self, sentences: int) -> list[float | None]:
+        """Each sentence's no-speech probability (its rows are alike there), None where not read."""
+        if self.no_speech_probs is None:
+            return [None] * sentences
+        per = len(self.no_speech_probs) // sentences
+        return [float(self.no_speech_probs[i * per]) for i in range(sentences)]
+
     def step(self, tokens: np.ndarray, reorder: np.ndarray) -> np.ndarray:
-        return self.run.step(self._tokens(tokens), reorder)
+        at_start = self._at_start()
+        log_probs = self.run.step(self._tokens(tokens), reorder)
+        if at_start:
+            self._keep_no_speech(log_probs)
+        return log_probs
 
     def step_top(self, tokens: np.ndarray, reorder: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        if self._at_start():
+            return top_of(np.asarray(self.step(tokens, reorder), dtype=np.float32), k)
         return self.run.step_top(self._tokens(tokens), reorder, k)
 
     def attention(self) -> np.ndarray | None:
@@ -179,19 +212,25 @@ class PromptedRun(DecodeRun):
 
 
 def prompted(run: DecodeRun, backend: Backend, config: SearchConfig) -> DecodeRun:
-    """``run`` itself without a prompt or decoder prompt (the common case costs nothing), else a ``PromptedRun``."""
-    if not config.decoder_prompt and not config.prompt:
+    """``run`` itself without a prompt, a decoder prompt or a no-speech probability to read (the
+    common case costs nothing), else a ``PromptedRun``."""
+    no_speech = config.no_speech_token if config.no_speech_token >= 0 and window_options_on(config) else -1
+    if not config.decoder_prompt and not config.prompt and no_speech < 0:
         return run
     context = (config.prompt_start, *config.prompt) if config.prompt else ()
-    return PromptedRun(run, backend.decoder_start_id, tuple(config.decoder_prompt), backend.language_ids, context)
+    return PromptedRun(run, backend.decoder_start_id, tuple(config.decoder_prompt), backend.language_ids, context,
+                       no_speech)
 
 
 def with_prompts(found: list[list[Hypothesis]], run: DecodeRun) -> list[list[Hypothesis]]:
-    """Hypotheses carrying the prompt their sentence was fed (unchanged without one)."""
+    """Hypotheses carrying the prompt their sentence was fed and its no-speech probability
+    (unchanged without a ``PromptedRun``)."""
     if not isinstance(run, PromptedRun):
         return found
-    return [[replace(h, prompt=prompt) for h in hyps] for hyps, prompt in zip(found, run.prompts(len(found)),
-                                                                             strict=True)]
+    sentences = len(found)
+    return [[replace(h, prompt=prompt, no_speech_prob=no_speech) for h in hyps]
+            for hyps, prompt, no_speech in zip(found, run.prompts(sentences), run.sentence_no_speech(sentences),
+                                               strict=True)]
 
 
 def greedy(backend: Backend, src: np.ndarray, src_len: np.ndarray, config: SearchConfig) -> list[Hypothesis]:

@@ -22,6 +22,7 @@ import numpy as np
 
 from s2s_deploy.errors import S2SError
 from s2s_deploy.runtime.decoding import SearchConfig
+from s2s_deploy.runtime.fallback import Outcome, Windows
 from s2s_deploy.runtime.search import Hypothesis
 
 Search = Callable[[np.ndarray, np.ndarray, SearchConfig], list[list[Hypothesis]]]
@@ -35,6 +36,9 @@ class Piece:
     start: float
     end: float
     tokens: tuple[int, ...]
+    window: Outcome | None = None
+    """With the temperature fallback (runtime/fallback.py): its window's outcome (temperature,
+    average log-prob, compression ratio, no-speech probability); else None."""
 
 
 @dataclass(frozen=True)
@@ -86,10 +90,13 @@ def whole_window(tokens: Sequence[int], seek: int, frames: int, config: SearchCo
     return [Piece(seek * scale, (seek + frames) * scale, tuple(tokens))], frames
 
 
-def seek_windows(features: Sequence[np.ndarray], window: int, search: Search, config: SearchConfig) -> list[Sought]:
+def seek_windows(features: Sequence[np.ndarray], window: int, search: Search, config: SearchConfig,
+                 windows: Callable[[int], Windows] | None = None) -> list[Sought]:
     """Every input (features with frames last) decoded window by window, batched across inputs.
     An open language slot is chosen on an input's first window and kept for the rest, as
-    ``generate`` detects the language once per input."""
+    ``generate`` detects the language once per input. ``windows`` (given the input count): the
+    temperature fallback's decoder (runtime/fallback.py), which also skips silent windows and feeds
+    each input's earlier text; inputs then share a batch only where their earlier texts agree."""
     if config.n_best != 1:
         raise S2SError(f"window-by-window decoding gives one hypothesis per input: n_best must be 1, not "
                        f"{config.n_best}")
@@ -100,30 +107,40 @@ def seek_windows(features: Sequence[np.ndarray], window: int, search: Search, co
     pieces: list[list[Piece]] = [[] for _ in range(count)]
     scores: list[list[float]] = [[] for _ in range(count)]
     prompts: list[tuple[int, ...] | None] = [None] * count
+    carry = windows(count) if windows is not None else None
     while True:
         active = [i for i in range(count) if seeks[i] < totals[i]]
         if not active:
             break
-        groups: dict[tuple[int, ...], list[int]] = {}
+        groups: dict[tuple[tuple[int, ...], tuple[int, ...]], list[int]] = {}
         for i in active:  # inputs past their first window feed the language their first one chose
-            groups.setdefault(prompts[i] or tuple(config.decoder_prompt), []).append(i)
-        for prompt, members in groups.items():
+            context = carry.context(i) if carry is not None else ()
+            groups.setdefault((prompts[i] or tuple(config.decoder_prompt), context), []).append(i)
+        for (prompt, context), members in groups.items():
             frames = [min(totals[i] - seeks[i], window) for i in members]
             batch = np.zeros((len(members), *features[members[0]].shape[:-1], window), dtype=features[members[0]].dtype)
             for row, (i, n) in enumerate(zip(members, frames, strict=True)):
                 batch[row, ..., :n] = features[i][..., seeks[i]: seeks[i] + n]
-            found = search(batch, np.full(len(members), window, dtype=np.int64),
-                           replace(config, decoder_prompt=prompt))
-            for i, n, hyps in zip(members, frames, found, strict=True):
-                best = hyps[0]
+            lengths = np.full(len(members), window, dtype=np.int64)
+            window_config = replace(config, decoder_prompt=prompt)
+            found = (carry.decode(batch, lengths, window_config, context) if carry is not None
+                     else [hyps[0] for hyps in search(batch, lengths, window_config)])
+            for i, n, decoded in zip(members, frames, found, strict=True):
+                best = decoded.hypothesis if isinstance(decoded, Outcome) else decoded
+                if prompts[i] is None:
+                    prompts[i] = best.prompt or prompt
+                if isinstance(decoded, Outcome) and decoded.skipped:  # silence: the whole window, no segment
+                    seeks[i] += n
+                    continue
                 window_pieces, advance = cut(best.tokens, seeks[i], n, config)
                 if advance <= 0:
                     raise S2SError("a window's timestamps did not advance the search (the model's timestamp "
                                    "tokens break the rules of docs/decoding.md)")
+                if isinstance(decoded, Outcome):
+                    window_pieces = [replace(piece, window=decoded) for piece in window_pieces]
+                    carry.update(i, [(p.start, p.end, p.tokens) for p in window_pieces], decoded)  # type: ignore[union-attr]
                 pieces[i] += window_pieces
                 scores[i].append(best.score)
-                if prompts[i] is None:
-                    prompts[i] = best.prompt or prompt
                 seeks[i] += advance
     return [Sought(tuple(p), tuple(s), pr or ()) for p, s, pr in zip(pieces, scores, prompts, strict=True)]
 

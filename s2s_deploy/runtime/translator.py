@@ -14,7 +14,7 @@ import numpy as np
 from s2s_deploy.errors import S2SError
 from s2s_deploy.format.manifest import Manifest, load_manifest
 from s2s_deploy.format.vocab import UNK, Vocabulary, split
-from s2s_deploy.runtime.decoding import SearchConfig, resolve
+from s2s_deploy.runtime.decoding import SearchConfig, resolve, window_options_on
 from s2s_deploy.runtime.scoring import Scored
 from s2s_deploy.runtime.search import Hypothesis, SearchEngine, StepLoop
 
@@ -281,8 +281,12 @@ class Translator:
                       alpha: float | None = None, **options: object) -> SearchConfig:
         """The options given (None: not given) over this export's defaults: ``decoding.resolve``.
         ``options``: any SearchConfig field by name; token options also take strings."""
-        return resolve(self.manifest, {"beam_size": beam, "n_best": n_best, "max_len": max_len, "alpha": alpha,
-                                       **options})
+        config = resolve(self.manifest, {"beam_size": beam, "n_best": n_best, "max_len": max_len, "alpha": alpha,
+                                         **options})
+        if window_options_on(config) and not self.manifest.encoder_input.is_features:
+            raise S2SError("the temperature fallback and its options (temperature, thresholds, "
+                           "condition_on_previous_text, initial_prompt) read audio window by window: use transcribe")
+        return config
 
     def config_for(self, config: SearchConfig | None, beam: int | None, n_best: int | None, max_len: int | None,
                    alpha: float | None, options: dict[str, object]) -> SearchConfig:

@@ -37,8 +37,12 @@ CONFIG_ENV = "S2S_DEPLOY_SERVE_CONFIG"
 """How ``--workers N`` hands the settings to each worker process (uvicorn imports the factory)."""
 
 OPTIONS = {"beam": "beam_size", "n_best": "n_best", "alpha": "alpha", "max_len": "max_len",
-           "target_lang": "target_lang", "task": "task", "timestamps": "timestamps", "prompt": "prompt"}
-"""The options a request may name, as ``Translator`` names them, and the table's option each sets."""
+           "target_lang": "target_lang", "task": "task", "timestamps": "timestamps", "prompt": "prompt",
+           **{name: name for name in ("preset", "temperature", "best_of", "seed", "compression_ratio_threshold",
+                                      "log_prob_threshold", "no_speech_threshold", "condition_on_previous_text",
+                                      "initial_prompt", "prompt_reset_on_temperature", "suppress_blank")}}
+"""The options a request may name, as ``Translator`` names them, and the table's option each sets
+(the temperature fallback's by their own names, as ``transcribe`` takes them)."""
 SPELLED = {option: name for name, option in OPTIONS.items()}
 MAX_BODY_BYTES = 1 << 20
 """A larger JSON body is refused (413) before it is read."""
@@ -210,7 +214,7 @@ def create_app(config: ServeConfig) -> Starlette:
             result = (await transcribe_upload(transcriber, batcher, state["front_end"], data, search)).result
         except S2SError as exc:
             return _refusal(exc)
-        timed = {"segments": [asdict(s) for s in result.segments]} if search.timestamps else {}
+        timed = {"segments": [s.row() for s in result.segments]} if search.timestamps else {}
         return JSONResponse({"transcriptions": [{**_hypotheses(result), "language": result.language, **timed}]})
 
     async def health(request: Request) -> JSONResponse:

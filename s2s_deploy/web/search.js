@@ -79,6 +79,17 @@
     max_initial_timestamp: -1,
     time_precision: 0.02,
     timestamp_frames: 2,
+    preset: "",
+    temperature: [],
+    best_of: 1,
+    compression_ratio_threshold: null,
+    log_prob_threshold: null,
+    no_speech_threshold: null,
+    no_speech_token: -1,
+    condition_on_previous_text: false,
+    initial_prompt: [],
+    prompt_reset_on_temperature: 0.5,
+    suppress_blank: false,
   };
   const ALIASES = {
     alpha: ["length_penalty_alpha"],
@@ -86,7 +97,8 @@
   // END generated
   // prompt_start and the timestamp parameters change nothing while prompt and timestamps are off (refused when on)
   const RUN_HERE = new Set(['beam_size', 'n_best', 'alpha', 'max_len', 'max_len_a', 'max_len_b', 'seed', 'early_stopping',
-    'prompt_start', 'timestamp_begin', 'max_initial_timestamp', 'time_precision', 'timestamp_frames']);
+    'prompt_start', 'timestamp_begin', 'max_initial_timestamp', 'time_precision', 'timestamp_frames', 'no_speech_token',
+    'best_of', 'prompt_reset_on_temperature']);
 
   function resolve(manifest, given = {}) {
     const stored = manifest.search || {};
