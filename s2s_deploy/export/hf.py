@@ -22,6 +22,7 @@ from s2s_deploy.architecture.registry import REGISTRY
 from s2s_deploy.errors import CheckpointError, UnknownNameError
 from s2s_deploy.export.checkpoint import Checkpoint, build_model, save_checkpoint
 from s2s_deploy.export.contract import ArchitecturePlugin, HFWeights
+from s2s_deploy.export.hf_tokenizer import SlowTokenizer, read_slow_tokenizer, with_cleanup
 from s2s_deploy.format.decoding import OPEN_SLOT
 from s2s_deploy.format.files import inside as contained
 from s2s_deploy.format.subword import HF, SENTENCEPIECE, HFTokenizer, TokenizerFile
@@ -30,6 +31,7 @@ from s2s_deploy.format.vocab import Vocabulary
 CONFIG_FILE = "config.json"
 GENERATION_FILE = "generation_config.json"
 TOKENIZER_FILE = "tokenizer.json"
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
 SAMPLE_COUNT = 16
 SAMPLE_SEED = 0
 
@@ -215,31 +217,44 @@ def vocabulary(size: int, ids: Mapping[str, int | None]) -> Vocabulary:
                       decoder_start_id=ids["decoder_start"])
 
 
-def tokenizer_vocabulary(directory: Path, size: int, ids: Mapping[str, int | None]) -> Vocabulary | None:
-    """The folder's ``tokenizer.json`` as an ``hf`` vocabulary, so the export takes text: its ids
-    must be the model's first ones, without gaps (``_padded_table`` names any spare rows). The
-    framing its post-processor adds around a sentence (``<s> ... </s>``, ``... </s>``,
-    ``... </s> en_XX``) becomes the vocabulary's prefix and suffix. None without the file;
-    refused if it disagrees."""
-    path = inside(directory, TOKENIZER_FILE)
-    if not path.is_file():
-        return None
-    file = TokenizerFile.read(path)
+def tokenizer_vocabulary(file: TokenizerFile, size: int, ids: Mapping[str, int | None],
+                         framing: tuple[tuple[int, ...], tuple[int, ...]] | None = None) -> Vocabulary:
+    """A ``tokenizer.json`` as an ``hf`` vocabulary, so the export takes text: its ids must be the
+    model's first ones, without gaps (``_padded_table`` names any spare rows). The framing its
+    post-processor adds around a sentence (``<s> ... </s>``, ``... </s>``, ``... </s> en_XX``)
+    becomes the vocabulary's prefix and suffix (no framing at all: EOS after), unless ``framing``
+    (the prefix and suffix transformers' own tokenizer adds) says otherwise. Refused if it disagrees."""
     model = HFTokenizer(file)
     table = {i: token for token, i in model.vocab().items()}
     if sorted(table) != list(range(len(table))) or len(table) > size:
-        raise CheckpointError(f"{path} holds {len(table)} ids, not the model's 0..{size - 1}: move it aside to "
+        raise CheckpointError(f"{file.name} holds {len(table)} ids, not the model's 0..{size - 1}: move it aside to "
                               "export an ids-only vocabulary")
     probe = "a"
     plain = model.ids(probe)
     framed = model.tokenizer.encode(probe, add_special_tokens=True).ids
     at = next((i for i in range(len(framed) - len(plain) + 1) if framed[i : i + len(plain)] == plain), None)
     if not plain or at is None:
-        raise CheckpointError(f"{path}: cannot tell which special tokens frame a sentence")
-    suffix = tuple(framed[at + len(plain):])
+        raise CheckpointError(f"{file.name}: cannot tell which special tokens frame a sentence")
+    prefix, suffix = (tuple(framed[:at]), tuple(framed[at + len(plain):]) or None) if framing is None else framing
     return Vocabulary(_padded_table(table, size), HF, pad_id=ids["pad"], bos_id=ids["bos"],
                       eos_id=ids["eos"], unk_id=ids["unk"], decoder_start_id=ids["decoder_start"],
-                      prefix=tuple(framed[:at]), suffix=suffix or None, tokenizer=file)
+                      prefix=prefix, suffix=suffix, tokenizer=file)
+
+
+def folder_tokenizer(directory: Path) -> TokenizerFile | None:
+    """The folder's ``tokenizer.json``, with transformers' ``clean_up_tokenization`` written into its
+    decoder where ``tokenizer_config.json`` turns it on (``decode`` would run it; transformers 5
+    skips it for a BPE model)."""
+    path = inside(directory, TOKENIZER_FILE)
+    if not path.is_file():
+        return None
+    file = TokenizerFile.read(path)
+    settings = _json(directory, TOKENIZER_CONFIG_FILE, False)
+    if settings.get("clean_up_tokenization_spaces"):
+        kind = json.loads(file.data.decode("utf-8")).get("model", {}).get("type")
+        if kind != "BPE" or settings.get("clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output"):
+            file = TokenizerFile(TOKENIZER_FILE, with_cleanup(file.data.decode("utf-8")).encode("utf-8"))
+    return file
 
 
 def _padded_table(table: Mapping[int, str], size: int) -> tuple[str, ...]:
@@ -249,38 +264,58 @@ def _padded_table(table: Mapping[int, str], size: int) -> tuple[str, ...]:
 
 
 def sentencepiece_vocabularies(directory: Path, files: tuple[str, str, str], size: int,
-                               ids: Mapping[str, int | None]) -> tuple[Vocabulary, Vocabulary] | None:
+                               ids: Mapping[str, int | None], slow: SlowTokenizer | None = None,
+                               ) -> tuple[Vocabulary, Vocabulary] | None:
     """A family's own SentencePiece files (the plugin's ``hf_sentencepiece_files``; opus-mt's
-    ``source.spm``, ``target.spm``, ``vocab.json``): each model splits its side's text into pieces,
-    and the JSON maps a piece to the model's id (unknown pieces to unk); a source sentence ends
-    with EOS. None unless all three are there."""
+    ``source.spm``, ``target.spm``, ``vocab.json``; M2M100's one ``sentencepiece.bpe.model`` twice):
+    each model splits its side's text into pieces, and the JSON maps a piece to the model's id
+    (unknown pieces to unk); a source sentence ends with EOS. With the folder's tokenizer as
+    transformers loads it (``slow``), its added tokens join the table (M2M100's ``__fr__``), it
+    frames a source sentence (``__en__ ... </s>``), and its special ids are hidden from the text,
+    as ``decode(skip_special_tokens=True)`` drops them. None unless all files are there."""
     source, target, table_file = (inside(directory, name) for name in files)
     if not all(path.is_file() for path in (source, target, table_file)):
         return None
     mapping = _json(directory, files[2], True)
     table = {i: piece for piece, i in mapping.items() if isinstance(i, int)}
+    if slow is not None:
+        table |= {i: token for token, i in slow.vocab.items() if i not in table and 0 <= i < size}
     if sorted(table) != list(range(len(table))) or len(table) > size:
         raise CheckpointError(f"{table_file} maps {len(table)} ids, not the model's 0..{size - 1}")
     tokens = _padded_table(table, size)
     unk = ids["unk"] if ids["unk"] is not None else mapping.get("<unk>")  # some configs name no unk id
-    special = {"pad_id": ids["pad"], "bos_id": ids["bos"], "eos_id": ids["eos"], "unk_id": unk,
-               "decoder_start_id": ids["decoder_start"]}
-    return (Vocabulary(tokens, SENTENCEPIECE, tokenizer=TokenizerFile.read(source), **special),
-            Vocabulary(tokens, SENTENCEPIECE, tokenizer=TokenizerFile.read(target), **special))
+    special: dict[str, Any] = {"pad_id": ids["pad"], "bos_id": ids["bos"], "eos_id": ids["eos"], "unk_id": unk,
+                               "decoder_start_id": ids["decoder_start"]}
+    framing: dict[str, Any] = {}
+    if slow is not None:
+        framing = {"prefix": slow.prefix, "suffix": slow.suffix or None,
+                   "hidden": tuple(i for i in slow.special if 0 <= i < size)}
+    return (Vocabulary(tokens, SENTENCEPIECE, tokenizer=TokenizerFile.read(source), **special,
+                       **{k: v for k, v in framing.items() if k != "hidden"}),
+            Vocabulary(tokens, SENTENCEPIECE, tokenizer=TokenizerFile.read(target), **special,
+                       **{k: v for k, v in framing.items() if k == "hidden"}))
 
 
 def text_vocabularies(plugin: ArchitecturePlugin, directory: Path, weights: HFWeights,
                       ids: Mapping[str, int | None]) -> tuple[Vocabulary, Vocabulary]:
-    """The folder's own tokenizer files, first the family's SentencePiece files, then a
-    ``tokenizer.json``; without either, ids-only vocabularies."""
+    """The folder's own tokenizer files: first the family's SentencePiece files, then a
+    ``tokenizer.json``, then (where transformers is installed) one converted from the family's
+    slow tokenizer files (``hf_tokenizer.py``); without any, ids-only vocabularies."""
     size = weights.src_vocab_size
     if size == weights.tgt_vocab_size:  # the families here share one vocabulary
-        if plugin.hf_sentencepiece_files is not None:
-            found = sentencepiece_vocabularies(directory, plugin.hf_sentencepiece_files, size, ids)
+        files = plugin.hf_sentencepiece_files
+        if files is not None and all(inside(directory, name).is_file() for name in files):
+            found = sentencepiece_vocabularies(directory, files, size, ids, read_slow_tokenizer(directory))
             if found is not None:
                 return found
-        shared = tokenizer_vocabulary(directory, size, ids)
-        if shared is not None:
+        file, framing = folder_tokenizer(directory), None
+        if file is None:
+            slow = read_slow_tokenizer(directory, plugin.hf_tokenizer_converter)
+            if slow is not None and slow.tokenizer_json is not None:
+                file = TokenizerFile(TOKENIZER_FILE, slow.tokenizer_json.encode("utf-8"))
+                framing = slow.prefix, slow.suffix
+        if file is not None:
+            shared = tokenizer_vocabulary(file, size, ids, framing)
             return shared, shared
     return vocabulary(weights.src_vocab_size, ids), vocabulary(weights.tgt_vocab_size, ids)
 

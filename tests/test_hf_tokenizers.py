@@ -1,0 +1,168 @@
+"""Every text family's slow tokenizer files as the export's vocabulary, against ``transformers``.
+
+One row per family in ``FOLDERS``: the files its older Hub folders ship instead of a
+``tokenizer.json`` (``spiece.model``, ``sentencepiece.bpe.model`` with or without ``vocab.json``,
+``vocab.json`` with ``merges.txt``, ``prophetnet.tokenizer``), made here from tiny trained models
+with no network, and a ``config.json``. The export reads the folder (``text_vocabularies``) and
+must tokenise the built-in multilingual sample exactly as ``AutoTokenizer`` does, and detokenise
+seeded random id streams as ``tokenizer.decode(ids, skip_special_tokens=True)`` does. The rows
+that export and decode (``translate`` against ``decode(generate(...))``) are marked slow.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+transformers = pytest.importorskip("transformers")
+sentencepiece = pytest.importorskip("sentencepiece")
+
+from s2s_deploy.architecture.declaration import HFWeights  # noqa: E402
+from s2s_deploy.export.hf import plugin_for, special_ids, text_vocabularies  # noqa: E402
+from s2s_deploy.export.hf_tokenizer import load_auto_tokenizer  # noqa: E402
+from s2s_deploy.export.tokenizer_parity import SAMPLE, check_tokenizer  # noqa: E402
+
+CORPUS = (
+    "the quick brown fox jumps over the lazy dog", "hello world, how are you today?", "it's a nice day",
+    "café naïve résumé über Straße", "Привет мир как дела", "东京 北京 日本 中国", "مرحبا بالعالم",
+    "नमस्ते दुनिया", "numbers 1,234.56 and 2024-03-15", "https://example.com/path?q=1",
+) * 20
+
+
+def spm(kind: str, size: int, **options: Any) -> bytes:
+    """A tiny trained SentencePiece model (``character_coverage`` 1: every corpus character a piece)."""
+    buffer = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(sentence_iterator=iter(CORPUS), model_writer=buffer, vocab_size=size,
+                                             model_type=kind, character_coverage=1.0, hard_vocab_limit=False,
+                                             minloglevel=2, **options)
+    return buffer.getvalue()
+
+
+T5_IDS = {"pad_id": 0, "eos_id": 1, "unk_id": 2, "bos_id": -1}  # t5-small's spiece.model layout
+
+
+def t5_files(folder: Path) -> None:
+    (folder / "spiece.model").write_bytes(spm("unigram", 120, **T5_IDS))
+
+
+def pegasus_files(folder: Path) -> None:
+    (folder / "spiece.model").write_bytes(spm("unigram", 120, **T5_IDS))
+
+
+def fairseq_spm_files(folder: Path, **config: Any) -> None:
+    """mBART/NLLB/XLM-R style: ``sentencepiece.bpe.model`` whose ids the tokenizer shifts by fairseq's offset."""
+    (folder / "sentencepiece.bpe.model").write_bytes(spm("bpe", 120))
+    if config:
+        (folder / "tokenizer_config.json").write_text(json.dumps(config))
+
+
+def m2m100_files(folder: Path) -> None:
+    """M2M100: ``sentencepiece.bpe.model`` split into pieces, ``vocab.json`` maps them (fairseq's order)."""
+    model = spm("bpe", 120)
+    (folder / "sentencepiece.bpe.model").write_bytes(model)
+    processor = sentencepiece.SentencePieceProcessor(model_proto=model)
+    pieces = [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
+    table = ["<s>", "<pad>", "</s>", "<unk>", *sorted(p for p in pieces if p not in ("<s>", "</s>", "<unk>"))]
+    (folder / "vocab.json").write_text(json.dumps({p: i for i, p in enumerate(table)}))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "M2M100Tokenizer", "src_lang": "en",
+                                                               "tgt_lang": "fr"}))
+
+
+def byte_bpe_files(folder: Path) -> None:
+    """GPT-2's byte-level BPE (BART, LED, Blenderbot): ``vocab.json`` and ``merges.txt``."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(vocab_size=330, special_tokens=["<s>", "<pad>", "</s>", "<unk>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tokenizer.train_from_iterator(CORPUS, trainer)
+    tokenizer.model.save(str(folder))
+    vocab = json.loads((folder / "vocab.json").read_text())
+    vocab["<mask>"] = len(vocab)
+    (folder / "vocab.json").write_text(json.dumps(vocab))
+
+
+def wordpiece_files(folder: Path) -> None:
+    """ProphetNet's ``prophetnet.tokenizer``: BERT's ``vocab.txt``, one token a line."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    specials = ["[PAD]", "[CLS]", "[SEP]", "[UNK]", "[MASK]", "[X_SEP]"]
+    tokenizer.train_from_iterator(CORPUS, trainers.WordPieceTrainer(vocab_size=200, special_tokens=specials,
+                                                                    show_progress=False))
+    table = sorted(tokenizer.get_vocab().items(), key=lambda item: item[1])
+    (folder / "prophetnet.tokenizer").write_text("".join(f"{token}\n" for token, _ in table), encoding="utf-8")
+
+
+@dataclass(frozen=True)
+class Folder:
+    """A family's slow files: ``model_type``, how to write them, the config's special ids and its vocabulary size."""
+
+    model_type: str
+    files: Callable[[Path], None]
+    ids: dict[str, int]
+    size: int
+    level: str = "hf"
+
+    def write(self, folder: Path) -> Path:
+        folder.mkdir(parents=True, exist_ok=True)
+        self.files(folder)
+        config = {"model_type": self.model_type, "vocab_size": self.size, **{f"{k}_token_id": v
+                                                                               for k, v in self.ids.items()}}
+        (folder / "config.json").write_text(json.dumps(config))
+        return folder
+
+
+BART_IDS = {"bos": 0, "pad": 1, "eos": 2, "decoder_start": 2}
+T5_CONFIG_IDS = {"pad": 0, "eos": 1, "decoder_start": 0}
+FOLDERS: tuple[Folder, ...] = (
+    Folder("t5", t5_files, T5_CONFIG_IDS, 256),
+    Folder("mt5", t5_files, T5_CONFIG_IDS, 256),
+    Folder("umt5", lambda f: (t5_files(f), (f / "tokenizer_config.json").write_text(
+        json.dumps({"tokenizer_class": "T5Tokenizer"}))), T5_CONFIG_IDS, 256),
+    Folder("longt5", lambda f: (t5_files(f), (f / "tokenizer_config.json").write_text(
+        json.dumps({"tokenizer_class": "T5Tokenizer"}))), T5_CONFIG_IDS, 256),
+    Folder("pegasus", pegasus_files, T5_CONFIG_IDS, 256),
+    Folder("pegasus_x", lambda f: (pegasus_files(f), (f / "tokenizer_config.json").write_text(
+        json.dumps({"tokenizer_class": "PegasusTokenizer"}))), T5_CONFIG_IDS, 256),
+    Folder("mbart", lambda f: fairseq_spm_files(f, tokenizer_class="MBartTokenizer", src_lang="en_XX"),
+           BART_IDS, 256),
+    Folder("m2m_100", lambda f: fairseq_spm_files(f, tokenizer_class="NllbTokenizer", src_lang="fra_Latn"),
+           BART_IDS, 400),
+    Folder("m2m_100", m2m100_files, BART_IDS, 256, level="sentencepiece"),
+    Folder("bart", byte_bpe_files, BART_IDS, 360),
+    Folder("led", byte_bpe_files, BART_IDS, 360),
+    Folder("blenderbot", byte_bpe_files, {"bos": 0, "pad": 1, "eos": 2, "decoder_start": 0}, 360),
+    Folder("prophetnet", wordpiece_files, {"pad": 0, "bos": 2, "eos": 2, "decoder_start": 2}, 256),
+)
+
+
+def _row_id(folder: Folder) -> str:
+    return f"{folder.model_type}-{folder.level}" if folder.level != "hf" else folder.model_type
+
+
+def vocabularies(folder: Folder, path: Path) -> tuple[Any, Any]:
+    config = json.loads((path / "config.json").read_text())
+    weights = HFWeights(None, {}, folder.size, folder.size)
+    return text_vocabularies(plugin_for(config), path, weights, special_ids(config, {}))
+
+
+@pytest.mark.parametrize("folder", FOLDERS, ids=_row_id)
+def test_slow_files_tokenise_as_transformers(folder: Folder, tmp_path: Path) -> None:
+    path = folder.write(tmp_path / "hf")
+    assert not (path / "tokenizer.json").exists()
+    source, target = vocabularies(folder, path)
+    assert source.level == folder.level and target.level == folder.level
+    tokenizer = load_auto_tokenizer(path)
+    report = check_tokenizer(tokenizer, source, target, SAMPLE, [])
+    assert report.encoded == len(SAMPLE) and report.decoded > 0
+    assert report.passed, "\n".join(m.line() for m in report.mismatches)
