@@ -74,6 +74,35 @@ def m2m100_files(folder: Path) -> None:
                                                                "tgt_lang": "fr"}))
 
 
+MUSTC = ("pt", "fr", "ru", "nl", "ro", "it", "es", "de")
+
+
+def speech_to_text_files(folder: Path) -> None:
+    """Speech2Text's target side: ``sentencepiece.bpe.model`` holding MuST-C's ``<lang:xx>`` pieces,
+    ``vocab.json`` mapping pieces to ids, the target language named in ``tokenizer_config.json``."""
+    model = spm("unigram", 120, user_defined_symbols=[f"<lang:{code}>" for code in MUSTC])
+    (folder / "sentencepiece.bpe.model").write_bytes(model)
+    processor = sentencepiece.SentencePieceProcessor(model_proto=model)
+    pieces = [processor.id_to_piece(i) for i in range(processor.get_piece_size())]
+    table = ["<s>", "<pad>", "</s>", "<unk>", *(p for p in pieces if p not in ("<s>", "</s>", "<unk>"))]
+    (folder / "vocab.json").write_text(json.dumps({p: i for i, p in enumerate(table)}))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "Speech2TextTokenizer",
+                                                               "lang_codes": "mustc", "tgt_lang": "fr"}))
+
+
+def opus_mt(folder: Path) -> None:
+    """opus-mt's ``source.spm``, ``target.spm`` and ``vocab.json`` (eos 0, unk 1, pad last)."""
+    source, target = spm("unigram", 100), spm("unigram", 90)
+    (folder / "source.spm").write_bytes(source)
+    (folder / "target.spm").write_bytes(target)
+    pieces: set[str] = set()
+    for model in (source, target):
+        processor = sentencepiece.SentencePieceProcessor(model_proto=model)
+        pieces |= {processor.id_to_piece(i) for i in range(processor.get_piece_size())}
+    table = ["</s>", "<unk>", *sorted(pieces - {"<unk>", "<s>", "</s>"}), "<pad>"]
+    (folder / "vocab.json").write_text(json.dumps({p: i for i, p in enumerate(table)}))
+
+
 def byte_bpe_files(folder: Path) -> None:
     """GPT-2's byte-level BPE (BART, LED, Blenderbot): ``vocab.json`` and ``merges.txt``."""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
@@ -139,6 +168,9 @@ FOLDERS: tuple[Folder, ...] = (
     Folder("m2m_100", lambda f: fairseq_spm_files(f, tokenizer_class="NllbTokenizer", src_lang="fra_Latn"),
            BART_IDS, 400),
     Folder("m2m_100", m2m100_files, BART_IDS, 256, level="sentencepiece"),
+    Folder("speech_to_text", speech_to_text_files, {"bos": 0, "pad": 1, "eos": 2, "decoder_start": 2}, 256,
+           level="sentencepiece"),
+    Folder("marian", opus_mt, {"pad": 255, "eos": 0, "decoder_start": 255}, 256, level="sentencepiece"),
     Folder("bart", byte_bpe_files, BART_IDS, 360),
     Folder("led", byte_bpe_files, BART_IDS, 360),
     Folder("blenderbot", byte_bpe_files, {"bos": 0, "pad": 1, "eos": 2, "decoder_start": 0}, 360),
@@ -166,3 +198,42 @@ def test_slow_files_tokenise_as_transformers(folder: Folder, tmp_path: Path) -> 
     report = check_tokenizer(tokenizer, source, target, SAMPLE, [])
     assert report.encoded == len(SAMPLE) and report.decoded > 0
     assert report.passed, "\n".join(m.line() for m in report.mismatches)
+
+
+def test_language_tokens_come_from_the_slow_tokenizer(tmp_path: Path) -> None:
+    """M2M100's ``__xx__`` tokens follow ``vocab.json`` only in its tokenizer: the export names them
+    (so ``target_lang`` finds them), frames a source as ``__en__ ... </s>``, and decodes them as
+    transformers does (5.24 keeps them in the text: they are not among its special tokens)."""
+    folder = next(f for f in FOLDERS if f.level == "sentencepiece" and f.model_type == "m2m_100")
+    path = folder.write(tmp_path / "hf")
+    source, target = vocabularies(folder, path)
+    tokenizer = load_auto_tokenizer(path)
+    french = tokenizer.convert_tokens_to_ids("__fr__")
+    assert source.prefix == (tokenizer.convert_tokens_to_ids("__en__"),) and source.suffix == (tokenizer.eos_token_id,)
+    assert target.tokens[french] == "__fr__"
+    assert target.decode([french, 10, 11]) == tokenizer.decode([french, 10, 11], skip_special_tokens=True)
+
+
+def test_a_broken_tokenizer_fails_with_the_text_and_both_id_sequences(tmp_path: Path) -> None:
+    """A ``tokenizer.json`` whose normaliser was removed (T5's strips and folds nothing then)
+    tokenises the sample otherwise: the report names the first differing text and both ids."""
+    from s2s_deploy.format.subword import HF, TokenizerFile
+    from s2s_deploy.format.vocab import Vocabulary
+
+    folder = FOLDERS[0]
+    path = folder.write(tmp_path / "hf")
+    source, target = vocabularies(folder, path)
+    data = json.loads(source.tokenizer.data)
+    assert data["normalizer"] is not None
+    data["normalizer"] = None
+    broken = TokenizerFile("tokenizer.json", json.dumps(data).encode())
+    fields = {k: getattr(source, k) for k in ("pad_id", "bos_id", "eos_id", "unk_id", "decoder_start_id", "prefix",
+                                               "suffix")}
+    source = Vocabulary(source.tokens, HF, tokenizer=broken, **fields)
+    tokenizer = load_auto_tokenizer(path)
+    report = check_tokenizer(tokenizer, source, target, SAMPLE, [])
+    assert not report.passed
+    first = report.mismatches[0]
+    assert first.what == "source ids" and first.text in SAMPLE
+    assert first.ours == source.encode(first.text) and first.theirs == tokenizer(first.text)["input_ids"]
+    assert first.ours != first.theirs and repr(first.text) in first.line()

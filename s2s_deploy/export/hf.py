@@ -32,6 +32,8 @@ CONFIG_FILE = "config.json"
 GENERATION_FILE = "generation_config.json"
 TOKENIZER_FILE = "tokenizer.json"
 TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+UNUSED = "<unused:"
+"""How the name of an id beyond the tokenizer's begins (``_padded_table``)."""
 SAMPLE_COUNT = 16
 SAMPLE_SEED = 0
 
@@ -260,7 +262,7 @@ def folder_tokenizer(directory: Path) -> TokenizerFile | None:
 def _padded_table(table: Mapping[int, str], size: int) -> tuple[str, ...]:
     """Token strings of ids 0..size-1. A model's embedding may have more rows than its tokenizer
     has ids (T5: 32,128 against 32,100); those ids get names no text can produce."""
-    return tuple(table.get(i, f"<unused:{i}>") for i in range(size))
+    return tuple(table.get(i, f"{UNUSED}{i}>") for i in range(size))
 
 
 def sentencepiece_vocabularies(directory: Path, files: tuple[str, str, str], size: int,
@@ -305,12 +307,12 @@ def text_vocabularies(plugin: ArchitecturePlugin, directory: Path, weights: HFWe
     if size == weights.tgt_vocab_size:  # the families here share one vocabulary
         files = plugin.hf_sentencepiece_files
         if files is not None and all(inside(directory, name).is_file() for name in files):
-            found = sentencepiece_vocabularies(directory, files, size, ids, read_slow_tokenizer(directory))
+            found = sentencepiece_vocabularies(directory, files, size, ids, read_slow_tokenizer(directory, size))
             if found is not None:
                 return found
         file, framing = folder_tokenizer(directory), None
         if file is None:
-            slow = read_slow_tokenizer(directory, plugin.hf_tokenizer_converter)
+            slow = read_slow_tokenizer(directory, size, plugin.hf_tokenizer_converter)
             if slow is not None and slow.tokenizer_json is not None:
                 file = TokenizerFile(TOKENIZER_FILE, slow.tokenizer_json.encode("utf-8"))
                 framing = slow.prefix, slow.suffix

@@ -125,11 +125,11 @@ def _with_framing(backend: Any, tokenizer: Any, prefix: tuple[int, ...], suffix:
     return backend.to_str()
 
 
-def read_slow_tokenizer(directory: Path, converter: str | None = None) -> SlowTokenizer | None:
-    """The folder's tokenizer as transformers loads it (None without transformers, or where it
-    loads none). A ``tokenizers``-backed tokenizer gives its own ``tokenizer.json``; a Python one
-    goes through ``converter`` (a class of ``transformers.convert_slow_tokenizer``) if the plugin
-    names one, and gives none otherwise."""
+def read_slow_tokenizer(directory: Path, size: int, converter: str | None = None) -> SlowTokenizer | None:
+    """The folder's tokenizer as transformers loads it, its ids up to the model's ``size`` (None
+    without transformers, or where it loads none). A ``tokenizers``-backed tokenizer gives its own
+    ``tokenizer.json``; a Python one goes through ``converter`` (a class of
+    ``transformers.convert_slow_tokenizer``) if the plugin names one, and gives none otherwise."""
     tokenizer = load_auto_tokenizer(directory)
     if tokenizer is None:
         return None
@@ -138,8 +138,20 @@ def read_slow_tokenizer(directory: Path, converter: str | None = None) -> SlowTo
         return None
     prefix, suffix = framed
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    found = SlowTokenizer(dict(tokenizer.get_vocab()), prefix, suffix, tuple(sorted(set(tokenizer.all_special_ids))),
-                          None)
+    vocab = dict(tokenizer.get_vocab())
+    # M2M100's language tokens are in neither get_vocab() nor the added tokens in transformers 5:
+    # the ids up to the model's size that it names other than unk
+    known = set(vocab.values())
+    unk = getattr(tokenizer, "unk_token", None)
+    for i in (i for i in range(size) if i not in known):
+        try:
+            token = tokenizer.convert_ids_to_tokens(i)
+        except (IndexError, KeyError, ValueError):  # Marian's asks SentencePiece, which refuses
+            continue
+        if token is not None and token != unk:
+            vocab.setdefault(str(token), i)
+    found = SlowTokenizer(vocab, prefix, suffix,
+                          tuple(sorted(set(tokenizer.all_special_ids))), None)
     text = None
     if backend is not None:
         text = backend.to_str()

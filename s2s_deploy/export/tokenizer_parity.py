@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from s2s_deploy.export.hf import UNUSED
 from s2s_deploy.format.vocab import SUBWORD_LEVELS, Vocabulary
 
 _NFC_NFD = "Ça brûle, Åsa und Ämter; naïve café résumé"
@@ -96,7 +97,8 @@ def check_tokenizer(tokenizer: Any, source: Vocabulary | None, target: Vocabular
     """``source`` (None for an encoder that reads features) encodes each of ``texts`` as
     ``tokenizer`` does; ``target`` decodes each of ``outputs`` (``generate``'s tokens) and
     ``streams`` seeded random id streams as ``tokenizer.decode(ids, skip_special_tokens=True)``
-    does. A stream stops before EOS (where the runtime stops) and draws from the ids both know."""
+    does. A stream stops before EOS (where the runtime stops) and draws from the ids both know
+    (not the model's spare rows past the tokenizer's, named ``UNUSED``)."""
     if target.level not in SUBWORD_LEVELS:
         return TokenizerReport(0, 0, 0, 0, (), skipped="the export reads and writes ids (no tokenizer files)")
     mismatches: list[TokenizerMismatch] = []
@@ -110,9 +112,8 @@ def check_tokenizer(tokenizer: Any, source: Vocabulary | None, target: Vocabular
                 same_encoded += 1
             elif not any(m.what == "source ids" for m in mismatches):
                 mismatches.append(TokenizerMismatch("source ids", text, ours, theirs))
-    size = min(len(target.tokens), len(tokenizer))
     rng = random.Random(seed)
-    ordinary = [i for i in range(size) if i != target.eos_id]
+    ordinary = [i for i, token in enumerate(target.tokens) if i != target.eos_id and not token.startswith(UNUSED)]
     random_ids = [[rng.choice(ordinary) for _ in range(rng.randint(1, 24))] for _ in range(streams)]
     decoded = same_decoded = 0
     for ids in [*([*row[: row.index(target.eos_id)]] if target.eos_id in row else list(row) for row in outputs),
