@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 transformers = pytest.importorskip("transformers")
 sentencepiece = pytest.importorskip("sentencepiece")
@@ -237,3 +238,84 @@ def test_a_broken_tokenizer_fails_with_the_text_and_both_id_sequences(tmp_path: 
     assert first.what == "source ids" and first.text in SAMPLE
     assert first.ours == source.encode(first.text) and first.theirs == tokenizer(first.text)["input_ids"]
     assert first.ours != first.theirs and repr(first.text) in first.line()
+
+
+# Export and decode: a tiny random model of the row's family over its slow files alone.
+END_TO_END = {  # row (model_type, level) -> transformers class and what its config sets
+    ("t5", "hf"): ("T5ForConditionalGeneration", "T5Config", {}),
+    ("mbart", "hf"): ("MBartForConditionalGeneration", "MBartConfig", {"forced_eos_token_id": 2}),
+    ("m2m_100", "sentencepiece"): ("M2M100ForConditionalGeneration", "M2M100Config", {}),
+    ("bart", "hf"): ("BartForConditionalGeneration", "BartConfig", {"forced_eos_token_id": 2}),
+    ("prophetnet", "hf"): ("ProphetNetForConditionalGeneration", "ProphetNetConfig", {}),
+    ("pegasus", "hf"): ("PegasusForConditionalGeneration", "PegasusConfig", {}),
+}
+TRANSLATED = 20
+MAX_NEW = 20
+
+
+def _model(folder: Folder) -> Any:
+    from test_hf_families import _bart_sizes, _t5_sizes, favour_eos
+
+    model_class, config_class, extra = END_TO_END[(folder.model_type, folder.level)]
+    ids = {f"{k}_token_id": v for k, v in folder.ids.items()}
+    if config_class.startswith("T5"):
+        sizes = {**_t5_sizes(), "vocab_size": folder.size, "initializer_factor": 1.0}
+    elif config_class.startswith("ProphetNet"):
+        sizes = {"vocab_size": folder.size, "hidden_size": 64, "encoder_ffn_dim": 128, "decoder_ffn_dim": 128,
+                 "num_encoder_layers": 2, "num_decoder_layers": 2, "num_encoder_attention_heads": 4,
+                 "num_decoder_attention_heads": 4, "max_position_embeddings": 64, "ngram": 2, "num_buckets": 8,
+                 "relative_max_distance": 20, "init_std": 0.3}
+    else:
+        sizes = {**_bart_sizes(), "vocab_size": folder.size}
+    torch.manual_seed(0)
+    model = getattr(transformers, model_class)(getattr(transformers, config_class)(**(sizes | ids | extra))).eval()
+    favour_eos(model, 1.0)
+    return model
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("key", list(END_TO_END), ids=lambda key: "-".join(key))
+def test_export_from_slow_files_translates_as_generate_and_decode(key: tuple[str, str], tmp_path: Path) -> None:
+    """``export --hf`` over the slow files alone, then ``parity --reference`` (tokens against
+    ``generate``, and the tokenizer on the multilingual sample, ``generate``'s outputs and random
+    ids) passes, and ``Translator(texts)`` equals ``tokenizer.decode(generate(**tokenizer(texts)))``
+    on 20 inputs; for M2M100 also with ``target_lang`` against ``generate(forced_bos_token_id=...)``."""
+    from click.testing import CliRunner
+
+    from s2s_deploy.cli import main
+    from s2s_deploy.runtime.translator import Translator
+
+    folder = next(f for f in FOLDERS if (f.model_type, f.level) == key)
+    hf_dir, out = tmp_path / "hf", tmp_path / "out"
+    model = _model(folder)
+    forced = {}
+    if folder.model_type == "m2m_100":  # the target language is the forced first token
+        forced = {"forced_bos_token_id": 10}
+    for name, value in forced.items():
+        setattr(model.generation_config, name, value)
+    model.save_pretrained(hf_dir)
+    folder.files(hf_dir)
+    tokenizer = load_auto_tokenizer(hf_dir)
+    if folder.model_type == "m2m_100":
+        model.generation_config.forced_bos_token_id = tokenizer.convert_tokens_to_ids("__fr__")
+        model.save_pretrained(hf_dir)
+    assert not (hf_dir / "tokenizer.json").exists()
+    runner = CliRunner()
+    result = runner.invoke(main, ["export", "--hf", str(hf_dir), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(main, ["parity", str(out), "--reference", str(hf_dir)])
+    assert result.exit_code == 0 and "tokenizer vs transformers: source ids identical" in result.output, result.output
+    texts = [t for t in SAMPLE if t.strip()][:TRANSLATED]
+    assert len(texts) == TRANSLATED
+    translator = Translator(out, device="cpu")
+    for options in ({}, {"target_lang": "de"}) if folder.model_type == "m2m_100" else ({},):
+        settings = {"forced_bos_token_id": tokenizer.convert_tokens_to_ids("__de__")} if options else {}
+        ours = [t.text for t in translator(texts, beam=1, max_len=MAX_NEW, **options)]
+        theirs = []
+        for text in texts:  # one at a time: no padding in the reference
+            inputs = tokenizer(text, return_tensors="pt")
+            with torch.no_grad():
+                ids = model.generate(**inputs, num_beams=1, max_new_tokens=MAX_NEW, **settings)
+            theirs.append(tokenizer.decode(ids[0], skip_special_tokens=True))
+        assert ours == theirs
+        assert len(set(theirs)) > 1 and any(theirs)

@@ -14,7 +14,9 @@ from s2s_deploy.cli.group import device_option, echo_device, load_plugin_files, 
 @click.argument("export_dir", type=click.Path())
 @click.option("--input", "input_path", type=click.Path(dir_okay=False, allow_dash=True), default=None,
               help="Sentences to check, one per line, or audio or image files for an export that reads them "
-                   "[default: the samples stored at export; for audio or images, seeded synthetic ones].")
+                   "[default: the samples stored at export; for audio or images, seeded synthetic ones]. With "
+                   "--reference, the sentences are also tokenised by both tokenizers [default: a built-in "
+                   "multilingual sample].")
 @click.option("--beam", type=click.IntRange(2), default=4, show_default=True, help="Beam size of the beam check.")
 @click.option("--max-len", type=click.IntRange(1), default=None,
               help="Most target tokens [default: 64; with --reference, the export's own, generate's max_new_tokens].")
@@ -56,6 +58,7 @@ def parity_command(export_dir: str, input_path: str | None, beam: int, max_len: 
         timestamp_window,
         whole_features,
     )
+    from s2s_deploy.export.tokenizer_parity import report_json, report_lines
     from s2s_deploy.format.manifest import load_manifest
     from s2s_deploy.runtime.decoding import manifest_defaults, resolve
     from s2s_deploy.runtime.ort.backend import OrtBackend
@@ -109,7 +112,14 @@ def parity_command(export_dir: str, input_path: str | None, beam: int, max_len: 
         timed_reference = generate.timed if generate is not None else stepwise(StepLoop(reference), window)
         timed_rows = check_timestamps(manifest, timed_reference, stepwise(StepLoop(candidate), window), whole,
                                       beam_size=beam, max_len=max_len or 64)
-    passed = report.passed and all(t.agreement >= report.min_token_agreement for t in timed_rows)
+    tokenizer = None
+    if generate is not None:  # the export's own text in and out against transformers' tokenizer
+        from s2s_deploy.export.tokenizer_parity import check_reference_tokenizer
+
+        tokenizer = check_reference_tokenizer(reference_dir, manifest, generate.outputs,
+                                              sources if input_path and not source.is_features else None)
+    passed = (report.passed and all(t.agreement >= report.min_token_agreement for t in timed_rows)
+              and (tokenizer is None or tokenizer.passed))
     tol = report.forward_tolerance
     if as_json:
         click.echo(json.dumps({
@@ -130,6 +140,7 @@ def parity_command(export_dir: str, input_path: str | None, beam: int, max_len: 
                             "identical": t.identical, "agreement": t.agreement,
                             "mismatches": [dict(zip(("source", "pytorch", "onnx"), m, strict=True))
                                            for m in t.mismatches]} for t in timed_rows],
+            "tokenizer": None if tokenizer is None else report_json(tokenizer),
         }, indent=2, ensure_ascii=False))
     else:
         if report.atol is None:
@@ -160,6 +171,8 @@ def parity_command(export_dir: str, input_path: str | None, beam: int, max_len: 
                        f"window) {verdict}")
             for source, want, got in t.mismatches[:5]:
                 click.echo(f"  {source!r}: {'generate' if generate else 'pytorch'} {want!r} onnx {got!r}")
+        for line in report_lines(tokenizer) if tokenizer is not None else ():
+            click.echo(line)
         click.echo("parity: PASS" if passed else "parity: FAIL")
     if not passed:
         sys.exit(1)

@@ -15,9 +15,12 @@ import random
 import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from s2s_deploy.export.hf import UNUSED
+from s2s_deploy.export.hf_tokenizer import load_auto_tokenizer
+from s2s_deploy.format.manifest import Manifest
 from s2s_deploy.format.vocab import SUBWORD_LEVELS, Vocabulary
 
 _NFC_NFD = "Ça brûle, Åsa und Ämter; naïve café résumé"
@@ -126,3 +129,34 @@ def check_tokenizer(tokenizer: Any, source: Vocabulary | None, target: Vocabular
         elif not any(m.what == "detokenised" for m in mismatches):
             mismatches.append(TokenizerMismatch("detokenised", repr(ids), ours, theirs))
     return TokenizerReport(encoded, same_encoded, decoded, same_decoded, tuple(mismatches))
+
+
+def check_reference_tokenizer(directory: str | Path, manifest: Manifest, outputs: Sequence[Sequence[int]],
+                              texts: Sequence[str] | None = None) -> TokenizerReport:
+    """``check_tokenizer`` against the tokenizer transformers loads from the reference folder:
+    the user's ``texts`` (``--input``) or ``SAMPLE`` with the export's stored samples, and
+    ``generate``'s ``outputs``. Skipped (with the reason) where the folder holds no tokenizer."""
+    tokenizer = load_auto_tokenizer(Path(directory))
+    if tokenizer is None:
+        return TokenizerReport(0, 0, 0, 0, (), skipped=f"transformers loads no tokenizer from {directory}")
+    source = None if manifest.encoder_input.is_features else manifest.src_vocab
+    checked = list(texts) if texts is not None else [*SAMPLE, *manifest.samples]
+    return check_tokenizer(tokenizer, source, manifest.tgt_vocab, checked, outputs)
+
+
+def report_lines(report: TokenizerReport) -> list[str]:
+    """What ``parity`` prints: the counts and verdict, then the first mismatch of each kind."""
+    if report.skipped is not None:
+        return [f"tokenizer vs transformers: not checked ({report.skipped})"]
+    verdict = "ok" if report.passed else "FAIL"
+    encoded = (f"source ids identical {report.encoded_identical}/{report.encoded}, " if report.encoded else "")
+    return [f"tokenizer vs transformers: {encoded}detokenised identical {report.decoded_identical}/"
+            f"{report.decoded} {verdict}", *(f"  {m.line()}" for m in report.mismatches)]
+
+
+def report_json(report: TokenizerReport) -> dict[str, Any]:
+    return {"passed": report.passed, "skipped": report.skipped, "encoded": report.encoded,
+            "encoded_identical": report.encoded_identical, "decoded": report.decoded,
+            "decoded_identical": report.decoded_identical,
+            "mismatches": [{"what": m.what, "text": m.text, "ours": m.ours, "transformers": m.theirs}
+                           for m in report.mismatches]}
