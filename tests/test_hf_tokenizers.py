@@ -319,3 +319,39 @@ def test_export_from_slow_files_translates_as_generate_and_decode(key: tuple[str
             theirs.append(tokenizer.decode(ids[0], skip_special_tokens=True))
         assert ours == theirs
         assert len(set(theirs)) > 1 and any(theirs)
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_encoder_no_repeat_ngram_size_bans_what_transformers_bans(n: int) -> None:
+    """``StepOptions`` against transformers' ``EncoderNoRepeatNGramLogitsProcessor`` over beam
+    rows of two sentences, step by step: the same ids are impossible (``generate``'s
+    ``input_ids`` start with the decoder start, which the search feeds at step 0)."""
+    import numpy as np
+    from transformers.generation.logits_process import EncoderNoRepeatNGramLogitsProcessor
+
+    from s2s_deploy.runtime.decoding import SearchConfig
+    from s2s_deploy.runtime.options import StepOptions
+
+    rng = np.random.default_rng(n)
+    vocab, beams, start = 12, 3, 2
+    src = np.array([[4, 5, 6, 4, 5, 7, 3], [8, 9, 8, 9, 10, 3, 0]])
+    src_len = np.array([7, 6])
+    options = StepOptions(SearchConfig(beam_size=beams, max_len=10, encoder_no_repeat_ngram_size=n), src, src_len,
+                          eos_id=3, vocab_size=vocab, unk_id=None)
+    theirs = EncoderNoRepeatNGramLogitsProcessor(n, torch.from_numpy(src[:, :6]))  # no padding in either row
+    theirs.generated_ngrams[0] = EncoderNoRepeatNGramLogitsProcessor(n, torch.from_numpy(src[:1])).generated_ngrams[0]
+    rows = len(src) * beams
+    history = np.full((rows, 1), start)
+    tokens, reorder = np.full(rows, start), np.arange(rows)
+    banned_somewhere = False
+    for _ in range(6):
+        out = options.process(np.zeros((rows, vocab), dtype=np.float32), tokens, reorder)
+        want = theirs(torch.from_numpy(history), torch.zeros(rows, vocab)).numpy()
+        assert np.array_equal(np.isinf(out), np.isinf(want))
+        banned_somewhere |= bool(np.isinf(out).any())
+        # the next step: each row continues a random row of its own sentence with a source id or another
+        reorder = np.array([r // beams * beams + rng.integers(beams) for r in range(rows)])
+        tokens = np.array([rng.choice(src[r // beams][:4]) if rng.random() < 0.7 else rng.integers(vocab)
+                           for r in range(rows)])
+        history = np.concatenate([history[reorder], tokens[:, None]], axis=1)
+    assert banned_somewhere

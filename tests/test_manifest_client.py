@@ -44,6 +44,8 @@ SETTINGS = {
                 "--max-len-a", "0.5", "--max-len-b", "3"],
     "repetition and bans": ["--scores", "--beam", "4", "--n-best", "2", "--repetition-penalty", "1.5",
                             "--no-repeat-ngram-size", "2", "--suppress=e", "--bad-words=ui", "--disable-unk"],
+    "source n-grams": ["--scores", "--beam", "3", "--encoder-no-repeat-ngram-size", "2"],
+    "source tokens": ["--scores", "--encoder-no-repeat-ngram-size", "1"],
     "prefix and forced eos": ["--scores", "--prefix=le", "--forced-eos", "--max-len", "9"],
     "sampling": ["--scores", "--sampling-topk", "0", "--sampling-temperature", "3", "--sampling-topp", "0.9",
                  "--seed", "5"],

@@ -147,7 +147,7 @@ GENERATE_DEFAULTS: dict[str, Any] = {
 its default, so most folders rely on these."""
 
 UNSUPPORTED = {  # generation_config.json settings whose effect the runtime does not reproduce, at their no-op
-    "repetition_penalty": 1.0, "encoder_repetition_penalty": 1.0, "encoder_no_repeat_ngram_size": 0,
+    "repetition_penalty": 1.0, "encoder_repetition_penalty": 1.0,
     "exponential_decay_length_penalty": None, "sequence_bias": None,
     "renormalize_logits": False, "num_beam_groups": 1, "diversity_penalty": 0.0, "constraints": None,
     "force_words_ids": None, "stop_strings": None, "typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0,
@@ -173,6 +173,8 @@ def search_defaults(config: Mapping[str, Any], generation: Mapping[str, Any]) ->
         "beam_size": int(setting("num_beams")), "length_penalty_alpha": float(setting("length_penalty")),
         "early_stopping": setting("early_stopping"), "no_repeat_ngram_size": int(setting("no_repeat_ngram_size")),
     }
+    if (encoder_ngrams := _setting(config, generation, "encoder_no_repeat_ngram_size")) is not None:
+        defaults["encoder_no_repeat_ngram_size"] = int(encoder_ngrams)
     new_tokens = _setting(config, generation, "max_new_tokens")
     max_length = _setting(config, generation, "max_length")
     if new_tokens is not None:

@@ -48,7 +48,7 @@
   // turns on any other option is refused, never decoded without it.
   const BUILT_IN = {
     beam_size: 1, n_best: 1, alpha: 0.75, min_len: 0, sampling_topk: 1, sampling_topp: 1, sampling_temperature: 1,
-    seed: 0, repetition_penalty: 1, no_repeat_ngram_size: 0, prefix: [], suppress_tokens: [], disable_unk: false,
+    seed: 0, repetition_penalty: 1, no_repeat_ngram_size: 0, encoder_no_repeat_ngram_size: 0, prefix: [], suppress_tokens: [], disable_unk: false,
     bad_words_ids: [], forced_eos: false, max_len_a: 0, max_len_b: 0, early_stopping: false,
     begin_suppress_tokens: [], decoder_prompt: [], target_lang: '', task: '', prompt: [], prompt_start: -1,
     timestamps: false, timestamp_begin: -1, max_initial_timestamp: -1, time_precision: 0.02, timestamp_frames: 2,
