@@ -22,10 +22,16 @@ from s2s_deploy.architecture.registry import REGISTRY
 from s2s_deploy.errors import CheckpointError, UnknownNameError
 from s2s_deploy.export.checkpoint import Checkpoint, build_model, save_checkpoint
 from s2s_deploy.export.contract import ArchitecturePlugin, HFWeights
-from s2s_deploy.export.hf_tokenizer import SlowTokenizer, read_slow_tokenizer, with_cleanup
+from s2s_deploy.export.hf_tokenizer import (
+    SlowTokenizer,
+    framing,
+    load_auto_tokenizer,
+    read_slow_tokenizer,
+    with_cleanup,
+)
 from s2s_deploy.format.decoding import OPEN_SLOT
 from s2s_deploy.format.files import inside as contained
-from s2s_deploy.format.subword import HF, SENTENCEPIECE, HFTokenizer, TokenizerFile
+from s2s_deploy.format.subword import HF, MOSES, SENTENCEPIECE, HFTokenizer, TokenizerFile
 from s2s_deploy.format.vocab import Vocabulary
 
 CONFIG_FILE = "config.json"
@@ -300,12 +306,53 @@ def sentencepiece_vocabularies(directory: Path, files: tuple[str, str, str], siz
                        **{k: v for k, v in framing.items() if k == "hidden"}))
 
 
+def moses_vocabularies(directory: Path, files: tuple[str, str, str], weights: HFWeights,
+                       ids: Mapping[str, int | None]) -> tuple[Vocabulary, Vocabulary] | None:
+    """A family's Moses + BPE files (the plugin's ``hf_moses_files``; FSMT's ``vocab-src.json``,
+    ``vocab-tgt.json``, ``merges.txt``) as two ``moses`` vocabularies, each its own table and
+    language (the tokenizer's ``src_lang`` and ``tgt_lang``, ``do_lower_case``), framed and with
+    hidden ids as the folder's tokenizer (transformers, at export) frames and decodes. None without
+    the files or without transformers to read the languages from."""
+    paths = [inside(directory, name) for name in files]
+    tokenizer = load_auto_tokenizer(directory) if all(path.is_file() for path in paths) else None
+    framed = framing(tokenizer) if tokenizer is not None else None
+    if tokenizer is None or framed is None or not all(hasattr(tokenizer, a) for a in ("src_lang", "tgt_lang")):
+        return None
+    lines = paths[2].read_text(encoding="utf-8").split("\n")[:-1]
+    merges = [line.split()[:2] for line in lines if len(line.split()) >= 2]
+    lower = bool(getattr(tokenizer, "do_lower_case", False))
+    hidden = tuple(sorted(set(tokenizer.all_special_ids)))
+    special = {"pad_id": ids["pad"], "bos_id": ids["bos"], "eos_id": ids["eos"], "unk_id": ids["unk"],
+               "decoder_start_id": ids["decoder_start"]}
+    found = []
+    for side, (name, size, lang) in enumerate(((files[0], weights.src_vocab_size, tokenizer.src_lang),
+                                               (files[1], weights.tgt_vocab_size, tokenizer.tgt_lang))):
+        mapping = _json(directory, name, True)
+        table = {i: token for token, i in mapping.items() if isinstance(i, int)}
+        if sorted(table) != list(range(len(table))) or len(table) > size:
+            raise CheckpointError(f"{name} maps {len(table)} ids, not the model's 0..{size - 1}")
+        # FSMT's config names no unk id: the tokenizer's unknown token, in this side's table
+        unk = ids["unk"] if ids["unk"] is not None else mapping.get(str(tokenizer.unk_token))
+        spec = {"lang": str(lang), "lower_case": lower, "merges": merges}
+        file = TokenizerFile(f"moses-{'source' if side == 0 else 'target'}.json",
+                             json.dumps(spec, ensure_ascii=False).encode("utf-8"))
+        framing_of = {"prefix": framed[0], "suffix": framed[1]} if side == 0 else {
+            "hidden": tuple(i for i in hidden if 0 <= i < size)}
+        found.append(Vocabulary(_padded_table(table, size), MOSES, tokenizer=file, **(special | {"unk_id": unk}),
+                                **framing_of))
+    return found[0], found[1]
+
+
 def text_vocabularies(plugin: ArchitecturePlugin, directory: Path, weights: HFWeights,
                       ids: Mapping[str, int | None]) -> tuple[Vocabulary, Vocabulary]:
     """The folder's own tokenizer files: first the family's SentencePiece files, then a
     ``tokenizer.json``, then (where transformers is installed) one converted from the family's
     slow tokenizer files (``hf_tokenizer.py``); without any, ids-only vocabularies."""
     size = weights.src_vocab_size
+    if plugin.hf_moses_files is not None:
+        moses = moses_vocabularies(directory, plugin.hf_moses_files, weights, ids)
+        if moses is not None:
+            return moses
     if size == weights.tgt_vocab_size:  # the families here share one vocabulary
         files = plugin.hf_sentencepiece_files
         if files is not None and all(inside(directory, name).is_file() for name in files):
