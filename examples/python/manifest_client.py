@@ -429,7 +429,7 @@ def process(lp: np.ndarray, hyp: list[int], t: int, limit: int, o: Options, eos:
     if N > 0 and len(fed) >= N - 1:
         tail = fed[len(fed) - (N - 1):] if N > 1 else []
         for i in range(len(src) - N + 1):
-            if src[i: i + N - 1] == tail:
+            if src[i: i + N - 1] == tail and src[i + N - 1] < len(x):
                 x[src[i + N - 1]] = NEG_INF
     for seq in o.bad_words_ids:
         if not seq:

@@ -69,9 +69,11 @@ def top_of(values: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     return np.take_along_axis(values, ids, axis=1), ids
 
 
-def source_ngrams(src: np.ndarray, src_len: np.ndarray, n: int) -> list[dict[tuple[int, ...], list[int]]]:
+def source_ngrams(src: np.ndarray, src_len: np.ndarray, n: int,
+                  vocab_size: int) -> list[dict[tuple[int, ...], list[int]]]:
     """Per sentence, each (n-1)-gram of its source ids (``prefix + ids + suffix``, not the padding)
-    mapped to the ids that follow it there; none when ``n`` is 0. Features cannot be n-grams."""
+    mapped to the ids that follow it there, those a target id too (a model with a vocabulary of
+    its own per side); none when ``n`` is 0. Features cannot be n-grams."""
     if n <= 0:
         return []
     if not np.issubdtype(np.asarray(src).dtype, np.integer):
@@ -81,7 +83,8 @@ def source_ngrams(src: np.ndarray, src_len: np.ndarray, n: int) -> list[dict[tup
         ids = row[: int(length)].tolist()
         table: dict[tuple[int, ...], list[int]] = {}
         for i in range(len(ids) - n + 1):
-            table.setdefault(tuple(ids[i: i + n - 1]), []).append(ids[i + n - 1])
+            if ids[i + n - 1] < vocab_size:
+                table.setdefault(tuple(ids[i: i + n - 1]), []).append(ids[i + n - 1])
         found.append(table)
     return found
 
@@ -120,7 +123,7 @@ class StepOptions:
             raise ValueError(f"timestamp_begin {config.timestamp_begin} is outside the vocabulary "
                              f"(1..{vocab_size - 1})")
         self.generators = sentence_seeds(config.seed, src, src_len) if self.sampling else []
-        self.source_ngrams = source_ngrams(src, src_len, config.encoder_no_repeat_ngram_size)
+        self.source_ngrams = source_ngrams(src, src_len, config.encoder_no_repeat_ngram_size, vocab_size)
         self.first_fed = np.zeros(self.batch, dtype=np.int64)
         self.history = np.zeros((0, 0), dtype=np.int64)
         self.t = 0
