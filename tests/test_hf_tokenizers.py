@@ -297,7 +297,7 @@ def _model(folder: Folder) -> Any:
         sizes |= {"src_vocab_size": folder.size, "tgt_vocab_size": folder.target_size, "langs": ["en", "de"]}
     torch.manual_seed(0)
     model = getattr(transformers, model_class)(getattr(transformers, config_class)(**(sizes | ids | extra))).eval()
-    favour_eos(model, 1.0)
+    favour_eos(model, 0.8)  # some sentences end early, most run on
     return model
 
 
@@ -354,7 +354,7 @@ def test_export_from_slow_files_translates_as_generate_and_decode(key: tuple[str
                 ids = model.generate(**inputs, num_beams=1, max_new_tokens=MAX_NEW, **settings)
             theirs.append(tokenizer.decode(ids[0], skip_special_tokens=True))
         assert ours == theirs
-        assert len(set(theirs)) > TRANSLATED // 2
+        assert len(set(theirs)) >= 3 and sum(bool(t.strip()) for t in theirs) >= TRANSLATED // 2
 
 
 @pytest.mark.parametrize("n", [1, 2, 3])
