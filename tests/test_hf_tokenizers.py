@@ -341,6 +341,11 @@ def test_export_from_slow_files_translates_as_generate_and_decode(key: tuple[str
     assert result.exit_code == 0, result.output
     result = runner.invoke(main, ["parity", str(out), "--reference", str(hf_dir)])
     assert result.exit_code == 0 and "tokenizer vs transformers: source ids identical" in result.output, result.output
+    if folder.model_type == "t5":  # --input: the user's own lines are what is tokenised
+        lines = tmp_path / "mine.txt"
+        lines.write_text("Grüße aus Köln!\nnaïve 😀 text\n", encoding="utf-8")
+        result = runner.invoke(main, ["parity", str(out), "--reference", str(hf_dir), "--input", str(lines)])
+        assert result.exit_code == 0 and "source ids identical 2/2" in result.output, result.output
     texts = [t for t in SAMPLE if t.strip()][:TRANSLATED]
     assert len(texts) == TRANSLATED
     translator = Translator(out, device="cpu")
