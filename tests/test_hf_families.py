@@ -33,19 +33,33 @@ SEED = 0
 
 def word_level(words: list[str], single: str, special: tuple[str, ...]) -> Callable[[Path], None]:
     """A ``tokenizer.json`` with one id per whitespace-separated word, framing a sentence as
-    ``single`` (a tokenizers template: ``"<s> $A </s>"``, ``"$A </s>"``, ...)."""
+    ``single`` (a tokenizers template: ``"<s> $A </s>"``, ``"$A </s>"``, ...), its words other than
+    ``w<id>`` registered as special tokens (as a real tokenizer's are), and a ``tokenizer_config.json``
+    naming transformers' generic class, so that ``AutoTokenizer`` (``parity --reference``'s tokenizer
+    check) reads this file as it is rather than as the family's own BPE or SentencePiece class."""
 
     def write(folder: Path) -> None:
-        from tokenizers import Tokenizer, models, pre_tokenizers, processors
-
-        table = {w: i for i, w in enumerate(words)}
-        tokenizer = Tokenizer(models.WordLevel(table, unk_token="<unk>"))
-        tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-        tokenizer.post_processor = processors.TemplateProcessing(
-            single=single, special_tokens=[(s, table[s]) for s in special])
-        tokenizer.save(str(folder / "tokenizer.json"))
+        write_word_level(folder, words, single, special)
 
     return write
+
+
+def write_word_level(folder: Path, words: list[str], single: str, special: tuple[str, ...],
+                     unk: str = "<unk>") -> None:
+    """``word_level``'s files, for the speech and vision harnesses too."""
+    import re
+
+    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers, processors
+
+    table = {w: i for i, w in enumerate(words)}
+    tokenizer = Tokenizer(models.WordLevel(table, unk_token=unk))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=single, special_tokens=[(s, table[s]) for s in special])
+    tokenizer.add_special_tokens([AddedToken(w, special=True, normalized=False) for w in words
+                                  if not re.fullmatch(r"w\d+", w)])
+    tokenizer.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "TokenizersBackend"}))
 
 
 def words_around(specials: dict[int, str], size: int = VOCAB) -> list[str]:
