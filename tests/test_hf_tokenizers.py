@@ -165,6 +165,7 @@ class Folder:
     size: int
     level: str = "hf"
     target_size: int | None = None  # a separate target vocabulary's (FSMT)
+    variant: str = ""
 
     def write(self, folder: Path) -> Path:
         folder.mkdir(parents=True, exist_ok=True)
@@ -181,6 +182,11 @@ T5_CONFIG_IDS = {"pad": 0, "eos": 1, "decoder_start": 0}
 FOLDERS: tuple[Folder, ...] = (
     Folder("t5", t5_files, T5_CONFIG_IDS, 256),
     Folder("mt5", t5_files, T5_CONFIG_IDS, 256),
+    # transformers' clean_up_tokenization after decoding (" ." -> ".", " n't" -> "n't", ...), as many T5
+    # folders' tokenizer_config.json turn it on: written into the converted tokenizer's decoder
+    Folder("t5", lambda f: (t5_files(f), (f / "tokenizer_config.json").write_text(
+        json.dumps({"tokenizer_class": "T5Tokenizer", "clean_up_tokenization_spaces": True}))), T5_CONFIG_IDS, 256,
+        variant="cleanup"),
     Folder("umt5", lambda f: (t5_files(f), (f / "tokenizer_config.json").write_text(
         json.dumps({"tokenizer_class": "T5Tokenizer"}))), T5_CONFIG_IDS, 256),
     Folder("longt5", lambda f: (t5_files(f), (f / "tokenizer_config.json").write_text(
@@ -205,7 +211,7 @@ FOLDERS: tuple[Folder, ...] = (
 
 
 def _row_id(folder: Folder) -> str:
-    return f"{folder.model_type}-{folder.level}" if folder.level != "hf" else folder.model_type
+    return "-".join(part for part in (folder.model_type, folder.level != "hf" and folder.level, folder.variant) if part)
 
 
 def vocabularies(folder: Folder, path: Path) -> tuple[Any, Any]:
@@ -396,3 +402,22 @@ def test_encoder_no_repeat_ngram_size_bans_what_transformers_bans(n: int) -> Non
                            for r in range(rows)])
         history = np.concatenate([history[reorder], tokens[:, None]], axis=1)
     assert banned_somewhere
+
+
+def test_a_tokenizer_json_gets_the_cleanup_its_config_turns_on(tmp_path: Path) -> None:
+    """A folder with a ``tokenizer.json`` (no conversion) whose ``tokenizer_config.json`` turns
+    ``clean_up_tokenization_spaces`` on: the export's decoding does what ``decode`` does after the
+    tokenizer, and the cleanup changes some text (it is not a no-op on these streams)."""
+    folder = FOLDERS[0]
+    path = folder.write(tmp_path / "hf")
+    tokenizer = load_auto_tokenizer(path)
+    tokenizer.backend_tokenizer.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "T5Tokenizer",
+                                                           "clean_up_tokenization_spaces": True}))
+    source, target = vocabularies(folder, path)
+    assert json.loads(target.tokenizer.data)["decoder"]["type"] == "Sequence"
+    cleaning = load_auto_tokenizer(path)
+    report = check_tokenizer(cleaning, source, target, SAMPLE, [])
+    assert report.passed, "\n".join(m.line() for m in report.mismatches)
+    ids = tokenizer("Hello , world . Isn 't it ?", add_special_tokens=False)["input_ids"]
+    assert target.decode(ids) == cleaning.decode(ids, skip_special_tokens=True) != tokenizer.decode(ids)
