@@ -119,8 +119,8 @@ def check_tokenizer(tokenizer: Any, source: Vocabulary | None, target: Vocabular
     ordinary = [i for i, token in enumerate(target.tokens) if i != target.eos_id and not token.startswith(UNUSED)]
     random_ids = [[rng.choice(ordinary) for _ in range(rng.randint(1, 24))] for _ in range(streams)]
     decoded = same_decoded = 0
-    for ids in [*([*row[: row.index(target.eos_id)]] if target.eos_id in row else list(row) for row in outputs),
-                *random_ids]:
+    cut = [list(row[: list(row).index(target.eos_id)] if target.eos_id in row else row) for row in outputs]
+    for ids in [*cut, *random_ids]:
         ours = target.decode(ids)
         theirs = tokenizer.decode(ids, skip_special_tokens=True)
         decoded += 1
