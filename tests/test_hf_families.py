@@ -34,9 +34,10 @@ SEED = 0
 def word_level(words: list[str], single: str, special: tuple[str, ...]) -> Callable[[Path], None]:
     """A ``tokenizer.json`` with one id per whitespace-separated word, framing a sentence as
     ``single`` (a tokenizers template: ``"<s> $A </s>"``, ``"$A </s>"``, ...), its words other than
-    ``w<id>`` registered as special tokens (as a real tokenizer's are), and a ``tokenizer_config.json``
-    naming transformers' generic class, so that ``AutoTokenizer`` (``parity --reference``'s tokenizer
-    check) reads this file as it is rather than as the family's own BPE or SentencePiece class."""
+    ``w<id>`` and the unknown token registered as special tokens (as a real tokenizer's are), and a
+    ``tokenizer_config.json`` naming transformers' generic class, so that ``AutoTokenizer``
+    (``parity --reference``'s tokenizer check) reads this file as it is rather than as the family's own
+    BPE or SentencePiece class."""
 
     def write(folder: Path) -> None:
         write_word_level(folder, words, single, special)
@@ -56,8 +57,10 @@ def write_word_level(folder: Path, words: list[str], single: str, special: tuple
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tokenizer.post_processor = processors.TemplateProcessing(
         single=single, special_tokens=[(s, table[s]) for s in special])
+    # the unknown token stays ordinary unless it frames a sentence too (Whisper's <|endoftext|>): the
+    # export prints it, as transformers then does, and the sample texts keep it (their ids are unchanged)
     tokenizer.add_special_tokens([AddedToken(w, special=True, normalized=False) for w in words
-                                  if not re.fullmatch(r"w\d+", w)])
+                                  if not re.fullmatch(r"w\d+", w) and (w != unk or w in special)])
     tokenizer.save(str(folder / "tokenizer.json"))
     (folder / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "TokenizersBackend"}))
 
