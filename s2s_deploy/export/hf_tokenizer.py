@@ -54,7 +54,7 @@ def load_auto_tokenizer(directory: Path) -> Any | None:
         import transformers
     except ImportError:
         return None
-    errors = (OSError, ValueError, TypeError, KeyError, AttributeError, ImportError)
+    errors = Exception  # transformers' loaders raise many kinds (tokenizers' bare Exception among them)
     try:
         tokenizer = transformers.AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
     except errors:
@@ -62,7 +62,7 @@ def load_auto_tokenizer(directory: Path) -> Any | None:
             named = json.loads((Path(directory) / "tokenizer_config.json").read_text(encoding="utf-8"))
             tokenizer = getattr(transformers, str(named["tokenizer_class"])).from_pretrained(
                 str(directory), local_files_only=True)
-        except (*errors, json.JSONDecodeError):
+        except errors:
             return None
     # transformers 5 may build an empty tokenizer from a config alone: only one read from files counts
     names = getattr(tokenizer, "vocab_files_names", {}).values()
