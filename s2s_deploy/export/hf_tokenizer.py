@@ -133,7 +133,10 @@ def read_slow_tokenizer(directory: Path, size: int, converter: str | None = None
     tokenizer = load_auto_tokenizer(directory)
     if tokenizer is None:
         return None
-    framed = framing(tokenizer)
+    try:
+        framed = framing(tokenizer)
+    except Exception:  # a tokenizer that cannot encode one letter is none the export can use
+        return None
     if framed is None:
         return None
     prefix, suffix = framed
@@ -163,8 +166,11 @@ def read_slow_tokenizer(directory: Path, size: int, converter: str | None = None
         for role in ("cls_token", "sep_token", "bos_token", "eos_token"):
             if getattr(tokenizer, role, None) is None:
                 setattr(tokenizer, role, tokenizer.convert_ids_to_tokens((suffix or prefix or (0,))[-1]))
-        text = _with_framing(getattr(convert_slow_tokenizer, converter)(tokenizer).converted(), tokenizer, prefix,
-                             suffix)
+        try:
+            converted = getattr(convert_slow_tokenizer, converter)(tokenizer).converted()
+        except Exception:  # the converter does not fit this tokenizer: the export stays ids-only
+            return found
+        text = _with_framing(converted, tokenizer, prefix, suffix)
     if text is not None and cleans_up(tokenizer):
         text = with_cleanup(text)
     return replace(found, tokenizer_json=text)
