@@ -35,6 +35,7 @@ class FSMTPlugin(EncoderDecoderPlugin):
                                      tie_word_embeddings=False)}
     default_preset = "tiny"
     hf_model_types = ("fsmt",)
+    hf_moses_files = ("vocab-src.json", "vocab-tgt.json", "merges.txt")  # what FSMTTokenizer reads
     hf_renames: ClassVar[dict[str, str]] = {"decoder.output_projection.weight": "lm_head.weight"}
 
     def config_from_hf(self, hf: Mapping[str, Any]) -> EncoderDecoderConfig:

@@ -33,6 +33,8 @@ class M2M100Plugin(EncoderDecoderPlugin):
         "tiny": EncoderDecoderConfig(**FAMILY, pad_token_id=1, scale_embedding=True, activation_function="relu")}
     default_preset = "tiny"
     hf_model_types = ("m2m_100",)
+    # M2M100Tokenizer's files (NLLB folders ship a tokenizer.json, or its slow tokenizer converts)
+    hf_sentencepiece_files = ("sentencepiece.bpe.model", "sentencepiece.bpe.model", "vocab.json")
     hf_language_codes = r"[a-z]{3}_[A-Z][a-z]{3}|__[a-z]{2,3}__"  # NLLB's FLORES-200 codes, M2M100's
 
     def config_from_hf(self, hf: Mapping[str, Any]) -> EncoderDecoderConfig:

@@ -76,6 +76,7 @@ class ProphetNetPlugin(ArchitecturePlugin):
     every layer adds a content-projected bias to its scores, in both streams."""
     has_attention = True
     hf_model_types = ("prophetnet", "xlm-prophetnet")
+    hf_tokenizer_converter = "BertConverter"  # ProphetNetTokenizer is BERT's WordPiece, run in Python
     hf_step_cache = True
 
     def memory_specs(self, config: ProphetNetConfig) -> tuple[MemorySpec, ...]:

@@ -96,6 +96,7 @@ class Speech2TextPlugin(EncoderDecoderPlugin):
     presets: ClassVar[dict[str, Speech2TextConfig]] = {"tiny": Speech2TextConfig()}
     default_preset = "tiny"
     hf_model_types = ("speech_to_text",)
+    hf_sentencepiece_files = ("sentencepiece.bpe.model", "sentencepiece.bpe.model", "vocab.json")  # the target's
     hf_language_codes = r"<lang:[a-z]{2,3}>"  # Speech2TextTokenizer's language tokens (multilingual models)
     hf_files = (PREPROCESSOR_FILE,)
     model = "s2s_deploy_plugins.models.speech_to_text:Speech2TextModel"

@@ -53,6 +53,7 @@ def option_configs(manifest: Manifest) -> dict[str, SearchConfig]:
         "min_len": SearchConfig(min_len=30, max_len=40),
         "repetition_penalty": SearchConfig(repetition_penalty=3.0, max_len=40),
         "no_repeat_ngram_size": SearchConfig(no_repeat_ngram_size=2, max_len=40),
+        "encoder_no_repeat_ngram_size": SearchConfig(encoder_no_repeat_ngram_size=2, max_len=40),
         "prefix": SearchConfig(prefix=le, max_len=40),
         "suppress_tokens": SearchConfig(suppress_tokens=e, max_len=40),
         "disable_unk": SearchConfig(disable_unk=True, max_len=40),
@@ -63,7 +64,8 @@ def option_configs(manifest: Manifest) -> dict[str, SearchConfig]:
         "sampling_topk_topp": SearchConfig(sampling_topk=4, sampling_topp=0.8, sampling_temperature=2.0, seed=3,
                                            max_len=40),
     }
-    for name in ("repetition_penalty", "no_repeat_ngram_size", "prefix", "suppress_tokens", "bad_words_ids",
+    for name in ("repetition_penalty", "no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "prefix",
+                 "suppress_tokens", "bad_words_ids",
                  "forced_eos", "max_len_a_b", "min_len"):
         configs[f"{name}-beam"] = replace(configs[name], beam_size=3, n_best=2)
     return configs

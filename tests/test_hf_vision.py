@@ -71,15 +71,10 @@ def images(folder: Path, count: int = INPUTS) -> list[Path]:
 
 def tokenizer_json(folder: Path) -> None:
     """One id per word: ``w<id>`` but the specials, a sentence framed ``<s> ... </s>`` as RoBERTa's."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from test_hf_families import write_word_level
 
     specials = {BOS: "<s>", PAD: "<pad>", EOS: "</s>", UNK: "<unk>"}
-    table = {specials.get(i, f"w{i}"): i for i in range(VOCAB)}
-    tokenizer = Tokenizer(models.WordLevel(table, unk_token="<unk>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer.post_processor = processors.TemplateProcessing(single="<s> $A </s>",
-                                                             special_tokens=[("<s>", BOS), ("</s>", EOS)])
-    tokenizer.save(str(folder / "tokenizer.json"))
+    write_word_level(folder, [specials.get(i, f"w{i}") for i in range(VOCAB)], "<s> $A </s>", ("<s>", "</s>"))
 
 
 def favour_eos(model: Any, pixels: torch.Tensor, strength: float = 0.9) -> None:

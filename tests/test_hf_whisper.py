@@ -95,15 +95,12 @@ def balance_languages(model: Any, features: torch.Tensor) -> None:
 
 
 def tokenizer_json(folder: Path, vocab: int = VOCAB, special: dict[int, str] = SPECIAL_TOKENS) -> None:
-    """One id per word: Whisper's special tokens at their ids, ``w<id>`` elsewhere."""
-    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    """One id per word: Whisper's special tokens at their ids (special), ``w<id>`` elsewhere; read by
+    ``AutoTokenizer`` as it is (``test_hf_families.write_word_level``)."""
+    from test_hf_families import write_word_level
 
-    table = {special.get(i, f"w{i}"): i for i in range(vocab)}
-    tokenizer = Tokenizer(models.WordLevel(table, unk_token="<|endoftext|>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer.post_processor = processors.TemplateProcessing(
-        single="$A <|endoftext|>", special_tokens=[("<|endoftext|>", EOS)])
-    tokenizer.save(str(folder / "tokenizer.json"))
+    write_word_level(folder, [special.get(i, f"w{i}") for i in range(vocab)], "$A <|endoftext|>",
+                     ("<|endoftext|>",), unk="<|endoftext|>")
 
 
 def clips(count: int = INPUTS, low: float = 0.3, high: float = 1.4, seed: int = 0) -> list[np.ndarray]:

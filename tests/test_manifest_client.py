@@ -44,6 +44,8 @@ SETTINGS = {
                 "--max-len-a", "0.5", "--max-len-b", "3"],
     "repetition and bans": ["--scores", "--beam", "4", "--n-best", "2", "--repetition-penalty", "1.5",
                             "--no-repeat-ngram-size", "2", "--suppress=e", "--bad-words=ui", "--disable-unk"],
+    "source n-grams": ["--scores", "--beam", "3", "--encoder-no-repeat-ngram-size", "2"],
+    "source tokens": ["--scores", "--encoder-no-repeat-ngram-size", "1"],
     "prefix and forced eos": ["--scores", "--prefix=le", "--forced-eos", "--max-len", "9"],
     "sampling": ["--scores", "--sampling-topk", "0", "--sampling-temperature", "3", "--sampling-topp", "0.9",
                  "--seed", "5"],
@@ -99,3 +101,17 @@ def test_forced_eos_on_a_min_len_step(exports):
     folder, texts = _folder(exports, "gru")
     for beam in ("1", "2"):
         _both(folder, texts[:2], ["--scores", "--beam", beam, "--forced-eos", "--max-len", "9", "--min-len", "9"])
+
+
+def test_moses_level_is_refused_in_one_line(exports, tmp_path):
+    """docs/manifest.md's `moses` level (FSMT's Moses + BPE, run with sacremoses) is one this client does not
+    run: it refuses the export in one `error:` line, as the Node and browser clients refuse every subword level."""
+    folder, texts = _folder(exports, "gru")
+    copy = tmp_path / "gru-moses"
+    shutil.copytree(folder, copy)
+    manifest = json.loads((copy / "manifest.json").read_text(encoding="utf-8"))
+    manifest["vocab"]["source"]["level"] = "moses"
+    (copy / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
+    ours = _run([sys.executable, str(CLIENT), str(copy), texts[0], "--threads", "1"])
+    assert ours.returncode == 1 and ours.stdout == ""
+    assert ours.stderr.strip().splitlines() == ["error: vocab level 'moses' is not known"]

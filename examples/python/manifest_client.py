@@ -260,6 +260,7 @@ DEFAULTS = {
     "seed": 0,
     "repetition_penalty": 1.0,
     "no_repeat_ngram_size": 0,
+    "encoder_no_repeat_ngram_size": 0,
     "prefix": None,
     "suppress_tokens": None,
     "disable_unk": False,
@@ -285,6 +286,7 @@ class Options:
     seed: int
     repetition_penalty: float
     no_repeat_ngram_size: int
+    encoder_no_repeat_ngram_size: int
     prefix: list[int]
     suppress_tokens: list[int]
     disable_unk: bool
@@ -299,6 +301,7 @@ class Options:
     def uses_log_probs(self) -> bool:
         """Whether a step needs the full log_probs (an option of 'Decoding options' besides min_len)."""
         return (self.repetition_penalty != 1 or self.no_repeat_ngram_size > 0 or bool(self.banned)
+                or self.encoder_no_repeat_ngram_size > 0
                 or bool(self.bad_words_ids) or bool(self.prefix) or self.forced_eos or self.forced_bos >= 0
                 or self.sampling_topk != 1)
 
@@ -380,6 +383,8 @@ def resolve(given: dict, ex: Export) -> Options:
         raise Refused("repetition_penalty must be in (0, 1e6]")
     if not 0 <= o["no_repeat_ngram_size"] <= HARD_MAX:
         raise Refused("no_repeat_ngram_size out of range")
+    if not 0 <= o["encoder_no_repeat_ngram_size"] <= HARD_MAX:
+        raise Refused("encoder_no_repeat_ngram_size out of range")
     if not 0 <= o["alpha"] <= 1e6:
         raise Refused("alpha must be in 0..1e6")
     if not 0 <= o["max_len_a"] <= 1e6 or not 0 <= o["max_len_b"] <= HARD_MAX:
@@ -404,8 +409,10 @@ def sentence_limit(n: int, o: Options) -> int:
     return min(o.max_len, max(o.min_len, 1, math.ceil(float(o.max_len_a) * n + o.max_len_b)))
 
 
-def process(lp: np.ndarray, hyp: list[int], t: int, limit: int, o: Options, eos: int) -> np.ndarray:
-    """'Decoding options' 1-5 on one row's float32 log-probs."""
+def process(lp: np.ndarray, hyp: list[int], t: int, limit: int, o: Options, eos: int, src: list[int],
+            start: int) -> np.ndarray:
+    """'Decoding options' 1-5 on one row's float32 log-probs (``src``: the sentence's source row,
+    ``start``: the token fed at step 0)."""
     raw = lp
     x = lp.astype(np.float32, copy=True)
     if o.repetition_penalty != 1 and hyp:
@@ -417,6 +424,13 @@ def process(lp: np.ndarray, hyp: list[int], t: int, limit: int, o: Options, eos:
         for i in range(len(hyp) - N + 1):
             if hyp[i: i + N - 1] == tail:
                 x[hyp[i + N - 1]] = NEG_INF
+    N = o.encoder_no_repeat_ngram_size
+    fed = [start, *hyp]  # the hypothesis after the token fed at step 0
+    if N > 0 and len(fed) >= N - 1:
+        tail = fed[len(fed) - (N - 1):] if N > 1 else []
+        for i in range(len(src) - N + 1):
+            if src[i: i + N - 1] == tail and src[i + N - 1] < len(x):
+                x[src[i + N - 1]] = NEG_INF
     for seq in o.bad_words_ids:
         if not seq:
             continue
@@ -509,7 +523,7 @@ def greedy(ex: Export, rows: list[list[int]], o: Options) -> list[list[Hyp]]:
             if done[b]:
                 continue
             if full:
-                x = process(lp[b], hyps[b], t, limits[b], o, eos)
+                x = process(lp[b], hyps[b], t, limits[b], o, eos, rows[b], ex.special["decoder_start"])
                 tok = sample(x, o, rngs[b]) if rngs is not None else int(np.argmax(x))
                 val = x[tok]
             else:
@@ -564,7 +578,7 @@ def beam(ex: Export, rows: list[list[int]], o: Options) -> list[list[Hyp]]:
             for j in range(K):
                 r_ = b * K + j
                 if full:
-                    x = process(lp[r_], seqs[b][j], t, limits[b], o, eos)
+                    x = process(lp[r_], seqs[b][j], t, limits[b], o, eos, rows[b], ex.special["decoder_start"])
                     vals, ids = top_w(x, W)
                 else:
                     vals, ids = tlp[r_], tid[r_]
@@ -661,6 +675,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int)
     ap.add_argument("--repetition-penalty", dest="repetition_penalty", type=float)
     ap.add_argument("--no-repeat-ngram-size", dest="no_repeat_ngram_size", type=int)
+    ap.add_argument("--encoder-no-repeat-ngram-size", dest="encoder_no_repeat_ngram_size", type=int)
     ap.add_argument("--prefix")
     ap.add_argument("--suppress", dest="suppress_tokens", action="append")
     ap.add_argument("--disable-unk", dest="disable_unk", action=argparse.BooleanOptionalAction, default=None)

@@ -85,6 +85,14 @@ class ArchitecturePlugin(ABC):
     hf_sentencepiece_files: ClassVar[tuple[str, str, str] | None] = None
     """The family's own tokenizer files in a Hugging Face folder, when it ships SentencePiece models
     rather than a ``tokenizer.json``: (source model, target model, JSON mapping piece to model id)."""
+    hf_moses_files: ClassVar[tuple[str, str, str] | None] = None
+    """The family's Moses + BPE files (FSMT's): (source vocabulary JSON, target vocabulary JSON, the
+    ranked merges), exported as ``moses`` vocabularies where transformers loads the folder's tokenizer
+    (its ``src_lang``, ``tgt_lang`` and ``do_lower_case``)."""
+    hf_tokenizer_converter: ClassVar[str | None] = None
+    """A class of ``transformers.convert_slow_tokenizer`` that turns the family's tokenizer, where
+    transformers runs it in Python, into a ``tokenizer.json`` at export (ProphetNet's WordPiece:
+    ``"BertConverter"``). A ``tokenizers``-backed tokenizer needs none."""
     hf_language_codes: ClassVar[str | None] = None
     """A regular expression that the target tokens naming a language match in full, for a family
     told which language to write by a forced first token: the export lists those ids in the

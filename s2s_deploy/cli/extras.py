@@ -15,6 +15,7 @@ EXTRA_MODULES: dict[str, tuple[str, ...]] = {
     "export": ("torch", "onnxscript", "safetensors"),
     "eval": ("sacrebleu", "babel", "num2words"),
     "hf": ("transformers",),
+    "moses": ("sacremoses",),
     "plot": ("matplotlib",),
     "ray": ("ray",),
     "serve": ("starlette", "uvicorn", "python_multipart"),

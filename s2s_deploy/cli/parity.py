@@ -14,7 +14,9 @@ from s2s_deploy.cli.group import device_option, echo_device, load_plugin_files, 
 @click.argument("export_dir", type=click.Path())
 @click.option("--input", "input_path", type=click.Path(dir_okay=False, allow_dash=True), default=None,
               help="Sentences to check, one per line, or audio or image files for an export that reads them "
-                   "[default: the samples stored at export; for audio or images, seeded synthetic ones].")
+                   "[default: the samples stored at export; for audio or images, seeded synthetic ones]. With "
+                   "--reference, the sentences are also tokenised by both tokenizers [default: a built-in "
+                   "multilingual sample].")
 @click.option("--beam", type=click.IntRange(2), default=4, show_default=True, help="Beam size of the beam check.")
 @click.option("--max-len", type=click.IntRange(1), default=None,
               help="Most target tokens [default: 64; with --reference, the export's own, generate's max_new_tokens].")
@@ -106,7 +108,13 @@ def parity_command(export_dir: str, input_path: str | None, beam: int, max_len: 
         timed_reference = generate.timed if generate is not None else stepwise(StepLoop(reference), window)
         timed_rows = check_timestamps(manifest, timed_reference, stepwise(StepLoop(candidate), window), whole,
                                       plan=plan)
-    verdict = Verdict(report, timed_rows, "generate" if generate else "pytorch")
+    tokenizer = None
+    if generate is not None:  # the export's own text in and out against transformers' tokenizer
+        from s2s_deploy.export.tokenizer_parity import check_reference_tokenizer
+
+        tokenizer = check_reference_tokenizer(reference_dir, manifest, generate.outputs,
+                                              sources if input_path and not source.is_features else None)
+    verdict = Verdict(report, timed_rows, "generate" if generate else "pytorch", tokenizer)
     if as_json:
         click.echo(json.dumps(verdict.to_json(), indent=2, ensure_ascii=False))
     else:

@@ -20,9 +20,16 @@ import torch
 
 from s2s_deploy.architecture.registry import REGISTRY
 from s2s_deploy.errors import CheckpointError, UnknownNameError
+from s2s_deploy.export.hf_tokenizer import (
+    SlowTokenizer,
+    framing,
+    load_auto_tokenizer,
+    read_slow_tokenizer,
+    with_cleanup,
+)
 from s2s_deploy.format.decoding import OPEN_SLOT
 from s2s_deploy.format.files import inside as contained
-from s2s_deploy.format.subword import HF, SENTENCEPIECE, HFTokenizer, TokenizerFile
+from s2s_deploy.format.subword import HF, MOSES, SENTENCEPIECE, HFTokenizer, TokenizerFile
 from s2s_deploy.format.vocab import Vocabulary
 from s2s_deploy.modeling.checkpoint import Checkpoint, build_model, save_checkpoint
 from s2s_deploy.modeling.contract import ArchitecturePlugin, HFWeights
@@ -30,6 +37,9 @@ from s2s_deploy.modeling.contract import ArchitecturePlugin, HFWeights
 CONFIG_FILE = "config.json"
 GENERATION_FILE = "generation_config.json"
 TOKENIZER_FILE = "tokenizer.json"
+TOKENIZER_CONFIG_FILE = "tokenizer_config.json"
+UNUSED = "<unused:"
+"""How the name of an id beyond the tokenizer's begins (``_padded_table``)."""
 SAMPLE_COUNT = 16
 SAMPLE_SEED = 0
 
@@ -143,7 +153,7 @@ GENERATE_DEFAULTS: dict[str, Any] = {
 its default, so most folders rely on these."""
 
 UNSUPPORTED = {  # generation_config.json settings whose effect the runtime does not reproduce, at their no-op
-    "repetition_penalty": 1.0, "encoder_repetition_penalty": 1.0, "encoder_no_repeat_ngram_size": 0,
+    "repetition_penalty": 1.0, "encoder_repetition_penalty": 1.0,
     "exponential_decay_length_penalty": None, "sequence_bias": None,
     "renormalize_logits": False, "num_beam_groups": 1, "diversity_penalty": 0.0, "constraints": None,
     "force_words_ids": None, "stop_strings": None, "typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0,
@@ -169,6 +179,8 @@ def search_defaults(config: Mapping[str, Any], generation: Mapping[str, Any]) ->
         "beam_size": int(setting("num_beams")), "alpha": float(setting("length_penalty")),
         "early_stopping": setting("early_stopping"), "no_repeat_ngram_size": int(setting("no_repeat_ngram_size")),
     }
+    if (encoder_ngrams := _setting(config, generation, "encoder_no_repeat_ngram_size")) is not None:
+        defaults["encoder_no_repeat_ngram_size"] = int(encoder_ngrams)
     new_tokens = _setting(config, generation, "max_new_tokens")
     max_length = _setting(config, generation, "max_length")
     if new_tokens is not None:
@@ -215,72 +227,146 @@ def vocabulary(size: int, ids: Mapping[str, int | None]) -> Vocabulary:
                       decoder_start_id=ids["decoder_start"])
 
 
-def tokenizer_vocabulary(directory: Path, size: int, ids: Mapping[str, int | None]) -> Vocabulary | None:
-    """The folder's ``tokenizer.json`` as an ``hf`` vocabulary, so the export takes text: its ids
-    must be the model's first ones, without gaps (``_padded_table`` names any spare rows). The
-    framing its post-processor adds around a sentence (``<s> ... </s>``, ``... </s>``,
-    ``... </s> en_XX``) becomes the vocabulary's prefix and suffix. None without the file;
-    refused if it disagrees."""
-    path = inside(directory, TOKENIZER_FILE)
-    if not path.is_file():
-        return None
-    file = TokenizerFile.read(path)
+def tokenizer_vocabulary(file: TokenizerFile, size: int, ids: Mapping[str, int | None],
+                         framing: tuple[tuple[int, ...], tuple[int, ...]] | None = None) -> Vocabulary:
+    """A ``tokenizer.json`` as an ``hf`` vocabulary, so the export takes text: its ids must be the
+    model's first ones, without gaps (``_padded_table`` names any spare rows). The framing its
+    post-processor adds around a sentence (``<s> ... </s>``, ``... </s>``, ``... </s> en_XX``)
+    becomes the vocabulary's prefix and suffix (no framing at all: EOS after), unless ``framing``
+    (the prefix and suffix transformers' own tokenizer adds) says otherwise. Refused if it disagrees."""
     model = HFTokenizer(file)
     table = {i: token for token, i in model.vocab().items()}
     if sorted(table) != list(range(len(table))) or len(table) > size:
-        raise CheckpointError(f"{path} holds {len(table)} ids, not the model's 0..{size - 1}: move it aside to "
+        raise CheckpointError(f"{file.name} holds {len(table)} ids, not the model's 0..{size - 1}: move it aside to "
                               "export an ids-only vocabulary")
     probe = "a"
     plain = model.ids(probe)
     framed = model.tokenizer.encode(probe, add_special_tokens=True).ids
     at = next((i for i in range(len(framed) - len(plain) + 1) if framed[i : i + len(plain)] == plain), None)
     if not plain or at is None:
-        raise CheckpointError(f"{path}: cannot tell which special tokens frame a sentence")
-    suffix = tuple(framed[at + len(plain):])
+        raise CheckpointError(f"{file.name}: cannot tell which special tokens frame a sentence")
+    prefix, suffix = (tuple(framed[:at]), tuple(framed[at + len(plain):]) or None) if framing is None else framing
     return Vocabulary(_padded_table(table, size), HF, pad_id=ids["pad"], bos_id=ids["bos"],
                       eos_id=ids["eos"], unk_id=ids["unk"], decoder_start_id=ids["decoder_start"],
-                      prefix=tuple(framed[:at]), suffix=suffix or None, tokenizer=file)
+                      prefix=prefix, suffix=suffix, tokenizer=file)
+
+
+def folder_tokenizer(directory: Path) -> TokenizerFile | None:
+    """The folder's ``tokenizer.json``, with transformers' ``clean_up_tokenization`` written into its
+    decoder where ``tokenizer_config.json`` turns it on (``decode`` would run it; transformers 5
+    skips it for a BPE model)."""
+    path = inside(directory, TOKENIZER_FILE)
+    if not path.is_file():
+        return None
+    file = TokenizerFile.read(path)
+    settings = _json(directory, TOKENIZER_CONFIG_FILE, False)
+    if settings.get("clean_up_tokenization_spaces"):
+        kind = json.loads(file.data.decode("utf-8")).get("model", {}).get("type")
+        if kind != "BPE" or settings.get("clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output"):
+            file = TokenizerFile(TOKENIZER_FILE, with_cleanup(file.data.decode("utf-8")).encode("utf-8"))
+    return file
 
 
 def _padded_table(table: Mapping[int, str], size: int) -> tuple[str, ...]:
     """Token strings of ids 0..size-1. A model's embedding may have more rows than its tokenizer
     has ids (T5: 32,128 against 32,100); those ids get names no text can produce."""
-    return tuple(table.get(i, f"<unused:{i}>") for i in range(size))
+    return tuple(table.get(i, f"{UNUSED}{i}>") for i in range(size))
 
 
 def sentencepiece_vocabularies(directory: Path, files: tuple[str, str, str], size: int,
-                               ids: Mapping[str, int | None]) -> tuple[Vocabulary, Vocabulary] | None:
+                               ids: Mapping[str, int | None], slow: SlowTokenizer | None = None,
+                               ) -> tuple[Vocabulary, Vocabulary] | None:
     """A family's own SentencePiece files (the plugin's ``hf_sentencepiece_files``; opus-mt's
-    ``source.spm``, ``target.spm``, ``vocab.json``): each model splits its side's text into pieces,
-    and the JSON maps a piece to the model's id (unknown pieces to unk); a source sentence ends
-    with EOS. None unless all three are there."""
+    ``source.spm``, ``target.spm``, ``vocab.json``; M2M100's one ``sentencepiece.bpe.model`` twice):
+    each model splits its side's text into pieces, and the JSON maps a piece to the model's id
+    (unknown pieces to unk); a source sentence ends with EOS. With the folder's tokenizer as
+    transformers loads it (``slow``), its added tokens join the table (M2M100's ``__fr__``), it
+    frames a source sentence (``__en__ ... </s>``), and its special ids are hidden from the text,
+    as ``decode(skip_special_tokens=True)`` drops them. None unless all files are there."""
     source, target, table_file = (inside(directory, name) for name in files)
     if not all(path.is_file() for path in (source, target, table_file)):
         return None
     mapping = _json(directory, files[2], True)
     table = {i: piece for piece, i in mapping.items() if isinstance(i, int)}
+    if slow is not None:
+        table |= {i: token for token, i in slow.vocab.items() if i not in table and 0 <= i < size}
     if sorted(table) != list(range(len(table))) or len(table) > size:
         raise CheckpointError(f"{table_file} maps {len(table)} ids, not the model's 0..{size - 1}")
     tokens = _padded_table(table, size)
     unk = ids["unk"] if ids["unk"] is not None else mapping.get("<unk>")  # some configs name no unk id
-    special = {"pad_id": ids["pad"], "bos_id": ids["bos"], "eos_id": ids["eos"], "unk_id": unk,
+    special: dict[str, Any] = {"pad_id": ids["pad"], "bos_id": ids["bos"], "eos_id": ids["eos"], "unk_id": unk,
+                               "decoder_start_id": ids["decoder_start"]}
+    framing: dict[str, Any] = {}
+    if slow is not None:
+        framing = {"prefix": slow.prefix, "suffix": slow.suffix or None,
+                   "hidden": tuple(i for i in slow.special if 0 <= i < size)}
+    return (Vocabulary(tokens, SENTENCEPIECE, tokenizer=TokenizerFile.read(source), **special,
+                       **{k: v for k, v in framing.items() if k != "hidden"}),
+            Vocabulary(tokens, SENTENCEPIECE, tokenizer=TokenizerFile.read(target), **special,
+                       **{k: v for k, v in framing.items() if k == "hidden"}))
+
+
+def moses_vocabularies(directory: Path, files: tuple[str, str, str], weights: HFWeights,
+                       ids: Mapping[str, int | None]) -> tuple[Vocabulary, Vocabulary] | None:
+    """A family's Moses + BPE files (the plugin's ``hf_moses_files``; FSMT's ``vocab-src.json``,
+    ``vocab-tgt.json``, ``merges.txt``) as two ``moses`` vocabularies, each its own table and
+    language (the tokenizer's ``src_lang`` and ``tgt_lang``, ``do_lower_case``), framed and with
+    hidden ids as the folder's tokenizer (transformers, at export) frames and decodes. None without
+    the files or without transformers to read the languages from."""
+    paths = [inside(directory, name) for name in files]
+    tokenizer = load_auto_tokenizer(directory) if all(path.is_file() for path in paths) else None
+    framed = framing(tokenizer) if tokenizer is not None else None
+    if tokenizer is None or framed is None or not all(hasattr(tokenizer, a) for a in ("src_lang", "tgt_lang")):
+        return None
+    lines = paths[2].read_text(encoding="utf-8").split("\n")[:-1]
+    merges = [line.split()[:2] for line in lines if len(line.split()) >= 2]
+    lower = bool(getattr(tokenizer, "do_lower_case", False))
+    hidden = tuple(sorted(set(tokenizer.all_special_ids)))
+    special = {"pad_id": ids["pad"], "bos_id": ids["bos"], "eos_id": ids["eos"], "unk_id": ids["unk"],
                "decoder_start_id": ids["decoder_start"]}
-    return (Vocabulary(tokens, SENTENCEPIECE, tokenizer=TokenizerFile.read(source), **special),
-            Vocabulary(tokens, SENTENCEPIECE, tokenizer=TokenizerFile.read(target), **special))
+    found = []
+    for side, (name, size, lang) in enumerate(((files[0], weights.src_vocab_size, tokenizer.src_lang),
+                                               (files[1], weights.tgt_vocab_size, tokenizer.tgt_lang))):
+        mapping = _json(directory, name, True)
+        table = {i: token for token, i in mapping.items() if isinstance(i, int)}
+        if sorted(table) != list(range(len(table))) or len(table) > size:
+            raise CheckpointError(f"{name} maps {len(table)} ids, not the model's 0..{size - 1}")
+        # FSMT's config names no unk id: the tokenizer's unknown token, in this side's table
+        unk = ids["unk"] if ids["unk"] is not None else mapping.get(str(tokenizer.unk_token))
+        spec = {"lang": str(lang), "lower_case": lower, "merges": merges}
+        file = TokenizerFile(f"moses-{'source' if side == 0 else 'target'}.json",
+                             json.dumps(spec, ensure_ascii=False).encode("utf-8"))
+        framing_of = {"prefix": framed[0], "suffix": framed[1]} if side == 0 else {
+            "hidden": tuple(i for i in hidden if 0 <= i < size)}
+        found.append(Vocabulary(_padded_table(table, size), MOSES, tokenizer=file, **(special | {"unk_id": unk}),
+                                **framing_of))
+    return found[0], found[1]
 
 
 def text_vocabularies(plugin: ArchitecturePlugin, directory: Path, weights: HFWeights,
                       ids: Mapping[str, int | None]) -> tuple[Vocabulary, Vocabulary]:
-    """The folder's own tokenizer files, first the family's SentencePiece files, then a
-    ``tokenizer.json``; without either, ids-only vocabularies."""
+    """The folder's own tokenizer files: first the family's SentencePiece files, then a
+    ``tokenizer.json``, then (where transformers is installed) one converted from the family's
+    slow tokenizer files (``hf_tokenizer.py``); without any, ids-only vocabularies."""
     size = weights.src_vocab_size
+    if plugin.hf_moses_files is not None:
+        moses = moses_vocabularies(directory, plugin.hf_moses_files, weights, ids)
+        if moses is not None:
+            return moses
     if size == weights.tgt_vocab_size:  # the families here share one vocabulary
-        if plugin.hf_sentencepiece_files is not None:
-            found = sentencepiece_vocabularies(directory, plugin.hf_sentencepiece_files, size, ids)
+        files = plugin.hf_sentencepiece_files
+        if files is not None and all(inside(directory, name).is_file() for name in files):
+            found = sentencepiece_vocabularies(directory, files, size, ids, read_slow_tokenizer(directory, size))
             if found is not None:
                 return found
-        shared = tokenizer_vocabulary(directory, size, ids)
-        if shared is not None:
+        file, framing = folder_tokenizer(directory), None
+        if file is None:
+            slow = read_slow_tokenizer(directory, size, plugin.hf_tokenizer_converter)
+            if slow is not None and slow.tokenizer_json is not None:
+                file = TokenizerFile(TOKENIZER_FILE, slow.tokenizer_json.encode("utf-8"))
+                framing = slow.prefix, slow.suffix
+        if file is not None:
+            shared = tokenizer_vocabulary(file, size, ids, framing)
             return shared, shared
     return vocabulary(weights.src_vocab_size, ids), vocabulary(weights.tgt_vocab_size, ids)
 

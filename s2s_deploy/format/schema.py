@@ -59,7 +59,7 @@ _ID_OR_NULL = {"anyOf": [_ID, {"type": "null"}]}
 _IDS = {"type": "array", "maxItems": 4096, "items": _ID}
 _VOCAB = {
     "type": "object", "required": ["tokens"],
-    "properties": {"level": {"enum": ["char", "word", "sentencepiece", "hf"]},
+    "properties": {"level": {"enum": ["char", "word", "sentencepiece", "hf", "moses"]},
                    "tokens": {"type": "array", "minItems": 5, "maxItems": MAX_VOCAB, "items": {"type": "string"}},
                    "special": {"type": "object", "required": ["pad", "eos"],
                                "properties": {"pad": _ID, "bos": _ID_OR_NULL, "eos": _ID, "unk": _ID_OR_NULL,

@@ -1,5 +1,7 @@
-"""Subword tokenisers a vocabulary may name: a SentencePiece ``.model`` or a Hugging Face
-``tokenizer.json``, run by the ``sentencepiece`` and ``tokenizers`` packages (both torch-free).
+"""Subword tokenisers a vocabulary may name: a SentencePiece ``.model``, a Hugging Face
+``tokenizer.json``, or a Moses + BPE description (fairseq's WMT19 models, FSMT), run by the
+``sentencepiece``, ``tokenizers`` and (optional, the ``moses`` extra) ``sacremoses`` packages,
+all torch-free.
 
 The file travels as bytes: copied into an export folder (its sha256 in the manifest) and
 embedded in a checkpoint, so an export never reads a tokenizer from anywhere else.
@@ -8,15 +10,17 @@ embedded in a checkpoint, so an export never reads a tokenizer from anywhere els
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 
 from s2s_deploy.errors import S2SError
 from s2s_deploy.format.files import inside
 
-SENTENCEPIECE, HF = "sentencepiece", "hf"
+SENTENCEPIECE, HF, MOSES = "sentencepiece", "hf", "moses"
 _PLAIN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 _EXPORT_FILES = re.compile(r"^manifest\.json$|\.(onnx|ort|safetensors|part|tmp)$")  # an export's own files
 
@@ -124,5 +128,66 @@ class HFTokenizer:
         return found
 
 
-def load_model(level: str, file: TokenizerFile) -> SentencePieceModel | HFTokenizer:
+class MosesBPE:
+    """Moses punctuation normalisation and tokenisation (``sacremoses``), then BPE over each Moses
+    token with ``</w>`` ending a word's last piece (XLM's and FSMT's subword-nmt style); back: the
+    pieces joined at ``</w>`` and Moses-detokenised. The file is JSON: ``{"lang", "lower_case",
+    "merges"}`` (``merges``: the ranked pairs, as ``merges.txt`` lists them); the pieces map to ids
+    through the vocabulary's ``tokens`` (docs/manifest.md states each step)."""
+
+    def __init__(self, file: TokenizerFile) -> None:
+        try:
+            spec = json.loads(file.data.decode("utf-8"))
+            self.lang, self.lower_case = str(spec["lang"]), bool(spec.get("lower_case", False))
+            self.ranks = {(str(a), str(b)): rank for rank, (a, b) in enumerate(spec["merges"])}
+        except (UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
+            raise TokenizerFileError(f"{file.name} is not a Moses + BPE description: {exc}") from exc
+        try:
+            import sacremoses
+        except ImportError as exc:
+            raise TokenizerFileError(f'{file.name}: a moses vocabulary needs sacremoses: pip install '
+                                     '"s2s-deploy[moses]"') from exc
+        self.normalizer = sacremoses.MosesPunctNormalizer(lang=self.lang, pre_replace_unicode_punct=True,
+                                                          post_remove_control_chars=True)
+        self.tokenizer = sacremoses.MosesTokenizer(lang=self.lang)
+        self.detokenizer = sacremoses.MosesDetokenizer(lang=self.lang)
+        self.cache: dict[str, list[str]] = {}
+
+    def pieces(self, text: str) -> list[str]:
+        if self.lower_case:
+            text = text.lower()
+        words = self.tokenizer.tokenize(self.normalizer.normalize(text), aggressive_dash_splits=True,
+                                        return_str=False, escape=True)
+        return [piece for word in words if word for piece in self.bpe(word)]
+
+    def bpe(self, word: str) -> list[str]:
+        """The lowest-ranked adjacent pair merged until none is ranked; ``</w>`` on the last piece."""
+        if word not in self.cache:
+            parts = [*word[:-1], word[-1] + "</w>"]
+            while len(parts) > 1:
+                pairs = [(self.ranks.get((a, b)), i) for i, (a, b) in enumerate(pairwise(parts))]
+                ranked = [(rank, i) for rank, i in pairs if rank is not None]
+                if not ranked:
+                    break
+                best = parts[min(ranked)[1]], parts[min(ranked)[1] + 1]
+                merged, i = [], 0
+                while i < len(parts):  # every occurrence of the pair, left to right
+                    if i < len(parts) - 1 and (parts[i], parts[i + 1]) == best:
+                        merged.append(parts[i] + parts[i + 1])
+                        i += 2
+                    else:
+                        merged.append(parts[i])
+                        i += 1
+                parts = merged
+            self.cache[word] = parts
+        return self.cache[word]
+
+    def text(self, pieces: list[str]) -> str:
+        words = "".join(p.replace(" ", "").replace("</w>", " ") for p in pieces).split()
+        return self.detokenizer.detokenize(words)
+
+
+def load_model(level: str, file: TokenizerFile) -> SentencePieceModel | HFTokenizer | MosesBPE:
+    if level == MOSES:
+        return MosesBPE(file)
     return SentencePieceModel(file) if level == SENTENCEPIECE else HFTokenizer(file)

@@ -6,7 +6,8 @@ id and its EOS is 0), and ``bos`` and ``unk`` may be absent.
 
 Levels: ``char`` and ``word`` split text here; ``sentencepiece`` splits it into pieces with the
 vocabulary's ``.model`` and maps them through ``tokens``; ``hf`` runs a ``tokenizer.json``
-whose ids must agree with ``tokens`` (checked on load).
+whose ids must agree with ``tokens`` (checked on load); ``moses`` normalises and tokenises with
+Moses rules (``sacremoses``), splits each token into BPE pieces and maps them through ``tokens``.
 """
 
 from __future__ import annotations
@@ -19,12 +20,21 @@ from pathlib import Path
 from typing import Any
 
 from s2s_deploy.errors import S2SError
-from s2s_deploy.format.subword import HF, SENTENCEPIECE, HFTokenizer, SentencePieceModel, TokenizerFile, load_model
+from s2s_deploy.format.subword import (
+    HF,
+    MOSES,
+    SENTENCEPIECE,
+    HFTokenizer,
+    MosesBPE,
+    SentencePieceModel,
+    TokenizerFile,
+    load_model,
+)
 
 PAD, BOS, EOS, UNK = "<pad>", "<bos>", "<eos>", "<unk>"
 SPECIALS: tuple[str, ...] = (PAD, BOS, EOS, UNK)
-LEVELS = ("char", "word", SENTENCEPIECE, HF)
-SUBWORD_LEVELS = (SENTENCEPIECE, HF)
+LEVELS = ("char", "word", SENTENCEPIECE, HF, MOSES)
+SUBWORD_LEVELS = (SENTENCEPIECE, HF, MOSES)
 BUILT_LEVELS = ("char", "word")  # the levels ``Vocabulary.build`` makes from text alone
 FileReader = Callable[[str, str], bytes]
 """``(file name, sha256) -> bytes``: how ``from_dict`` gets a tokenizer file (folder or checkpoint)."""
@@ -65,7 +75,7 @@ class Vocabulary:
     tasks: tuple[int, ...] = ()
     _index: dict[str, int] = field(init=False, repr=False, compare=False)
     _skip: frozenset[int] = field(init=False, repr=False, compare=False)
-    _model: SentencePieceModel | HFTokenizer | None = field(init=False, repr=False, compare=False)
+    _model: SentencePieceModel | HFTokenizer | MosesBPE | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.level not in LEVELS:
@@ -97,7 +107,7 @@ class Vocabulary:
         object.__setattr__(self, "_skip", frozenset(i for i in skip if i is not None))
         object.__setattr__(self, "_model", self._load_model())
 
-    def _load_model(self) -> SentencePieceModel | HFTokenizer | None:
+    def _load_model(self) -> SentencePieceModel | HFTokenizer | MosesBPE | None:
         if (self.tokenizer is not None) != (self.level in SUBWORD_LEVELS):
             raise VocabularyError(f"a {self.level} vocabulary {'needs' if self.tokenizer is None else 'takes no'} "
                                   "tokenizer file")

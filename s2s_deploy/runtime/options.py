@@ -29,8 +29,8 @@ def options_on(config: SearchConfig) -> bool:
     """Whether any option needs the full log-probs (``min_len`` alone does not: the search
     masks EOS among the in-graph top-k)."""
     return (config.sampling_topk != 1 or config.repetition_penalty != 1.0 or config.no_repeat_ngram_size > 0
-            or any(prefixes_of(config)) or bool(config.suppress_tokens) or config.disable_unk
-            or bool(config.bad_words_ids) or config.forced_eos or config.forced_bos >= 0
+            or config.encoder_no_repeat_ngram_size > 0 or any(prefixes_of(config)) or bool(config.suppress_tokens)
+            or config.disable_unk or bool(config.bad_words_ids) or config.forced_eos or config.forced_bos >= 0
             or bool(config.begin_suppress_tokens) or config.timestamps or window_options_on(config))
 
 
@@ -87,6 +87,26 @@ def renormalise(out: np.ndarray) -> None:
     out -= np.where(np.isfinite(norm), norm, np.float32(0.0))
 
 
+def source_ngrams(src: np.ndarray, src_len: np.ndarray, n: int,
+                  vocab_size: int) -> list[dict[tuple[int, ...], list[int]]]:
+    """Per sentence, each (n-1)-gram of its source ids (``prefix + ids + suffix``, not the padding)
+    mapped to the ids that follow it there, those a target id too (a model with a vocabulary of
+    its own per side); none when ``n`` is 0. Features cannot be n-grams."""
+    if n <= 0:
+        return []
+    if not np.issubdtype(np.asarray(src).dtype, np.integer):
+        raise ValueError("encoder_no_repeat_ngram_size needs a source of token ids, not features")
+    found = []
+    for row, length in zip(np.asarray(src), np.asarray(src_len), strict=True):
+        ids = row[: int(length)].tolist()
+        table: dict[tuple[int, ...], list[int]] = {}
+        for i in range(len(ids) - n + 1):
+            if ids[i + n - 1] < vocab_size:
+                table.setdefault(tuple(ids[i: i + n - 1]), []).append(ids[i + n - 1])
+        found.append(table)
+    return found
+
+
 class StepOptions:
     """The options of one search over one batch. It follows each row's generated tokens from the
     ``tokens`` and ``reorder`` fed to every step, so greedy and beam search need no change but
@@ -122,6 +142,8 @@ class StepOptions:
             raise ValueError(f"timestamp_begin {config.timestamp_begin} is outside the vocabulary "
                              f"(1..{vocab_size - 1})")
         self.generators = sentence_seeds(config.seed, src, src_len) if self.sampling else []
+        self.source_ngrams = source_ngrams(src, src_len, config.encoder_no_repeat_ngram_size, vocab_size)
+        self.first_fed = np.zeros(self.batch, dtype=np.int64)
         self.history = np.zeros((0, 0), dtype=np.int64)
         self.t = 0
 
@@ -138,6 +160,7 @@ class StepOptions:
         rows = len(tokens)
         if t == 0:
             self.history = np.zeros((rows, 0), dtype=np.int64)
+            self.first_fed[np.arange(rows) // (rows // self.batch)] = tokens
         else:
             self.history = np.concatenate([self.history[reorder], tokens[:, None].astype(np.int64)], axis=1)
         self.t += 1
@@ -149,6 +172,8 @@ class StepOptions:
             np.put_along_axis(out, history, seen * np.float32(config.repetition_penalty), axis=1)
         if config.no_repeat_ngram_size > 0:
             self._ban_ngrams(out, history, config.no_repeat_ngram_size)
+        if self.source_ngrams:
+            self._ban_source_ngrams(out, history, sentence, config.encoder_no_repeat_ngram_size)
         if self.long_bad:
             for words in self.long_bad:
                 n = len(words) - 1
@@ -228,6 +253,17 @@ class StepOptions:
             seq = history[row].tolist()
             tail = tuple(seq[length - n + 1:]) if n > 1 else ()
             banned = [seq[i + n - 1] for i in range(length - n + 1) if tuple(seq[i:i + n - 1]) == tail]
+            if banned:
+                out[row, banned] = -np.inf
+
+    def _ban_source_ngrams(self, out: np.ndarray, history: np.ndarray, sentence: np.ndarray, n: int) -> None:
+        """No row may complete an n-gram of its sentence's source ids. The row's sequence starts
+        with the token fed at step 0 (the decoder start), as ``generate``'s ``input_ids`` do."""
+        for row in range(history.shape[0]):
+            seq = [int(self.first_fed[sentence[row]]), *history[row].tolist()]
+            if len(seq) < n - 1:
+                continue
+            banned = self.source_ngrams[sentence[row]].get(tuple(seq[len(seq) - n + 1:]) if n > 1 else ())
             if banned:
                 out[row, banned] = -np.inf
 

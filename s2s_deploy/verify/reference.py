@@ -199,6 +199,7 @@ class GenerateEngine:
         self.model = model.float().eval()
         self.decoder_start_id, self.eos_id, self.source = decoder_start_id, eos_id, source
         self.language_ids = frozenset(language_ids)
+        self.outputs: list[tuple[int, ...]] = []  # every hypothesis's tokens, for the tokenizer check
 
     @torch.no_grad()
     def search(self, src: np.ndarray, src_len: np.ndarray, config: SearchConfig) -> list[list[Hypothesis]]:
@@ -225,6 +226,7 @@ class GenerateEngine:
             score = scored[i]
             prompt = tuple(full[1: len(head)]) if ours else tuple(config.decoder_prompt)
             found.append([Hypothesis(tokens, (), score, finished, prompt)])
+            self.outputs.append(tokens)
         return found
 
     @torch.no_grad()

@@ -6,10 +6,21 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from s2s_deploy.verify.parity import ParityReport, SearchAgreement
 from s2s_deploy.verify.timestamps import TimedAgreement
+
+
+class Section(Protocol):
+    """A further check a parity run makes (the tokenizer against transformers'), reported beside the rest."""
+
+    @property
+    def passed(self) -> bool: ...
+
+    def lines(self) -> list[str]: ...
+
+    def to_json(self) -> dict[str, Any]: ...
 
 
 @dataclass(frozen=True)
@@ -18,11 +29,13 @@ class Verdict:
     timed: tuple[TimedAgreement, ...]
     reference: str
     """What the tokens were compared with, in messages: ``pytorch`` or ``generate``."""
+    tokenizer: Section | None = None
 
     @property
     def passed(self) -> bool:
         floor = self.report.min_token_agreement
-        return self.report.passed and all(t.agreement >= floor for t in self.timed)
+        return (self.report.passed and all(t.agreement >= floor for t in self.timed)
+                and (self.tokenizer is None or self.tokenizer.passed))
 
     def to_json(self) -> dict[str, Any]:
         r = self.report
@@ -37,6 +50,7 @@ class Verdict:
                 "identical": r.batch.identical, "total": r.batch.total, "rows": r.batch.mode},
             "searches": [_search_json(s) for s in r.searches],
             "timestamps": [_timed_json(t) for t in self.timed],
+            "tokenizer": None if self.tokenizer is None else self.tokenizer.to_json(),
         }
 
     def lines(self) -> Iterator[str]:
@@ -64,6 +78,8 @@ class Verdict:
                    f"{t.segments_identical}/{t.total} ({t.segments} segments; {t.long} inputs longer than the "
                    f"window) {_ok(t.agreement >= r.min_token_agreement)}")
             yield from self._mismatches(t.mismatches)
+        if self.tokenizer is not None:
+            yield from self.tokenizer.lines()
         yield "parity: PASS" if self.passed else "parity: FAIL"
 
     def _mismatches(self, mismatches: tuple[tuple[str, str, str], ...], shown: int = 5) -> Iterator[str]:

@@ -59,6 +59,7 @@
     seed: 0,
     repetition_penalty: 1.0,
     no_repeat_ngram_size: 0,
+    encoder_no_repeat_ngram_size: 0,
     prefix: [],
     suppress_tokens: [],
     disable_unk: false,

@@ -52,6 +52,7 @@ def option_feeds(config: SearchConfig, unk_id: int) -> dict[str, np.ndarray]:
     loop_only = {
         "sampling": config.sampling_topk != 1, "repetition_penalty": config.repetition_penalty != 1.0,
         "no_repeat_ngram_size": config.no_repeat_ngram_size > 0,
+        "encoder_no_repeat_ngram_size": config.encoder_no_repeat_ngram_size > 0,
         "bad_words_ids of several tokens": any(len(w) > 1 for w in config.bad_words_ids),
         "per-sentence prefixes": len(prefixes) > 1, "begin_suppress_tokens": bool(config.begin_suppress_tokens),
         "timestamps": config.timestamps,
