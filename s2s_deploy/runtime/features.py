@@ -23,7 +23,7 @@ import numpy as np
 from s2s_deploy.errors import S2SError
 from s2s_deploy.format.source import SourceSpec
 from s2s_deploy.frontends.media import Medium
-from s2s_deploy.frontends.source import featurise, frontend_for, use_instead
+from s2s_deploy.frontends.source import checked_features, featurise, frontend_for, use_instead
 from s2s_deploy.runtime.decoding import SearchConfig, with_timestamps
 from s2s_deploy.runtime.search import Hypothesis
 from s2s_deploy.runtime.timestamps import Sought, seek_windows
@@ -109,10 +109,19 @@ class FeatureReader:
         """Whether ``items`` is one input rather than a sequence of them."""
         return isinstance(items, str | Path)
 
+    def stream(self, item: Any, label: str) -> Any:
+        """``item`` opened for the front end's ``stream`` (a file read block by block), or None where it
+        is read whole (``load``)."""
+        return None
+
     def features(self, item: Any, label: str | None = None, whole: bool = False) -> np.ndarray:
         """One input's encoder input: the front end's features, checked against the declared shape;
-        ``whole``: uncut, for window-by-window decoding (what ``__call__`` and ``serve`` read)."""
+        ``whole``: uncut, for window-by-window decoding (what ``__call__`` and ``serve`` read), made
+        block by block from what ``stream`` opens, where it opens one."""
         label = label or self.label
+        opened = self.stream(item, label) if whole else None
+        if opened is not None:
+            return checked_features(self.source, self.frontend.stream(opened, label, opened.expected), label)
         return featurise(self.source, self.load(item, label), label, whole, self.frontend)
 
     def __call__(self, items: Any, beam: int | None = None, n_best: int | None = None, max_len: int | None = None,
