@@ -110,6 +110,12 @@ _UNKNOWN_SIZES = (0, 0xFFFFFFFF, 0x7FFFFFFF)
 """Data sizes a streaming writer puts in a header it cannot go back to fill: no promise at all."""
 
 
+def reason(exc: Exception) -> str:
+    """libsndfile's own words, without the Python repr of an in-memory file (``<_io.BytesIO object at
+    0x...>``) that soundfile puts before them."""
+    return getattr(exc, "error_string", None) or re.sub(r"<[^<>]* object at 0x[0-9a-f]+>:? ?", "", str(exc))
+
+
 class AudioFile:
     """An audio file opened for reading block by block at ``sampling_rate``, mono float32.
 
@@ -125,7 +131,7 @@ class AudioFile:
         try:
             self.file = soundfile.SoundFile(io.BytesIO(source) if isinstance(source, bytes) else str(source))
         except (RuntimeError, OSError, TypeError) as exc:  # soundfile.LibsndfileError is a RuntimeError
-            raise S2SError(f"cannot read audio {label}: {exc}") from exc
+            raise S2SError(f"cannot read audio {label}: {reason(exc)}") from exc
         try:
             self.rate = int(self.file.samplerate)
             check_rate(self.rate, f"audio {label}")
@@ -134,6 +140,8 @@ class AudioFile:
             self.file.close()
             raise
         self.expected = math.ceil(int(self.file.frames) * sampling_rate / self.rate)
+        self.samples = 0
+        """Samples at ``sampling_rate`` read so far (all of them once the blocks are read)."""
 
     def __iter__(self) -> Iterator[np.ndarray]:
         """The blocks, resampled in a stream (equal to one-shot ``resample`` of the whole); NaN refused."""
@@ -148,12 +156,16 @@ class AudioFile:
                     read += len(block)
                     samples = mono(block).astype(np.float32)
                     check_samples(samples, f"audio {self.label}")
-                    yield samples if stream is None else stream.resample_chunk(samples, last=False)
+                    resampled = samples if stream is None else stream.resample_chunk(samples, last=False)
+                    self.samples += len(resampled)
+                    yield resampled
                 self._check_length(read)
         except (RuntimeError, OSError) as exc:
-            raise S2SError(f"cannot read audio {self.label}: {exc}") from exc
+            raise S2SError(f"cannot read audio {self.label}: {reason(exc)}") from exc
         if stream is not None:
-            yield stream.resample_chunk(np.zeros(0, dtype=np.float32), last=True)
+            resampled = stream.resample_chunk(np.zeros(0, dtype=np.float32), last=True)
+            self.samples += len(resampled)
+            yield resampled
 
     def _check_length(self, read: int) -> None:
         """One warning line when the header promised more than was there."""

@@ -13,7 +13,7 @@ another; its result is then the text alone, unless the caller asked for ``timest
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -126,9 +126,11 @@ class FeatureReader:
 
     def __call__(self, items: Any, beam: int | None = None, n_best: int | None = None, max_len: int | None = None,
                  alpha: float | None = None, batch_size: int = 16, *, config: SearchConfig | None = None,
-                 **options: Any) -> list[Decoded]:
+                 on_error: Callable[[str], None] | None = None, **options: Any) -> list[Decoded]:
         """One result per input, in order; inputs are featurised and decoded ``batch_size`` at a time.
-        ``options``: any decoding option by name, or ``config``, one made by ``translator.search_config``."""
+        ``options``: any decoding option by name, or ``config``, one made by ``translator.search_config``.
+        ``on_error``: an input that cannot be read is told to it in one line and left out of the
+        results, and the rest are decoded (a batch of files with one bad one); without it, it raises."""
         if self.single(items):
             items = [items]
         if not len(items):
@@ -138,9 +140,16 @@ class FeatureReader:
                   for i, item in enumerate(items)]
         found: list[Decoded] = []
         for start in range(0, len(items), batch_size):
-            chunk = range(start, min(start + batch_size, len(items)))
-            features = [self.features(items[i], labels[i], whole=True) for i in chunk]
-            found += self.decode(features, config, [labels[i] for i in chunk])
+            read: dict[int, np.ndarray] = {}
+            for i in range(start, min(start + batch_size, len(items))):
+                try:
+                    read[i] = self.features(items[i], labels[i], whole=True)
+                except S2SError as exc:
+                    if on_error is None:
+                        raise
+                    on_error(str(exc))
+            if read:
+                found += self.decode(list(read.values()), config, [labels[i] for i in read])
         return found
 
     def decode(self, features: Sequence[np.ndarray], config: SearchConfig,

@@ -23,9 +23,9 @@ from s2s_deploy.runtime.decoding import SearchConfig
 from s2s_deploy.runtime.features import Decoded, FeatureReader, Segment, pad_features
 from s2s_deploy.runtime.translator import Translator
 
-Clip = str | Path | bytes | np.ndarray | tuple[np.ndarray, int]
-"""A file path, an encoded file's bytes (an upload), samples at the model's sampling rate, or
-``(samples, rate)`` (resampled)."""
+Clip = str | Path | bytes | np.ndarray | tuple[np.ndarray, int] | AudioFile
+"""A file path, an encoded file's bytes (an upload), samples at the model's sampling rate,
+``(samples, rate)`` (resampled), or an ``AudioFile`` opened already."""
 
 Transcription = Decoded
 """One clip's text (``Decoded``: source, text, score, hypotheses, language, and with ``timestamps``
@@ -74,10 +74,13 @@ class Transcriber(FeatureReader):
         return int(self.frontend.sampling_rate)
 
     def single(self, clips: Any) -> bool:
-        return isinstance(clips, str | Path | bytes | tuple) or (isinstance(clips, np.ndarray) and clips.ndim == 1)
+        return (isinstance(clips, str | Path | bytes | tuple | AudioFile)
+                or (isinstance(clips, np.ndarray) and clips.ndim == 1))
 
     def stream(self, clip: Clip, label: str) -> AudioFile | None:
         """A file or an upload, opened (its header judged) to be read block by block; arrays: None."""
+        if isinstance(clip, AudioFile):  # opened already (serve judges the header before queueing)
+            return clip
         if isinstance(clip, str | Path):
             path = Path(clip)
             if path.is_dir():
