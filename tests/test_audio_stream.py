@@ -119,3 +119,20 @@ def test_nan_and_empty_audio_are_one_line(tmp_path: Path) -> None:
         load_audio(tmp_path / "empty.wav", 16000)
     with pytest.raises(S2SError, match="is a directory, not an audio file"):
         load_audio(tmp_path, 16000)
+
+
+@pytest.mark.parametrize(("scale", "warning"), [
+    (1e6, "warning: audio upload peaks at 3e+05, far outside ±1: scale float samples to [-1, 1] "
+          "(the text will be unreliable)"),
+    (5.0, "warning: audio upload is heavily clipped: 53.6% of its samples are at full scale "
+          "(the text may be unreliable)"),
+    (1.0, None),
+])
+def test_audio_far_outside_full_scale_or_clipped_gets_one_warning(scale: float, warning: str | None) -> None:
+    tone = (0.3 * np.sin(np.arange(32000) / 7)).astype(np.float32) * scale
+    samples = tone if scale > 2 else np.clip(tone, -1, 1)  # a recorder clips; float audio scaled wrong does not
+    buffer = io.BytesIO()
+    soundfile.write(buffer, samples, 16000, format="WAV", subtype="FLOAT")
+    lines: list[str] = []
+    list(AudioFile(buffer.getvalue(), "upload", 16000, warn=lines.append))
+    assert lines == ([warning] if warning else [])

@@ -622,6 +622,11 @@ def test_an_array_at_an_implausible_rate_is_one_line(tiny_speech: Path) -> None:
         transcriber([(np.zeros(24000, dtype=np.float32), 1.5)])
     with pytest.raises(S2SError, match=r"clip 1: 6\.0 s of audio is over the limit of 5 s"):
         transcriber([np.zeros(96000, dtype=np.float32)])
+    lines: list[str] = []  # float audio scaled by 1e6 gave 96 'h's with no word of warning
+    loud = Transcriber(transcriber.translator, warn=lines.append)
+    loud([np.sin(np.arange(8000, dtype=np.float32) / 7) * 1e6], max_len=4)
+    assert lines == ["warning: clip 1 peaks at 1e+06, far outside ±1: scale float samples to [-1, 1] "
+                     "(the text will be unreliable)"]
 
 
 def test_a_truncated_wav_warns_once_and_reads_what_it_holds(tiny_speech: Path, tmp_path: Path) -> None:

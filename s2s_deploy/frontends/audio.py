@@ -104,6 +104,38 @@ def check_samples(audio: np.ndarray, label: str) -> None:
         raise S2SError(f"{label}: the audio holds NaN or infinite samples")
 
 
+FULL_SCALE = 0.999
+"""A sample this close to ±1 sits at full scale: where a recording clipped."""
+CLIPPED_SHARE = 0.01
+"""More than 1% of samples at full scale: the clip is heavily clipped (distorted), so one warning line."""
+FAR_OUTSIDE = 2.0
+"""A peak over twice full scale: float samples never scaled to ±1 (the front ends' features saturate)."""
+
+
+class Level:
+    """A clip's loudness as it is read block by block: its peak and its samples at full scale, and the
+    one warning line they call for (none for a clip within ±1 and seldom at full scale)."""
+
+    def __init__(self) -> None:
+        self.peak, self.clipped, self.count = 0.0, 0, 0
+
+    def add(self, samples: np.ndarray) -> None:
+        if samples.size:
+            magnitude = np.abs(samples)
+            self.peak = max(self.peak, float(magnitude.max()))
+            self.clipped += int(np.count_nonzero(magnitude >= FULL_SCALE))
+            self.count += samples.size
+
+    def warning(self, label: str) -> str | None:
+        if self.peak > FAR_OUTSIDE:
+            return (f"warning: {label} peaks at {self.peak:.3g}, far outside ±1: scale float samples to [-1, 1] "
+                    "(the text will be unreliable)")
+        if self.count and self.clipped > CLIPPED_SHARE * self.count:
+            return (f"warning: {label} is heavily clipped: {100 * self.clipped / self.count:.1f}% of its samples are "
+                    "at full scale (the text may be unreliable)")
+        return None
+
+
 _SHORT_DATA = re.compile(r"^data\s*:\s*(\d+)\s*\(should be (\d+)\)", re.MULTILINE)
 """libsndfile's log line for a RIFF/AIFF data chunk longer than the file: it reads what is there."""
 _UNKNOWN_SIZES = (0, 0xFFFFFFFF, 0x7FFFFFFF)
@@ -149,17 +181,20 @@ class AudioFile:
         if self.rate != self.sampling_rate:
             soxr = optional_module("soxr", "resampling audio")
             stream = soxr.ResampleStream(self.rate, self.sampling_rate, 1, dtype="float32", quality="HQ")
-        read = 0
+        read, level = 0, Level()
         try:
             with self.file:
                 for block in self.file.blocks(BLOCK_FRAMES, dtype="float32", always_2d=True):
                     read += len(block)
                     samples = mono(block).astype(np.float32)
                     check_samples(samples, f"audio {self.label}")
+                    level.add(samples)
                     resampled = samples if stream is None else stream.resample_chunk(samples, last=False)
                     self.samples += len(resampled)
                     yield resampled
                 self._check_length(read)
+            if self.warn is not None and (line := level.warning(f"audio {self.label}")):
+                self.warn(line)
         except (RuntimeError, OSError) as exc:
             raise S2SError(f"cannot read audio {self.label}: {reason(exc)}") from exc
         if stream is not None:

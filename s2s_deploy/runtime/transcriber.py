@@ -17,7 +17,7 @@ import numpy as np
 
 from s2s_deploy.errors import S2SError
 from s2s_deploy.frontends import AUDIO, decode_audio, load_audio, resample
-from s2s_deploy.frontends.audio import AudioFile, check_duration, check_rate, check_samples
+from s2s_deploy.frontends.audio import AudioFile, Level, check_duration, check_rate, check_samples
 from s2s_deploy.frontends.media import MEDIA
 from s2s_deploy.runtime.decoding import SearchConfig
 from s2s_deploy.runtime.features import Decoded, FeatureReader, Segment, pad_features
@@ -112,6 +112,11 @@ class Transcriber(FeatureReader):
         if audio.size == 0:
             raise S2SError(f"{label}: no audio samples")
         check_samples(audio, label)
+        if not isinstance(clip, str | Path | bytes):  # a file's level was judged as it was read
+            level = Level()
+            level.add(audio)
+            if line := level.warning(label):
+                self.warn(line)
         return audio
 
 
