@@ -580,7 +580,7 @@ def _wav(frames: int, rate: int, body: bytes) -> bytes:
 
 
 @pytest.fixture(scope="module")
-def tiny_speech(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def speech(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from s2s_deploy.architecture.registry import get_plugin
     from s2s_deploy.export.sources import load_source
 
@@ -600,7 +600,7 @@ HOSTILE_MEDIA = [  # (file name, bytes, what the one line says): issue 48's tabl
 
 
 @pytest.mark.parametrize(("name", "data", "fragment"), HOSTILE_MEDIA, ids=[row[0] for row in HOSTILE_MEDIA])
-def test_hostile_audio_headers_are_one_line_before_decoding(tiny_speech: Path, tmp_path: Path, name: str,
+def test_hostile_audio_headers_are_one_line_before_decoding(speech: Path, tmp_path: Path, name: str,
                                                             data: bytes, fragment: str) -> None:
     """Before, the 4 KB one took 2.2 GB and 98 s and the 40 KB one a 49-line MemoryError."""
     import time
@@ -608,16 +608,16 @@ def test_hostile_audio_headers_are_one_line_before_decoding(tiny_speech: Path, t
     path = tmp_path / name
     path.write_bytes(data)
     started = time.perf_counter()
-    code, _, err = run("transcribe", str(tiny_speech), str(path))
+    code, _, err = run("transcribe", str(speech), str(path))
     one_line(code, err, fragment)
     assert time.perf_counter() - started < 30  # the export's load, not minutes of resampling
 
 
-def test_an_array_at_an_implausible_rate_is_one_line(tiny_speech: Path) -> None:
+def test_an_array_at_an_implausible_rate_is_one_line(speech: Path) -> None:
     """``Transcriber()([(samples, 1.5)])`` was killed by the OOM killer at 12.4 GB."""
     from s2s_deploy.runtime.transcriber import Transcriber
 
-    transcriber = Transcriber(tiny_speech, device="cpu", max_duration=5)
+    transcriber = Transcriber(speech, device="cpu", max_duration=5)
     with pytest.raises(S2SError, match=r"clip 1: a sampling rate of 1\.5 Hz is outside"):
         transcriber([(np.zeros(24000, dtype=np.float32), 1.5)])
     with pytest.raises(S2SError, match=r"clip 1: 6\.0 s of audio is over the limit of 5 s"):
@@ -629,19 +629,19 @@ def test_an_array_at_an_implausible_rate_is_one_line(tiny_speech: Path) -> None:
                      "(the text will be unreliable)"]
 
 
-def test_a_truncated_wav_warns_once_and_reads_what_it_holds(tiny_speech: Path, tmp_path: Path) -> None:
+def test_a_truncated_wav_warns_once_and_reads_what_it_holds(speech: Path, tmp_path: Path) -> None:
     """Before, a WAV whose header promised twice its data decoded the half it had, silently."""
     tone = (0.3 * np.sin(np.arange(16000) / 5) * 32767).astype("<i2").tobytes()
     whole, half = tmp_path / "whole.wav", tmp_path / "half.wav"
     whole.write_bytes(_wav(16000, 16000, tone))
     half.write_bytes(_wav(16000, 16000, tone[: len(tone) // 2]))
     (tmp_path / "half-as-such.wav").write_bytes(_wav(8000, 16000, tone[: len(tone) // 2]))
-    code, out, err = run("transcribe", str(tiny_speech), str(half), "--max-len", "4", "--quiet")
+    code, out, err = run("transcribe", str(speech), str(half), "--max-len", "4", "--quiet")
     assert code == 0 and err == (f"warning: audio {half} is truncated: its header promises 32000 bytes of audio, "
                                  "the file holds 16000; reading what it holds\n")
-    honest = run("transcribe", str(tiny_speech), str(tmp_path / "half-as-such.wav"), "--max-len", "4", "--quiet")
+    honest = run("transcribe", str(speech), str(tmp_path / "half-as-such.wav"), "--max-len", "4", "--quiet")
     assert honest == (0, out, "")  # the half it holds, read as a file that says so
-    assert run("transcribe", str(tiny_speech), str(whole), "--max-len", "4", "--quiet")[2] == ""
+    assert run("transcribe", str(speech), str(whole), "--max-len", "4", "--quiet")[2] == ""
 
 
 def test_an_image_bomb_is_one_line(tmp_path: Path) -> None:
