@@ -181,7 +181,18 @@ def test_caption_prints_what_the_api_returns(vision: dict[str, Any], tmp_path: P
                                        "--max-len", str(MAX_NEW), "--quiet"])
     assert result.exit_code == 0, result.output
     found = vision["captioner"](paths, beam=4, n_best=2, max_len=MAX_NEW)
-    assert result.output.splitlines() == [text for c in found for text, _ in c.hypotheses]
+    # n-best over several files: each line starts with its file's name
+    assert result.output.splitlines() == [f"{c.source}\t{text}" for c in found for text, _ in c.hypotheses]
+    broken = tmp_path / "broken.png"
+    broken.write_bytes(b"not a png")
+    result = CliRunner().invoke(main, ["caption", str(vision["out"]), paths[0], str(tmp_path / "missing.png"),
+                                       str(broken), paths[1], "--beam", "4", "--max-len", str(MAX_NEW), "--quiet"])
+    assert result.exit_code == 1  # the good images printed, each bad one named, the failure at the end
+    assert result.stdout.splitlines() == [found[0].text, found[1].text]
+    errors = result.stderr.splitlines()
+    assert errors[0] == f"error: image file not found: {tmp_path / 'missing.png'}"
+    assert errors[1].startswith(f"error: cannot read image {broken}: ")
+    assert errors[2:] == ["error: 2 of 4 image files could not be read (each named above)"]
     want = generated(vision["model"], vision["pixels"][:4], 4)
     assert [c.text for c in found] == [" ".join(f"w{i}" for i in row) for row in want]
     array = np.asarray(image_module.open(paths[0]).convert("RGB"))

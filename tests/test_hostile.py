@@ -8,6 +8,7 @@ import fcntl
 import json
 import os
 import shutil
+import struct
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -569,3 +570,92 @@ def test_ray_address_that_refuses_fails_fast() -> None:
     with pytest.raises(S2SError, match="cannot reach the Ray cluster"):
         _probe("127.0.0.1:1")
 
+
+
+def _wav(frames: int, rate: int, body: bytes) -> bytes:
+    """A 16-bit mono PCM WAV whose header says ``frames`` at ``rate`` and holds ``body``."""
+    size = 2 * frames
+    return (b"RIFF" + struct.pack("<I", 36 + size) + b"WAVEfmt " + struct.pack("<IHHIIHH", 16, 1, 1, rate, 2 * rate,
+            2, 16) + b"data" + struct.pack("<I", size) + body)
+
+
+@pytest.fixture(scope="module")
+def speech(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from s2s_deploy.architecture.registry import get_plugin
+    from s2s_deploy.export.sources import load_source
+
+    plugin = get_plugin("speech")
+    work = tmp_path_factory.mktemp("speech")
+    source = load_source(plugin, None, "tiny", work)
+    export_model(plugin, source.model, source.config, source.src_vocab, source.tgt_vocab, work / "export",
+                 checkpoint_path=source.checkpoint_path, source=source.description, samples=source.samples)
+    return work / "export"
+
+
+HOSTILE_MEDIA = [  # (file name, bytes, what the one line says): issue 48's table, each refused from the header
+    ("1hz.wav", _wav(2000, 1, bytes(4000)), "a sampling rate of 1 Hz is outside the plausible 1000-384000 Hz"),
+    ("5h36m.wav", _wav(20000, 1, bytes(40000)), "a sampling rate of 1 Hz is outside"),
+    ("384khz+.wav", _wav(2000, 400_000, bytes(4000)), "a sampling rate of 400000 Hz is outside"),
+]
+
+
+@pytest.mark.parametrize(("name", "data", "fragment"), HOSTILE_MEDIA, ids=[row[0] for row in HOSTILE_MEDIA])
+def test_hostile_audio_headers_are_one_line_before_decoding(speech: Path, tmp_path: Path, name: str,
+                                                            data: bytes, fragment: str) -> None:
+    """Before, the 4 KB one took 2.2 GB and 98 s and the 40 KB one a 49-line MemoryError."""
+    import time
+
+    path = tmp_path / name
+    path.write_bytes(data)
+    started = time.perf_counter()
+    code, _, err = run("transcribe", str(speech), str(path))
+    one_line(code, err, fragment)
+    assert time.perf_counter() - started < 30  # the export's load, not minutes of resampling
+
+
+def test_an_array_at_an_implausible_rate_is_one_line(speech: Path) -> None:
+    """``Transcriber()([(samples, 1.5)])`` was killed by the OOM killer at 12.4 GB."""
+    from s2s_deploy.runtime.transcriber import Transcriber
+
+    transcriber = Transcriber(speech, device="cpu", max_duration=5)
+    with pytest.raises(S2SError, match=r"clip 1: a sampling rate of 1\.5 Hz is outside"):
+        transcriber([(np.zeros(24000, dtype=np.float32), 1.5)])
+    with pytest.raises(S2SError, match=r"clip 1: 6\.0 s of audio is over the limit of 5 s"):
+        transcriber([np.zeros(96000, dtype=np.float32)])
+    lines: list[str] = []  # float audio scaled by 1e6 gave 96 'h's with no word of warning
+    loud = Transcriber(transcriber.translator, warn=lines.append)
+    loud([np.sin(np.arange(8000, dtype=np.float32) / 7) * 1e6], max_len=4)
+    assert lines == ["warning: clip 1 peaks at 1e+06, far outside ±1: scale float samples to [-1, 1] "
+                     "(the text will be unreliable)"]
+
+
+def test_a_truncated_wav_warns_once_and_reads_what_it_holds(speech: Path, tmp_path: Path) -> None:
+    """Before, a WAV whose header promised twice its data decoded the half it had, silently."""
+    tone = (0.3 * np.sin(np.arange(16000) / 5) * 32767).astype("<i2").tobytes()
+    whole, half = tmp_path / "whole.wav", tmp_path / "half.wav"
+    whole.write_bytes(_wav(16000, 16000, tone))
+    half.write_bytes(_wav(16000, 16000, tone[: len(tone) // 2]))
+    (tmp_path / "half-as-such.wav").write_bytes(_wav(8000, 16000, tone[: len(tone) // 2]))
+    code, out, err = run("transcribe", str(speech), str(half), "--max-len", "4", "--quiet")
+    assert code == 0 and err == (f"warning: audio {half} is truncated: its header promises 32000 bytes of audio, "
+                                 "the file holds 16000; reading what it holds\n")
+    honest = run("transcribe", str(speech), str(tmp_path / "half-as-such.wav"), "--max-len", "4", "--quiet")
+    assert honest == (0, out, "")  # the half it holds, read as a file that says so
+    assert run("transcribe", str(speech), str(whole), "--max-len", "4", "--quiet")[2] == ""
+
+
+def test_an_image_bomb_is_one_line(tmp_path: Path) -> None:
+    """A 12000x12000 PNG passed with Pillow's raw two-line warning and took 1.2 GB; now it is refused from
+    its header (test_media_cli.py measures the memory)."""
+    import warnings
+
+    from PIL import Image
+
+    from s2s_deploy.frontends.image import load_image
+
+    big = tmp_path / "big.png"
+    Image.new("L", (12000, 12000), 0).save(big)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(S2SError, match=r"is 12000x12000 pixels, over the budget of 67108864"):
+            load_image(big)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-
 import click
 
 from s2s_deploy.cli.extras import require
@@ -60,5 +58,5 @@ def evaluate_command(export_dir: str, task: str | None, splits: tuple[str, ...],
             if len(splits) > 1:
                 continue  # a user's TSV task has no held-out split; score what it has
             raise S2SError("this task has no ood split (only the built-in tasks do)")
-        rows += evaluate(manifest, chosen, task, split, beam, limit, progress=sys.stderr.isatty())
+        rows += evaluate(manifest, chosen, task, split, beam, limit, progress=True)  # a bar with an ETA
     click.echo(markdown(rows))

@@ -14,9 +14,19 @@ from s2s_deploy.errors import S2SError
 CUDA_PROVIDER = "CUDAExecutionProvider"
 
 
+ANYWHERE = ("--verbose", "--debug")
+"""The group's flags, accepted after the subcommand too (``translate ... --verbose``), where users type them."""
+
+
 class Group(click.Group):
     """Turns every S2SError and OS error (read-only, full disk, missing file) into one line on
     stderr; ``--debug`` adds the full trace before it."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        """The ``ANYWHERE`` flags moved before the subcommand (never past a ``--``)."""
+        end = args.index("--") if "--" in args else len(args)
+        moved = [arg for arg in args[:end] if arg in ANYWHERE]
+        return super().parse_args(ctx, moved + [arg for arg in args[:end] if arg not in ANYWHERE] + args[end:])
 
     def invoke(self, ctx: click.Context):  # type: ignore[override]
         try:

@@ -47,9 +47,11 @@ def file_options(medium: str) -> Callable[[F], F]:
 
 def decode_files(reader_type: type, export_dir: str, files: tuple[str, ...], what: str, batch_size: int,
                  scores: bool, output_path: str | None, quiet: bool, device: str, threads: int | None,
-                 decoding: dict[str, Any]) -> None:
-    """Every check before any work (the folder, --output's kind, each file, the options), then
-    ``reader_type`` (``Transcriber``, ``Captioner``) over ``files``; ``what`` names a file in messages."""
+                 decoding: dict[str, Any], reader_options: dict[str, Any] | None = None) -> None:
+    """Every check before any work (the folder, --output's kind, the options), then ``reader_type``
+    (``Transcriber``, ``Captioner``, given ``reader_options``) over ``files``; ``what`` names a file in
+    messages. A file that cannot be read (missing, a directory, broken) is one ``error:`` line on
+    stderr as it is met; the others are decoded and printed, and the command fails at the end."""
     from s2s_deploy.errors import S2SError
     from s2s_deploy.format.files import write_atomically
     from s2s_deploy.format.manifest import not_an_export
@@ -59,13 +61,10 @@ def decode_files(reader_type: type, export_dir: str, files: tuple[str, ...], wha
     kinds = OUTPUT_KINDS if reader_type.medium.timed else tuple(k for k in OUTPUT_KINDS if k not in TIMED_KINDS)
     if output_path is not None and Path(output_path).suffix not in kinds:
         raise S2SError(f"--output {output_path}: write a {' or a '.join(kinds)} file")
-    for path in files:
-        if not Path(path).is_file():
-            raise S2SError(f"{what} file not found: {path}")
     if output_path is not None and any(Path(output_path).resolve() == Path(f).resolve() for f in files):
         raise S2SError(f"--output {output_path} is one of the {what} files: it would be overwritten")
     options = given_decoding(decoding)
-    reader = reader_type(export_dir, device=device, threads=threads)
+    reader = reader_type(export_dir, device=device, threads=threads, **(reader_options or {}))
     config = reader.translator.search_config(**options)  # bad options before any work
     suffix = Path(output_path).suffix if output_path is not None else ""
     if suffix in TIMED_KINDS and not config.timestamps:
@@ -74,14 +73,34 @@ def decode_files(reader_type: type, export_dir: str, files: tuple[str, ...], wha
         raise S2SError(f"--output {Path(output_path or '').name} holds one file's segments: give one {what} file")
     if not quiet:
         echo_device(reader.notice, reader.provider)
-    found = reader(list(files), batch_size=batch_size, config=config)
-    lines = [f"{score:.4f}\t{text}" if scores else text for t in found for text, score in t.hypotheses]
+    failed: list[str] = []
+
+    def refused(line: str) -> None:
+        failed.append(line)
+        if len(files) > 1:  # one file's refusal is the command's one line
+            click.echo(f"error: {line}", err=True)
+
+    readable = []
+    for path in files:
+        if Path(path).is_dir():
+            refused(f"{path} is a directory, not an {what} file")
+        elif not Path(path).is_file():
+            refused(f"{what} file not found: {path}")
+        else:
+            readable.append(path)
+    found = reader(readable, batch_size=batch_size, config=config, on_error=refused) if readable else []
+    if not found:
+        _fail_if(failed, len(files), what)
+    grouped = len(files) > 1 and config.n_best > 1  # n-best over several files: each line names its file
+    lines = [(f"{t.source}\t" if grouped else "") + (f"{score:.4f}\t{text}" if scores else text)
+             for t in found for text, score in t.hypotheses]
     if output_path is None and config.timestamps:  # one line per segment: [start --> end] text
         lines = [(f"{t.source}\t" if len(found) > 1 else "") + (f"{t.score:.4f}\t" if scores else "")
                  + f"[{clock(s.start, '.')} --> {clock(s.end, '.')}] {s.text}" for t in found for s in t.segments]
     if output_path is None:
         for line in lines:
             click.echo(line)
+        _fail_if(failed, len(files), what)
         return
     if suffix == ".json":
         rows = [{"file": t.source, "text": t.text, "score": t.score, "language": t.language,
@@ -96,4 +115,14 @@ def decode_files(reader_type: type, export_dir: str, files: tuple[str, ...], wha
         write_atomically(Path(output_path), data.encode("utf-8"))
     except OSError as exc:
         raise S2SError(f"cannot write {output_path}: {exc.strerror}") from exc
+    _fail_if(failed, len(files), what)
+
+
+def _fail_if(failed: list[str], count: int, what: str) -> None:
+    """The non-zero exit after the good files' output, when any file could not be read."""
+    from s2s_deploy.errors import S2SError
+
+    if failed:
+        raise S2SError(failed[0] if count == 1 else
+                       f"{len(failed)} of {count} {what} files could not be read (each named above)")
 

@@ -53,9 +53,12 @@ def split_threads(workers: int, threads: int | None, cores: int) -> int:
 @click.option("--languages", default=None, metavar="SRC:TGT",
               help="The language pair LibreTranslate requests name (e.g. en:fr), for a text export that lists no "
                    "language codes [default: the pair its training record names].")
+@click.option("--max-duration", type=click.FloatRange(0, min_open=True), default=None,
+              help="Longest audio upload in seconds, judged from its header before it is decoded; a longer one "
+                   "gets 413 [default: serve.app.MAX_AUDIO_SECONDS, 900].")
 def serve_command(export_dir: str, host: str, port: int, workers: int, threads: int | None, device: str,
                   window_ms: float, max_batch: int, max_tokens: int, max_queue: int, max_beam: int,
-                  languages: str | None) -> None:
+                  languages: str | None, max_duration: float | None) -> None:
     """Serve an export over HTTP, with dynamic batching.
 
     POST /translate (JSON texts), or POST /transcribe (an audio file) for an export that reads audio;
@@ -95,7 +98,8 @@ def serve_command(export_dir: str, host: str, port: int, workers: int, threads: 
     cores = available_cores()
     per_worker = split_threads(workers, threads, cores)
     config = ServeConfig(str(os.path.abspath(export_dir)), BatchLimits(window_ms, max_batch, max_tokens, max_queue),
-                         device, per_worker, max_beam, languages=languages)
+                         device, per_worker, max_beam, languages=languages,
+                         **({"max_duration": max_duration} if max_duration is not None else {}))
     os.environ[CONFIG_ENV] = config.to_env()
     click.echo(f"serving {export_dir} on http://{host}:{port} with {workers} worker(s) × {per_worker} thread(s) "
                f"({cores} cores)", err=True)

@@ -13,9 +13,12 @@ from s2s_deploy.frontends.media import AUDIO
 @click.argument("export_dir", type=click.Path())
 @click.argument("audio", nargs=-1, required=True, type=click.Path())
 @file_options(AUDIO)
+@click.option("--max-duration", type=click.FloatRange(0, min_open=True), default=None,
+              help="Refuse a file longer than this many seconds, judged from its header before it is decoded "
+                   "[default: no limit; memory holds 32 KB of features per second at 80 mels].")
 def transcribe_command(export_dir: str, audio: tuple[str, ...], batch_size: int, scores: bool,
                        output_path: str | None, quiet: bool, device: str, threads: int | None,
-                       **decoding: object) -> None:
+                       max_duration: float | None, **decoding: object) -> None:
     """Transcribe audio files with an export that reads audio.
 
     The export names the task (transcription or speech translation) and the front end.
@@ -26,4 +29,4 @@ def transcribe_command(export_dir: str, audio: tuple[str, ...], batch_size: int,
     from s2s_deploy.runtime.transcriber import Transcriber
 
     decode_files(Transcriber, export_dir, audio, "audio", batch_size, scores, output_path, quiet, device, threads,
-                 decoding)
+                 decoding, {"max_duration": max_duration})

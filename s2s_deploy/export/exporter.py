@@ -33,7 +33,7 @@ from s2s_deploy.frontends.source import check_frontend
 from s2s_deploy.modeling.contract import ArchitecturePlugin, Seq2SeqModel, StateSpec
 from s2s_deploy.modeling.graphs import EncoderGraph, GraphIO, StepGraph, io_names
 from s2s_deploy.modeling.plugin_errors import check_batch_axes, check_encoded, plugin_errors
-from s2s_deploy.runtime.ort.backend import quiet_stderr
+from s2s_deploy.runtime.ort.backend import quiet_native_output
 from s2s_deploy.transforms.share import external_files, load_graph, save_graph, share_weights
 from s2s_deploy.verify.checks import check_encoder_axes_torch, check_model_torch, run_export_checks
 from s2s_deploy.verify.tolerance import DEFAULT_RTOL, NO_DIFF, StepTolerance, plugin_tolerance
@@ -329,7 +329,7 @@ def _export(
             ))
             if tensor_axes
         }
-        with warnings.catch_warnings(), quiet_stderr():  # C++ shape-inference chatter, not errors
+        with warnings.catch_warnings(), quiet_native_output():  # C++ shape-inference chatter, not errors
             warnings.simplefilter("ignore")
             torch.onnx.export(
                 module, args, str(path), dynamo=False, input_names=list(input_names),

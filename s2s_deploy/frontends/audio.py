@@ -4,12 +4,20 @@ They compute what transformers' ``WhisperFeatureExtractor`` and ``Speech2TextFea
 compute (``docs/parity.md``, "Front ends", has the measured agreement), without transformers or
 torch at run time. Files are read with soundfile and resampled with soxr, the resampler that
 librosa (and so the Hugging Face datasets pipeline) uses by default.
+
+A file is read block by block (``AudioFile``) and resampled with soxr's streaming resampler, whose
+output equals its one-shot ``resample`` sample for sample; the Whisper front end makes its features
+from those blocks as they come (``stream``), so memory holds the features and one block, never the
+whole clip's samples or spectrum. The header is judged before anything is decoded: a sampling rate
+outside ``MIN_SAMPLING_RATE``-``MAX_SAMPLING_RATE`` or a duration over the caller's limit is one line.
 """
 
 from __future__ import annotations
 
 import io
-from collections.abc import Mapping
+import math
+import re
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -39,6 +47,11 @@ class AudioFrontEnd(FrontEndConfig):
     def probe(self) -> np.ndarray:
         return np.zeros(int(self.sampling_rate), dtype=np.float32)
 
+    def stream(self, blocks: Iterable[np.ndarray], label: str, expected: int | None = None) -> np.ndarray:
+        """``whole``'s features of the clip ``blocks`` make up (``expected``: its length, if known). This
+        default joins the blocks first; a front end that can work block by block overrides it."""
+        return self.whole(read_audio(blocks, label))  # type: ignore[attr-defined]
+
 
 def mono(audio: np.ndarray) -> np.ndarray:
     """One channel as float64: a (samples, channels) array is averaged, as librosa's ``to_mono`` does."""
@@ -58,26 +71,174 @@ def resample(audio: np.ndarray, rate: int, target: int) -> np.ndarray:
     return soxr.resample(audio, rate, target, quality="HQ")
 
 
-def load_audio(path: str | Path, sampling_rate: int) -> np.ndarray:
+MIN_SAMPLING_RATE = 1000
+MAX_SAMPLING_RATE = 384_000
+"""The plausible sampling rates: below 1 kHz no speech is left, above 384 kHz no recorder writes; a
+header outside them is a forgery or a mistake (a 4 KB WAV claiming 1 Hz would resample to 33 minutes)."""
+
+BLOCK_FRAMES = 1 << 16
+"""Frames read from a file at a time (4 s at 16 kHz): with one front end's workspace, the bound on what
+reading costs beyond the features."""
+
+
+class AudioTooLongError(S2SError):
+    """An input longer than the caller's ``max_duration`` (``serve`` answers 413)."""
+
+
+def check_rate(rate: float, label: str) -> None:
+    """One line for a sampling rate outside the plausible range."""
+    if not MIN_SAMPLING_RATE <= rate <= MAX_SAMPLING_RATE:
+        raise S2SError(f"{label}: a sampling rate of {rate:g} Hz is outside the plausible "
+                       f"{MIN_SAMPLING_RATE}-{MAX_SAMPLING_RATE} Hz")
+
+
+def check_duration(frames: int, rate: float, max_duration: float | None, label: str) -> None:
+    """One line (an ``AudioTooLongError``) for ``frames`` at ``rate`` over ``max_duration`` seconds."""
+    if max_duration is not None and frames > max_duration * rate:
+        raise AudioTooLongError(f"{label}: {frames / rate:.1f} s of audio is over the limit of {max_duration:g} s")
+
+
+def check_samples(audio: np.ndarray, label: str) -> None:
+    """One line for samples the front ends cannot read: NaN or infinite ones."""
+    if not np.isfinite(audio).all():
+        raise S2SError(f"{label}: the audio holds NaN or infinite samples")
+
+
+FULL_SCALE = 0.999
+"""A sample this close to ±1 sits at full scale: where a recording clipped."""
+CLIPPED_SHARE = 0.01
+"""More than 1% of samples at full scale: the clip is heavily clipped (distorted), so one warning line."""
+FAR_OUTSIDE = 2.0
+"""A peak over twice full scale: float samples never scaled to ±1 (the front ends' features saturate)."""
+
+
+class Level:
+    """A clip's loudness as it is read block by block: its peak and its samples at full scale, and the
+    one warning line they call for (none for a clip within ±1 and seldom at full scale)."""
+
+    def __init__(self) -> None:
+        self.peak, self.clipped, self.count = 0.0, 0, 0
+
+    def add(self, samples: np.ndarray) -> None:
+        if samples.size:
+            magnitude = np.abs(samples)
+            self.peak = max(self.peak, float(magnitude.max()))
+            self.clipped += int(np.count_nonzero(magnitude >= FULL_SCALE))
+            self.count += samples.size
+
+    def warning(self, label: str) -> str | None:
+        if self.peak > FAR_OUTSIDE:
+            return (f"warning: {label} peaks at {self.peak:.3g}, far outside ±1: scale float samples to [-1, 1] "
+                    "(the text will be unreliable)")
+        if self.count and self.clipped > CLIPPED_SHARE * self.count:
+            return (f"warning: {label} is heavily clipped: {100 * self.clipped / self.count:.1f}% of its samples are "
+                    "at full scale (the text may be unreliable)")
+        return None
+
+
+_SHORT_DATA = re.compile(r"^data\s*:\s*(\d+)\s*\(should be (\d+)\)", re.MULTILINE)
+"""libsndfile's log line for a RIFF/AIFF data chunk longer than the file: it reads what is there."""
+_UNKNOWN_SIZES = (0, 0xFFFFFFFF, 0x7FFFFFFF)
+"""Data sizes a streaming writer puts in a header it cannot go back to fill: no promise at all."""
+
+
+def reason(exc: Exception) -> str:
+    """libsndfile's own words, without the Python repr of an in-memory file (``<_io.BytesIO object at
+    0x...>``) that soundfile puts before them."""
+    return getattr(exc, "error_string", None) or re.sub(r"<[^<>]* object at 0x[0-9a-f]+>:? ?", "", str(exc))
+
+
+class AudioFile:
+    """An audio file opened for reading block by block at ``sampling_rate``, mono float32.
+
+    Opening reads the header only, and refuses in one line a rate outside the plausible range or a
+    duration over ``max_duration`` seconds, so a few kilobytes that claim hours cost nothing. A header
+    that promises more audio than the file holds gets one warning line (``warn``), and what the file
+    holds is read. ``expected``: the samples at ``sampling_rate`` the header promises."""
+
+    def __init__(self, source: str | Path | bytes, label: str, sampling_rate: int, max_duration: float | None = None,
+                 warn: Callable[[str], None] | None = None) -> None:
+        soundfile = optional_module("soundfile", "reading audio")
+        self.label, self.sampling_rate, self.warn = label, sampling_rate, warn
+        try:
+            self.file = soundfile.SoundFile(io.BytesIO(source) if isinstance(source, bytes) else str(source))
+        except (RuntimeError, OSError, TypeError) as exc:  # soundfile.LibsndfileError is a RuntimeError
+            raise S2SError(f"cannot read audio {label}: {reason(exc)}") from exc
+        try:
+            self.rate = int(self.file.samplerate)
+            check_rate(self.rate, f"audio {label}")
+            check_duration(int(self.file.frames), self.rate, max_duration, f"audio {label}")
+        except S2SError:
+            self.file.close()
+            raise
+        self.expected = math.ceil(int(self.file.frames) * sampling_rate / self.rate)
+        self.samples = 0
+        """Samples at ``sampling_rate`` read so far (all of them once the blocks are read)."""
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        """The blocks, resampled in a stream (equal to one-shot ``resample`` of the whole); NaN refused."""
+        stream = None
+        if self.rate != self.sampling_rate:
+            soxr = optional_module("soxr", "resampling audio")
+            stream = soxr.ResampleStream(self.rate, self.sampling_rate, 1, dtype="float32", quality="HQ")
+        read, level = 0, Level()
+        try:
+            with self.file:
+                for block in self.file.blocks(BLOCK_FRAMES, dtype="float32", always_2d=True):
+                    read += len(block)
+                    samples = mono(block).astype(np.float32)
+                    check_samples(samples, f"audio {self.label}")
+                    level.add(samples)
+                    resampled = samples if stream is None else stream.resample_chunk(samples, last=False)
+                    self.samples += len(resampled)
+                    yield resampled
+                self._check_length(read)
+            if self.warn is not None and (line := level.warning(f"audio {self.label}")):
+                self.warn(line)
+        except (RuntimeError, OSError) as exc:
+            raise S2SError(f"cannot read audio {self.label}: {reason(exc)}") from exc
+        if stream is not None:
+            resampled = stream.resample_chunk(np.zeros(0, dtype=np.float32), last=True)
+            self.samples += len(resampled)
+            yield resampled
+
+    def _check_length(self, read: int) -> None:
+        """One warning line when the header promised more than was there."""
+        short = _SHORT_DATA.search(self.file.extra_info or "")
+        if short and int(short.group(1)) not in _UNKNOWN_SIZES and int(short.group(2)) < int(short.group(1)):
+            promised, held = f"{short.group(1)} bytes", f"{short.group(2)}"
+        elif read < self.file.frames:
+            promised, held = f"{self.file.frames / self.rate:.2f} s", f"{read / self.rate:.2f} s"
+        else:
+            return
+        if self.warn is not None:
+            self.warn(f"warning: audio {self.label} is truncated: its header promises {promised} of audio, "
+                      f"the file holds {held}; reading what it holds")
+
+
+def read_audio(blocks: Iterable[np.ndarray], label: str) -> np.ndarray:
+    """Blocks joined into one clip, refused in one line if it holds no samples."""
+    audio = np.concatenate([np.zeros(0, dtype=np.float32), *blocks]).astype(np.float32, copy=False)
+    if audio.size == 0:
+        raise S2SError(f"{label}: no audio samples")
+    return audio
+
+
+def load_audio(path: str | Path, sampling_rate: int, max_duration: float | None = None,
+               warn: Callable[[str], None] | None = None) -> np.ndarray:
     """A file's audio as float32 mono at ``sampling_rate``: channels averaged, then resampled."""
     path = Path(path)
+    if path.is_dir():
+        raise S2SError(f"{path} is a directory, not an audio file")
     if not path.is_file():
         raise S2SError(f"audio file not found: {path}")
-    return _read(str(path), str(path), sampling_rate)
+    return read_audio(AudioFile(path, str(path), sampling_rate, max_duration, warn), str(path))
 
 
-def decode_audio(data: bytes, sampling_rate: int, label: str = "the audio") -> np.ndarray:
+def decode_audio(data: bytes, sampling_rate: int, label: str = "the audio", max_duration: float | None = None,
+                 warn: Callable[[str], None] | None = None) -> np.ndarray:
     """An encoded audio file's bytes (an upload) as ``load_audio`` reads a file."""
-    return _read(io.BytesIO(data), label, sampling_rate)
-
-
-def _read(source: str | io.BytesIO, label: str, sampling_rate: int) -> np.ndarray:
-    soundfile = optional_module("soundfile", "reading audio")
-    try:
-        data, rate = soundfile.read(source, dtype="float32", always_2d=True)
-    except (RuntimeError, OSError, TypeError) as exc:  # soundfile.LibsndfileError is a RuntimeError
-        raise S2SError(f"cannot read audio {label}: {exc}") from exc
-    return resample(mono(data).astype(np.float32), int(rate), sampling_rate).astype(np.float32)
+    return read_audio(AudioFile(data, label, sampling_rate, max_duration, warn), label)
 
 
 @lru_cache(maxsize=8)
@@ -184,17 +345,101 @@ class WhisperLogMel(AudioFrontEnd):
         clip = mono(audio)
         return self._log_mel(np.pad(clip, (0, max(0, self.n_samples - len(clip)))))
 
-    def _log_mel(self, clip: np.ndarray) -> np.ndarray:
-        frames_out = len(clip) // self.hop_length
-        # A centred STFT (reflect-padded, as torch.stft), periodic Hann window; the last frame is dropped.
-        padded = np.pad(clip, self.n_fft // 2, mode="reflect")
-        frames = np.lib.stride_tricks.sliding_window_view(padded, self.n_fft)[:: self.hop_length][:frames_out]
+    def stream(self, blocks: Iterable[np.ndarray], label: str, expected: int | None = None) -> np.ndarray:
+        """``whole``'s features, bit for bit, made from the blocks as they come: the STFT runs over each
+        gathered stretch, its log-mel is scaled and stored as float32 at once, and the floor 8 below the
+        clip's loudest is applied at the end. Rounding to float32 never reverses an order, so
+        ``max(float32(x), float32(floor))`` equals ``float32(max(x, floor))``: no float64 spectrum of
+        the whole clip is ever held. A clip no longer than the window is made in one go, as ``whole``."""
+        half, hop = self.n_fft // 2, self.hop_length
+        gather = max(self.n_samples, STREAM_SAMPLES) + self.n_fft  # beyond the window: no zero padding
+        pending: list[np.ndarray] = []
+        held = 0
+        padded: np.ndarray | None = None  # the reflect-padded clip from padded index ``base``
+        base = done = 0
+        out = _Growing(self.n_mels, (expected or 0) // hop)
+        peak = -np.inf
+        for block in blocks:
+            pending.append(np.asarray(block, dtype=np.float32))
+            held += len(block)
+            if held < gather:
+                continue
+            clip = mono(np.concatenate(pending))
+            pending, held = [], 0
+            padded = np.concatenate([clip[half:0:-1] if padded is None else padded, clip])
+            count = (base + len(padded) - self.n_fft) // hop + 1 - done  # frames whose window is all here
+            peak = max(peak, out.add(self._scaled_log_mel(padded[done * hop - base:], count)))
+            done += count
+            keep = min(done * hop, base + len(padded) - self.n_fft)  # the rest, and the tail to reflect
+            padded, base = padded[keep - base:], keep
+        if padded is None:  # never beyond the window: the one-shot path
+            return self.whole(read_audio(pending, label))
+        clip = mono(np.concatenate([np.zeros(0, dtype=np.float32), *pending]))
+        padded = np.concatenate([padded, clip])
+        padded = np.concatenate([padded, padded[-2: -half - 2: -1]])
+        total = base + len(padded) - 2 * half  # the clip's samples
+        peak = max(peak, out.add(self._scaled_log_mel(padded[done * hop - base:], total // hop - done)))
+        features = out.result()
+        return np.maximum(features, np.float32((peak - 8.0 + 4.0) / 4.0), out=features)
+
+    def _scaled_log_mel(self, padded: np.ndarray, count: int) -> tuple[np.ndarray, float]:
+        """``count`` frames from the start of ``padded`` as ``(log-mel + 4) / 4`` in float32, (n_mels,
+        count), with the largest log-mel before scaling; at most ``STFT_FRAMES`` frames' spectra at once."""
+        scaled = np.empty((self.n_mels, count), dtype=np.float32)
+        peak = -np.inf
+        for first in range(0, count, STFT_FRAMES):
+            last = min(count, first + STFT_FRAMES)
+            piece = padded[first * self.hop_length: (last - 1) * self.hop_length + self.n_fft]
+            log_mel = self._unscaled(piece, last - first)
+            peak = max(peak, float(log_mel.max()))
+            scaled[:, first:last] = ((log_mel + 4.0) / 4.0).T
+        return scaled, peak
+
+    def _unscaled(self, padded: np.ndarray, count: int) -> np.ndarray:
+        """(count, n_mels) float64 log10 mel energies of the first ``count`` frames of a padded clip."""
+        # A centred STFT (reflect-padded, as torch.stft), periodic Hann window.
+        frames = np.lib.stride_tricks.sliding_window_view(padded, self.n_fft)[:: self.hop_length][:count]
         window = np.hanning(self.n_fft + 1)[:-1]
         power = np.abs(np.fft.rfft(frames * window, axis=-1)) ** 2
         mel = power @ slaney_mel_filters(self.sampling_rate, self.n_fft, self.n_mels, WHISPER_MAX_FREQUENCY)
-        log_mel = np.log10(np.maximum(mel, 1e-10))
+        return np.log10(np.maximum(mel, 1e-10))
+
+    def _log_mel(self, clip: np.ndarray) -> np.ndarray:
+        # The last frame of the centred STFT is dropped.
+        log_mel = self._unscaled(np.pad(clip, self.n_fft // 2, mode="reflect"), len(clip) // self.hop_length)
         log_mel = np.maximum(log_mel, log_mel.max() - 8.0)
         return ((log_mel + 4.0) / 4.0).T.astype(np.float32)
+
+
+STREAM_SAMPLES = 1 << 19
+"""Samples (33 s at 16 kHz) gathered before ``stream`` makes their frames."""
+STFT_FRAMES = 2048
+"""Frames whose spectra ``stream`` holds at once (6.6 MB of float64 at n_fft 400)."""
+
+
+class _Growing:
+    """A (rows, columns) float32 array filled column block by column block: sized from the expected
+    length, so the usual clip fills it exactly and is returned without a copy; grown if it was short."""
+
+    def __init__(self, rows: int, capacity: int) -> None:
+        self.data = np.empty((rows, max(capacity, 1)), dtype=np.float32)
+        self.used = 0
+
+    def add(self, block: tuple[np.ndarray, float]) -> float:
+        """Append a ``(columns, peak)`` pair's columns; return its peak."""
+        columns, peak = block
+        end = self.used + columns.shape[1]
+        if end > self.data.shape[1]:
+            grown = np.empty((self.data.shape[0], max(end, 2 * self.data.shape[1])), dtype=np.float32)
+            grown[:, : self.used] = self.data[:, : self.used]
+            self.data = grown
+        self.data[:, self.used: end] = columns
+        self.used = end
+        return peak
+
+    def result(self) -> np.ndarray:
+        """The filled columns, C-contiguous (copied only when the capacity was not met exactly)."""
+        return self.data if self.used == self.data.shape[1] else np.ascontiguousarray(self.data[:, : self.used])
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ TrOCR's processor does, since TrOCR uses it. Processors that also crop, pad or m
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,16 +43,36 @@ def to_rgb(image: Any) -> Any:
     return image.convert("RGB")
 
 
-def load_image(path: str | Path) -> Any:
-    """A file's image as an RGB Pillow image (palette, grey and alpha images converted by ``to_rgb``)."""
+MAX_PIXELS = 1 << 26
+"""The largest image read (67 megapixels, 8192x8192): judged from the header before the pixels are
+decoded, since a few kilobytes of PNG can hold an image of gigabytes. Downscaling while decoding
+(Pillow's JPEG draft mode) would feed the model other pixels than transformers' processor, so a larger
+image is refused in one line rather than approximated."""
+
+
+def load_image(path: str | Path, max_pixels: int = MAX_PIXELS) -> Any:
+    """A file's image as an RGB Pillow image (palette, grey and alpha images converted by ``to_rgb``);
+    one over ``max_pixels`` is refused from its header, before its pixels are decoded."""
     image_module = optional_module("PIL.Image", "reading images")
     path = Path(path)
+    if path.is_dir():
+        raise S2SError(f"{path} is a directory, not an image file")
     if not path.is_file():
         raise S2SError(f"image file not found: {path}")
     try:
-        with image_module.open(path) as image:
+        with warnings.catch_warnings():  # Pillow's own bomb warning: the budget below says it in one line
+            warnings.simplefilter("ignore", image_module.DecompressionBombWarning)
+            opened = image_module.open(path)
+        with opened as image:
+            width, height = image.size
+            if width * height > max_pixels:
+                raise S2SError(f"image {path} is {width}x{height} pixels, over the budget of {max_pixels} "
+                               f"({width * height / 1e6:.0f} > {max_pixels / 1e6:.0f} megapixels): scale it down")
             return to_rgb(image.copy())  # loaded: the file closes here
-    except (OSError, ValueError, image_module.DecompressionBombError) as exc:  # UnidentifiedImageError: OSError
+    except image_module.DecompressionBombError as exc:  # over twice Pillow's own limit: refused at open
+        raise S2SError(f"image {path} is over the budget of {max_pixels} pixels: scale it down "
+                       f"({exc})") from exc
+    except (OSError, ValueError) as exc:  # UnidentifiedImageError: OSError
         raise S2SError(f"cannot read image {path}: {exc}") from exc
 
 

@@ -23,7 +23,7 @@ import numpy as np
 from s2s_deploy.errors import S2SError
 from s2s_deploy.format.source import SourceSpec
 from s2s_deploy.frontends.media import Medium
-from s2s_deploy.frontends.source import featurise, frontend_for, use_instead
+from s2s_deploy.frontends.source import checked_features, featurise, frontend_for, use_instead
 from s2s_deploy.runtime.decoding import SearchConfig, window_options_on, with_timestamps
 from s2s_deploy.runtime.fallback import Windows
 from s2s_deploy.runtime.search import Hypothesis
@@ -135,17 +135,28 @@ class FeatureReader:
         """Whether ``items`` is one input rather than a sequence of them."""
         return isinstance(items, str | Path)
 
+    def stream(self, item: Any, label: str) -> Any:
+        """``item`` opened for the front end's ``stream`` (a file read block by block), or None where it
+        is read whole (``load``)."""
+        return None
+
     def features(self, item: Any, label: str | None = None, whole: bool = False) -> np.ndarray:
         """One input's encoder input: the front end's features, checked against the declared shape;
-        ``whole``: uncut, for window-by-window decoding (what ``__call__`` and ``serve`` read)."""
+        ``whole``: uncut, for window-by-window decoding (what ``__call__`` and ``serve`` read), made
+        block by block from what ``stream`` opens, where it opens one."""
         label = label or self.label
+        opened = self.stream(item, label) if whole else None
+        if opened is not None:
+            return checked_features(self.source, self.frontend.stream(opened, label, opened.expected), label)
         return featurise(self.source, self.load(item, label), label, whole, self.frontend)
 
     def __call__(self, items: Any, beam: int | None = None, n_best: int | None = None, max_len: int | None = None,
                  alpha: float | None = None, batch_size: int = 16, *, config: SearchConfig | None = None,
-                 **options: Any) -> list[Decoded]:
+                 on_error: Callable[[str], None] | None = None, **options: Any) -> list[Decoded]:
         """One result per input, in order; inputs are featurised and decoded ``batch_size`` at a time.
-        ``options``: any decoding option by name, or ``config``, one made by ``translator.search_config``."""
+        ``options``: any decoding option by name, or ``config``, one made by ``translator.search_config``.
+        ``on_error``: an input that cannot be read is told to it in one line and left out of the
+        results, and the rest are decoded (a batch of files with one bad one); without it, it raises."""
         if self.single(items):
             items = [items]
         if not len(items):
@@ -155,9 +166,16 @@ class FeatureReader:
                   for i, item in enumerate(items)]
         found: list[Decoded] = []
         for start in range(0, len(items), batch_size):
-            chunk = range(start, min(start + batch_size, len(items)))
-            features = [self.features(items[i], labels[i], whole=True) for i in chunk]
-            found += self.decode(features, config, [labels[i] for i in chunk])
+            read: dict[int, np.ndarray] = {}
+            for i in range(start, min(start + batch_size, len(items))):
+                try:
+                    read[i] = self.features(items[i], labels[i], whole=True)
+                except S2SError as exc:
+                    if on_error is None:
+                        raise
+                    on_error(str(exc))
+            if read:
+                found += self.decode(list(read.values()), config, [labels[i] for i in read])
         return found
 
     def decode(self, features: Sequence[np.ndarray], config: SearchConfig,

@@ -4,12 +4,16 @@ encoder reads audio), GET /health, GET /metadata; beside them the OpenAI-compati
 LibreTranslate-compatible text API (libretranslate.py: its form of POST /translate, GET /languages).
 
 Status codes: 400 for a malformed request or bad options (one line in ``error``), 413 for a
-request that can never fit one batch, 503 when the queue is full. Uvicorn stops taking
+request that can never fit one batch or audio longer than ``max_duration`` (judged from the header,
+before decoding), 503 when the queue is full. /transcribe takes the file's bytes as the body, or a
+multipart form's ``file`` field. Uvicorn stops taking
 connections on SIGTERM and lets requests in flight finish before the lifespan closes the batcher.
 """
 
 from __future__ import annotations
 
+import email.parser
+import email.policy
 import json
 import os
 from collections.abc import AsyncIterator
@@ -48,6 +52,9 @@ MAX_BODY_BYTES = 1 << 20
 """A larger JSON body is refused (413) before it is read."""
 MAX_AUDIO_BYTES = 32 << 20
 """A larger upload to /transcribe is refused (413) before it is read: 16-bit 16 kHz WAV holds 17 minutes."""
+MAX_AUDIO_SECONDS = 900.0
+"""The default longest upload: judged from the header before decoding (413), since a few kilobytes of
+header may claim hours, and a long clip holds the front-end thread while it is read."""
 
 
 @dataclass(frozen=True)
@@ -59,6 +66,8 @@ class ServeConfig:
     max_beam: int = 16
     languages: str | None = None
     """``SRC:TGT`` (``--languages``): the pair LibreTranslate requests name, for an export that lists none."""
+    max_duration: float | None = MAX_AUDIO_SECONDS
+    """Seconds of audio an upload may hold (None: no limit)."""
 
     def to_env(self) -> str:
         return json.dumps(asdict(self))
@@ -135,6 +144,20 @@ def _typed(key: str, text: str) -> Any:
         raise BadRequestError(f"{key!r} must be a number, not {shown(text)}") from None
 
 
+def multipart_file(content_type: str, body: bytes) -> bytes:
+    """The ``file`` field of a browser-style upload (``curl -F file=@clip.flac``), parsed with the standard
+    library; anything else is one line with the two ways to send audio."""
+    message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(
+        b"Content-Type: " + content_type.encode("latin-1") + b"\r\n\r\n" + body)
+    parts = list(message.iter_parts()) if message.is_multipart() else []
+    found = [part for part in parts if part.get_param("name", header="content-disposition") == "file"]
+    if not found:
+        raise BadRequestError("a multipart upload must hold the audio in a field named 'file' "
+                              "(curl -F file=@clip.flac), or send the file's bytes as the body "
+                              "(curl --data-binary @clip.flac)")
+    return found[0].get_payload(decode=True) or b""
+
+
 def text_decoder(translator: Translator) -> Decode:
     manifest = translator.manifest
 
@@ -171,7 +194,8 @@ def create_app(config: ServeConfig) -> Starlette:
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         # The event loop parses requests while a batch runs: idle decoder threads must not spin.
         translator = Translator(config.export_dir, device=config.device, threads=config.threads, spin=False)
-        transcriber = Transcriber(translator) if translator.manifest.encoder_input.is_features else None
+        transcriber = (Transcriber(translator, max_duration=config.max_duration)
+                       if translator.manifest.encoder_input.is_features else None)
         batcher = Batcher(transcriber.decode if transcriber else text_decoder(translator), config.limits)
         batcher.start()
         # One front-end thread: a burst of uploads waits here for its features, rather than
@@ -211,6 +235,8 @@ def create_app(config: ServeConfig) -> Starlette:
             return _error(400, "the body is empty: send the audio file's bytes")
         try:
             search = parse_query(dict(request.query_params), transcriber.translator, config.max_beam)
+            if request.headers.get("content-type", "").startswith("multipart/form-data"):
+                data = multipart_file(request.headers["content-type"], data)
             result = (await transcribe_upload(transcriber, batcher, state["front_end"], data, search)).result
         except S2SError as exc:
             return _refusal(exc)
@@ -231,7 +257,8 @@ def create_app(config: ServeConfig) -> Starlette:
             "vocab_size": {"source": len(manifest.src_vocab), "target": len(manifest.tgt_vocab)},
             "endpoint": "/transcribe" if state["transcriber"] is not None else "/translate",
             "limits": {"max_source_length": manifest.max_source_length,
-                       "max_target_length": manifest.max_target_length, "max_beam": config.max_beam},
+                       "max_target_length": manifest.max_target_length, "max_beam": config.max_beam,
+                       "max_duration": config.max_duration},
             "batching": asdict(config.limits),
             "search": dict(manifest.search),
             "decoding": asdict(translator.search_config()),  # what a request that names no option decodes with

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from s2s_deploy.errors import S2SError
+from s2s_deploy.frontends.audio import AudioFile, AudioTooLongError
 from s2s_deploy.runtime.decoding import SearchConfig
 from s2s_deploy.runtime.transcriber import Transcriber, Transcription
 from s2s_deploy.runtime.translator import Translation, Translator
@@ -20,8 +21,10 @@ from s2s_deploy.serve.batcher import Batcher, QueueFullError, TooLargeError
 
 
 def refusal_status(exc: S2SError) -> int:
-    """413 for what can never fit a batch, 503 for a full queue, 400 for anything else the request got wrong."""
-    return 413 if isinstance(exc, TooLargeError) else 503 if isinstance(exc, QueueFullError) else 400
+    """413 for what can never fit a batch or audio over the duration limit, 503 for a full queue, 400 for
+    anything else the request got wrong."""
+    return (413 if isinstance(exc, TooLargeError | AudioTooLongError) else 503 if isinstance(exc, QueueFullError)
+            else 400)
 
 
 def text_widths(translator: Translator, texts: list[str]) -> list[int]:
@@ -52,14 +55,17 @@ class Clip:
 
 async def transcribe_upload(transcriber: Transcriber, batcher: Batcher, front_end: Executor, data: bytes,
                             search: SearchConfig, label: str = "from the upload") -> Clip:
-    """An upload's bytes through the front end (decode, resample, features) on ``front_end``, beside the
-    batch thread rather than in the event loop, then decoded in a batch with other requests' clips."""
+    """An upload's bytes through the front end (decode, resample, features, block by block) on
+    ``front_end``, beside the batch thread rather than in the event loop, then decoded in a batch with
+    other requests' clips. Its header (rate, duration) is judged first, here, so a forged one is refused
+    without waiting behind other uploads' front ends."""
+    opened = transcriber.stream(data, label)
 
-    def front(upload: bytes) -> tuple[np.ndarray, float]:
-        audio = transcriber.load(upload, label)
-        return transcriber.features(audio, label, True), audio.size / transcriber.sampling_rate
+    def front(upload: AudioFile) -> tuple[np.ndarray, float]:
+        features = transcriber.features(upload, label, True)
+        return features, upload.samples / transcriber.sampling_rate
 
-    features, duration = await asyncio.get_running_loop().run_in_executor(front_end, front, data)
+    features, duration = await asyncio.get_running_loop().run_in_executor(front_end, front, opened)
     frames = int(features.shape[transcriber.source.length_axis - 1])
     if transcriber.source.length_axis == len(transcriber.source.shape):  # a long clip runs a window at a time
         frames = min(frames, transcriber.window([features]))

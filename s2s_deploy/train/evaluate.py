@@ -40,7 +40,9 @@ def evaluate(
     manifest: Manifest, backends: list[Backend], task: str | None = None, split: str = "test",
     beam_size: int = 4, limit: int | None = None, max_len: int | None = None, progress: bool = False,
 ) -> list[EvalRow]:
-    """``progress`` draws a bar per backend and search on stderr (the CLI asks for it on a terminal)."""
+    """``progress`` draws a bar per backend and search on stderr, with its rate and time left (the CLI
+    always asks for it: a full evaluation runs for minutes); off a terminal it is redrawn every 30 s
+    and left in place, so a log shows how far each got and how long it took."""
     from tqdm import tqdm
 
     name, seed = task_of(manifest, task)
@@ -65,8 +67,10 @@ def evaluate(
         for mode, config in (("greedy", plain(1, max_len)),
                              (f"beam{beam_size}", plain(beam_size, max_len))):
             started = time.perf_counter()
-            with tqdm(total=count, desc=f"{backend.name} {mode}", unit=" sentences", disable=not progress,
-                      file=sys.stderr, leave=False, dynamic_ncols=True) as bar:
+            terminal = sys.stderr.isatty()
+            with tqdm(total=count, desc=f"{split} {backend.name} {mode}", unit=" sentences", disable=not progress,
+                      file=sys.stderr, leave=not terminal, mininterval=0.1 if terminal else 30.0,
+                      dynamic_ncols=True) as bar:
                 if speech is not None:
                     texts = _transcribe(StepLoop(backend), features, manifest, config, bar.update)
                 else:

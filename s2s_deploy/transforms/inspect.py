@@ -48,7 +48,7 @@ def startable_providers(manifest: Manifest) -> tuple[list[str], list[str]]:
     whether their libraries and a GPU are there. Probed quietly: ORT's C++ log goes to /dev/null."""
     import onnxruntime as ort
 
-    from s2s_deploy.runtime.ort.backend import CPU, quiet_stderr, session_options
+    from s2s_deploy.runtime.ort.backend import CPU, quiet_native_output, session_options
 
     works, fails = [], []
     for provider in ort.get_available_providers():
@@ -56,7 +56,7 @@ def startable_providers(manifest: Manifest) -> tuple[list[str], list[str]]:
             works.append(provider)
             continue
         try:
-            with quiet_stderr(), warnings.catch_warnings():
+            with quiet_native_output(), warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 session = ort.InferenceSession(str(manifest.graph_path(manifest.encoder)), session_options(1),
                                                providers=[provider, CPU])

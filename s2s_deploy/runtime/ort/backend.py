@@ -95,18 +95,23 @@ def session_options(threads: int | None = None, spin: bool = True,
 
 
 @contextlib.contextmanager
-def quiet_stderr() -> Iterator[None]:
+def quiet_native_output() -> Iterator[None]:
     """ONNX Runtime's C++ logger reports a missing CUDA library before any Python setting
-    applies; hide that wall of text at the file-descriptor level while probing."""
+    applies, and a provider may print a banner on stdout (TensorRT's, five lines, from
+    onnxruntime-gpu on a machine without it), which would land in a command's output; hide both
+    at the file-descriptor level while probing."""
+    sys.stdout.flush()
     sys.stderr.flush()
-    saved = os.dup(2)
+    saved = {fd: os.dup(fd) for fd in (1, 2)}
     try:
         with open(os.devnull, "wb") as devnull:
-            os.dup2(devnull.fileno(), 2)
+            for fd in saved:
+                os.dup2(devnull.fileno(), fd)
             yield
     finally:
-        os.dup2(saved, 2)
-        os.close(saved)
+        for fd, copy in saved.items():
+            os.dup2(copy, fd)
+            os.close(copy)
 
 
 def create_session(
@@ -131,7 +136,7 @@ def _create(path: str | Path, device: str, threads: int | None, spin: bool = Tru
     options = session_options(threads, spin, spin_between_runs)
     try:
         if device in ("auto", "cuda") and CUDA in ort.get_available_providers():
-            with quiet_stderr():
+            with quiet_native_output():
                 # TF32 matrix products moved beam scores by 1e-3 against the CPU; fp32 means fp32
                 cuda = (CUDA, {"use_tf32": "0", **({"enable_cuda_graph": "1"} if cuda_graph else {})})
                 session = ort.InferenceSession(str(path), options, providers=[cuda, CPU])
