@@ -196,6 +196,7 @@ def test_token_exports_read_as_tokens_in_every_format(exports, tmp_path: Path) -
     raw = json.loads((copy / "manifest.json").read_text())
     del raw["encoder_input"]
     raw["format"] = "s2s-deploy-manifest/3"
+    raw["search"]["length_penalty_alpha"] = raw["search"].pop("alpha")  # format 3 names it so
     (copy / "manifest.json").write_text(json.dumps(raw))
     assert load_manifest(copy).encoder_input == TOKEN_SOURCE
     with pytest.raises(S2SError, match="use translate"):
