@@ -47,11 +47,14 @@ def pad_ids(ids: Sequence[Sequence[int]], pad_id: int) -> tuple[np.ndarray, np.n
 
 def unpadded(manifest: Manifest) -> bool:
     """Whether this export's batches must hold one source length, so that no sentence is padded:
-    int8 with per-row activation scales, which promises that a sentence's output ignores its
-    batchmates. Padding moves a row's fp32 sums in the last bits, which can tip an activation
+    int8 with per-row activation scales, or int4 whose ``MatMulNBits`` quantise activations to
+    int8 per block of a row (accuracy level 4), which promise that a sentence's output ignores
+    its batchmates. Padding moves a row's fp32 sums in the last bits, which can tip an activation
     across an int8 rounding edge; rows of one length run the very same arithmetic alone or
     together (docs/parity.md)."""
-    return manifest.quantization is not None and manifest.quantization.activations == "per-row"
+    quantization = manifest.quantization
+    return quantization is not None and (quantization.activations == "per-row"
+                                         or (quantization.kind == "int4" and quantization.accuracy_level == 4))
 
 
 def length_groups(order: Sequence[int], lengths: Sequence[int], exact: bool) -> list[list[int]]:
