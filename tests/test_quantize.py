@@ -49,10 +49,10 @@ def test_quantising_twice_is_refused(exports, tmp_path: Path) -> None:
 
 
 def stored_weight_matmuls(path: Path) -> tuple[int, int]:
-    """(MatMuls whose weight is stored, MatMulNBits nodes) of one graph."""
+    """(MatMuls and Gemms whose weight is stored, MatMulNBits nodes) of one graph."""
     model = onnx.load(str(path))
     stored = {init.name for init in model.graph.initializer}
-    return (sum(n.op_type == "MatMul" and n.input[1] in stored for n in model.graph.node),
+    return (sum(n.op_type in ("MatMul", "Gemm") and n.input[1] in stored for n in model.graph.node),
             sum(n.op_type == "MatMulNBits" for n in model.graph.node))
 
 
@@ -68,7 +68,9 @@ def test_int4_transformer_is_matmulnbits_and_agrees(exports, tmp_path: Path, blo
     assert quantised.quantization.block_size == block_size
     for role, graph in (("encoder", quantised.encoder), ("decoder", quantised.decoder)):
         left, packed = stored_weight_matmuls(quantised.graph_path(graph))
-        assert (left, packed) == (0, before[role][0])  # every stored-weight MatMul became MatMulNBits
+        assert (left, packed) == (0, before[role][0])  # every stored-weight MatMul and Gemm became MatMulNBits
+    assert before["decoder"][0] > 0 and any(n.op_type == "Gemm" for n in onnx.load(
+        str(manifest.graph_path(manifest.decoder))).graph.node)  # the output projection, a Gemm, among them
     assert sum(report.bytes_after.values()) < 0.5 * sum(report.bytes_before.values())
     assert declared_outputs(quantised) == declared_outputs(manifest)
     parity = check_parity(quantised, torch_backend_for(quantised), OrtBackend(quantised, device="cpu"),
