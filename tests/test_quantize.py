@@ -56,7 +56,7 @@ def stored_weight_matmuls(path: Path) -> tuple[int, int]:
             sum(n.op_type == "MatMulNBits" for n in model.graph.node))
 
 
-@pytest.mark.parametrize("block_size", [32, 128])
+@pytest.mark.parametrize("block_size", [32, pytest.param(128, marks=pytest.mark.slow)])
 def test_int4_transformer_is_matmulnbits_and_agrees(exports, tmp_path: Path, block_size: int) -> None:
     _, manifest = exports.get("transformer")
     before = {role: stored_weight_matmuls(manifest.graph_path(g))
