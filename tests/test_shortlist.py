@@ -109,3 +109,5 @@ def test_translate_vmap_cli(exports, tmp_path: Path) -> None:
     result = runner.invoke(main, ["translate", str(manifest.directory), "four nights", "--quiet",
                                   "--vmap", str(tmp_path / "m.vmap")])
     assert result.exit_code == 0 and set(result.stdout.strip()) <= {"q"}
+    with pytest.raises(S2SError, match="step loop"):
+        Translator(manifest.directory, device="cpu", engine="graph", vmap=tmp_path / "m.vmap")
