@@ -1,4 +1,4 @@
-"""int8 exports: smaller, loadable, judged on token agreement rather than a log-prob tolerance."""
+"""int8, int4 and fp16 exports: smaller, loadable, judged on token agreement rather than a log-prob tolerance."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from s2s_deploy.errors import S2SError
 from s2s_deploy.format.manifest import Manifest, load_manifest
 from s2s_deploy.modeling.torch_backend import torch_backend_for
 from s2s_deploy.runtime.ort.backend import OrtBackend
-from s2s_deploy.transforms.quantize import MIN_TOKEN_AGREEMENT, quantize_export
+from s2s_deploy.transforms.quantize import MIN_TOKEN_AGREEMENT, Int4Config, quantize_export
 from s2s_deploy.verify.parity import check_parity
 
 
@@ -46,6 +46,61 @@ def test_quantising_twice_is_refused(exports, tmp_path: Path) -> None:
         quantize_export(load_manifest(report.directory), "int8", tmp_path / "twice")
     with pytest.raises(S2SError, match="already exists"):
         quantize_export(manifest, "int8", tmp_path / "once")
+
+
+def stored_weight_matmuls(path: Path) -> tuple[int, int]:
+    """(MatMuls and Gemms whose weight is stored, MatMulNBits nodes) of one graph."""
+    model = onnx.load(str(path))
+    stored = {init.name for init in model.graph.initializer}
+    return (sum(n.op_type in ("MatMul", "Gemm") and n.input[1] in stored for n in model.graph.node),
+            sum(n.op_type == "MatMulNBits" for n in model.graph.node))
+
+
+@pytest.mark.parametrize("block_size", [32, pytest.param(128, marks=pytest.mark.slow)])
+def test_int4_transformer_is_matmulnbits_and_agrees(exports, tmp_path: Path, block_size: int) -> None:
+    _, manifest = exports.get("transformer")
+    before = {role: stored_weight_matmuls(manifest.graph_path(g))
+              for role, g in (("encoder", manifest.encoder), ("decoder", manifest.decoder))}
+    report = quantize_export(manifest, "int4", tmp_path / "int4", int4=Int4Config(block_size, 4))
+    quantised = load_manifest(report.directory)
+    assert quantised.to_dict()["quantization"] == {"kind": "int4", "source": manifest.directory.name,
+                                                   "block_size": block_size, "accuracy_level": 4}
+    assert quantised.quantization.block_size == block_size
+    for role, graph in (("encoder", quantised.encoder), ("decoder", quantised.decoder)):
+        left, packed = stored_weight_matmuls(quantised.graph_path(graph))
+        assert (left, packed) == (0, before[role][0])  # every stored-weight MatMul and Gemm became MatMulNBits
+    assert before["decoder"][0] > 0 and any(n.op_type == "Gemm" for n in onnx.load(
+        str(manifest.graph_path(manifest.decoder))).graph.node)  # the output projection, a Gemm, among them
+    assert sum(report.bytes_after.values()) < 0.5 * sum(report.bytes_before.values())
+    assert declared_outputs(quantised) == declared_outputs(manifest)
+    parity = check_parity(quantised, torch_backend_for(quantised), OrtBackend(quantised, device="cpu"),
+                          list(quantised.samples)[:8], beam_size=2, max_len=30)
+    assert parity.min_token_agreement == MIN_TOKEN_AGREEMENT["int4"]
+    assert parity.step_max_abs_diff > 0  # 4-bit weights really changed the numbers
+    assert parity.passed, parity
+
+
+def test_int4_refuses_what_it_cannot_apply(exports, tmp_path: Path) -> None:
+    """One line each: an already quantised export, int4 options without --int4; a block size the kernel lacks."""
+    from click.testing import CliRunner
+
+    from s2s_deploy.cli import main
+
+    _, manifest = exports.get("transformer")
+    int8 = quantize_export(manifest, "int8", tmp_path / "int8").directory
+
+    def refused(*args: str) -> str:
+        result = CliRunner().invoke(main, ["quantize", *args, "--no-evaluate"])
+        lines = result.stderr.strip().splitlines()
+        assert result.exit_code != 0 and len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+        return lines[0]
+
+    assert "already quantised (int8)" in refused(str(int8), "--int4", "--out", str(tmp_path / "again"))
+    assert "--int4 only" in refused(str(manifest.directory), "--int8", "--int4-block-size", "64",
+                                    "--out", str(tmp_path / "x"))
+    with pytest.raises(S2SError, match="block size 48"):
+        quantize_export(manifest, "int4", tmp_path / "z", int4=Int4Config(48, 4))
+    assert not (tmp_path / "again").exists() and not (tmp_path / "z").exists()
 
 
 def test_fp16_transformer_runs_and_agrees(exports, tmp_path: Path) -> None:

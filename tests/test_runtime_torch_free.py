@@ -80,6 +80,58 @@ def test_node_example_matches_translate(exports, arch: str, beam: int) -> None:
 @pytest.mark.skipif(shutil.which("node") is None, reason="Node.js is not installed")
 @pytest.mark.skipif(not (NODE_DIR / "node_modules" / "onnxruntime-node").is_dir(),
                     reason="run `npm install --ignore-scripts` in examples/node first (.ci/run does)")
+def test_node_example_runs_an_int4_copy(exports, tmp_path: Path) -> None:
+    """onnxruntime-node runs MatMulNBits (a com.microsoft op): the int4 copy translates as in Python."""
+    from s2s_deploy.format.manifest import load_manifest
+    from s2s_deploy.transforms.quantize import quantize_export
+
+    _, original = exports.get("transformer")
+    manifest = load_manifest(quantize_export(original, "int4", tmp_path / "int4").directory)
+    texts = list(manifest.samples[:4])
+    result = subprocess.run(["node", "translate.js", str(manifest.directory), "--beam", "2", *texts],
+                            cwd=NODE_DIR, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == expected(manifest, texts, 2)
+
+
+WEB_ORT = ROOT / "examples" / "web" / "node_modules" / "onnxruntime-web"
+WASM_SEARCH = """
+const fs = require('fs'); const path = require('path');
+const ort = require(process.argv[1]);
+const { Translator } = require(process.argv[2]);
+(async () => {
+  const folder = process.argv[3];
+  const manifest = JSON.parse(fs.readFileSync(path.join(folder, 'manifest.json'), 'utf8'));
+  ort.env.wasm.numThreads = 1;
+  const load = (f) => ort.InferenceSession.create(new Uint8Array(fs.readFileSync(path.join(folder, f))),
+                                                  { executionProviders: ['wasm'] });
+  const { encoder, decoder } = manifest.graphs;
+  const t = new Translator(ort, manifest, await load(encoder.file), await load(decoder.file));
+  for (const text of process.argv.slice(4)) console.log((await t.translate(text, { beam: 1 })).text);
+})().catch((e) => { console.error('error: ' + e.message); process.exit(1); });
+"""
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="Node.js is not installed")
+@pytest.mark.skipif(not WEB_ORT.is_dir(), reason="run `npm install --ignore-scripts` in examples/web first")
+def test_onnxruntime_web_wasm_runs_an_int4_copy(exports, tmp_path: Path) -> None:
+    """The browser page's runtime, onnxruntime-web's WebAssembly backend (here under Node, the same
+    wasm the page loads), has the MatMulNBits kernel: the int4 copy translates as in Python."""
+    from s2s_deploy.format.manifest import load_manifest
+    from s2s_deploy.transforms.quantize import quantize_export
+
+    _, original = exports.get("transformer")
+    manifest = load_manifest(quantize_export(original, "int4", tmp_path / "int4").directory)
+    texts = list(manifest.samples[:4])
+    result = subprocess.run(["node", "-e", WASM_SEARCH, str(WEB_ORT), str(ROOT / "s2s_deploy" / "web" / "search.js"),
+                             str(manifest.directory), *texts], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == expected(manifest, texts)
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="Node.js is not installed")
+@pytest.mark.skipif(not (NODE_DIR / "node_modules" / "onnxruntime-node").is_dir(),
+                    reason="run `npm install --ignore-scripts` in examples/node first (.ci/run does)")
 @pytest.mark.parametrize("beam", [1, 3])
 def test_node_generate_example_matches_translate(exports, tmp_path: Path, beam: int) -> None:
     from s2s_deploy.format.manifest import load_manifest

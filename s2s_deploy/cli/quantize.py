@@ -17,32 +17,45 @@ MAX_EXACT_MATCH_DROP = 2.0
 @main.command("quantize")
 @click.argument("export_dir", type=click.Path())
 @click.option("--int8", "kind", flag_value="int8", help="Dynamic int8 quantisation of MatMul/Gemm weights (CPU).")
+@click.option("--int4", "kind", flag_value="int4", help="4-bit weight-only MatMulNBits (CPU; opt-in, never exact: "
+              "docs/performance.md has its accuracy cost).")
+@click.option("--int4-block-size", "block_size", type=click.Choice(["16", "32", "64", "128"]), default=None,
+              help="With --int4: weights per block, each with its own scale [default: 32].")
+@click.option("--int4-accuracy-level", "accuracy_level", type=click.IntRange(0, 4), default=None,
+              help="With --int4: MatMulNBits' accuracy_level (4: int8 activations per block; 1: fp32) "
+              "[default: 4].")
 @click.option("--fp16", "kind", flag_value="fp16", help="float16 weights and compute, I/O and softmax/norms kept fp32 "
               "(for CUDA).")
 @click.option("--int8-activations", "activations", type=click.Choice(["per-row", "per-tensor"]), default=None,
               help="With --int8: activation scales; per-row keeps a sentence's output independent of its "
               "batchmates; per-tensor is ONNX Runtime's default, batch-dependent [default: per-row].")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
-              help="Output folder [default: EXPORT_DIR-int8 or EXPORT_DIR-fp16].")
+              help="Output folder [default: EXPORT_DIR-int8, -int4 or -fp16].")
 @click.option("--force", is_flag=True, help="Replace an existing output folder.")
 @click.option("--limit", type=click.IntRange(1), default=None, help="Evaluate on the first N test pairs only.")
 @click.option("--task", default=None,
               help="Task to evaluate on [default: the one recorded]; speech:DIR for a speech dataset folder.")
 @click.option("--no-evaluate", is_flag=True, help="Skip the before/after BLEU and exact-match comparison.")
-def quantize_command(export_dir: str, kind: str | None, activations: str | None, out_dir: str | None, force: bool,
-                     limit: int | None, task: str | None, no_evaluate: bool) -> None:
-    """Write an int8 or fp16 copy of an export.
+def quantize_command(export_dir: str, kind: str | None, block_size: str | None, accuracy_level: int | None,
+                     activations: str | None, out_dir: str | None, force: bool, limit: int | None, task: str | None,
+                     no_evaluate: bool) -> None:
+    """Write an int8, int4 or fp16 copy of an export.
 
     Reports sizes and task accuracy before and after.
     """
     from s2s_deploy.errors import S2SError
     from s2s_deploy.format.manifest import load_manifest
-    from s2s_deploy.transforms.quantize import quantize_export
+    from s2s_deploy.transforms.quantize import Int4Config, quantize_export
 
     if kind is None:
-        raise S2SError("choose --int8 or --fp16")
+        raise S2SError("choose --int8, --int4 or --fp16")
     if activations is not None and kind != "int8":
         raise S2SError("--int8-activations applies to --int8 only")
+    if (block_size is not None or accuracy_level is not None) and kind != "int4":
+        raise S2SError("--int4-block-size and --int4-accuracy-level apply to --int4 only")
+    defaults = Int4Config()
+    int4 = Int4Config(int(block_size) if block_size else defaults.block_size,
+                      defaults.accuracy_level if accuracy_level is None else accuracy_level)
     if limit is not None and no_evaluate:
         raise S2SError("--limit sets how many pairs the comparison evaluates: not with --no-evaluate")
     activations = activations or "per-row"
@@ -51,7 +64,7 @@ def quantize_command(export_dir: str, kind: str | None, activations: str | None,
     source = manifest.directory.resolve()
     if destination.resolve() == source or source in destination.resolve().parents:
         raise S2SError(f"--out {destination} is the export being quantised (or inside it); choose another folder")
-    report = quantize_export(manifest, kind, destination, force, activations)
+    report = quantize_export(manifest, kind, destination, force, activations, int4)
     click.echo(f"wrote {report.directory}/ ({kind})")
     for name in dict.fromkeys([*report.bytes_before, *report.bytes_after]):
         before, after = report.bytes_before.get(name, 0), report.bytes_after.get(name, 0)

@@ -50,12 +50,14 @@ class Request:
     ray_address: str | None
     actors: int
     chunk_lines: int | None
+    vmap: str | None
     decoding: Mapping[str, Any]
 
     def translator(self) -> Translator:
         from s2s_deploy.runtime.translator import Translator
 
-        return Translator(self.export_dir, device=self.device, threads=self.threads, engine=self.engine)
+        return Translator(self.export_dir, device=self.device, threads=self.threads, engine=self.engine,
+                          vmap=self.vmap)
 
 
 @main.command("translate")
@@ -87,6 +89,9 @@ class Request:
 @click.option("--chunk-lines", type=click.IntRange(1), default=None,
               help="With --output: lines read, sorted, translated and saved at a time; on Ray, the unit each actor "
                    "takes [default: 10000].")
+@click.option("--vmap", type=click.Path(dir_okay=False), default=None,
+              help="A vocabulary shortlist in CTranslate2's vmap format: each sentence ranks only the target tokens "
+                   "its source tokens allow (opt-in, not exact; docs/decoding.md).")
 @click.option("--quiet", is_flag=True, help="No progress bar and no device notice.")
 @click.option("--engine", type=click.Choice(["loop", "graph"]), default="loop", show_default=True,
               help="loop: the search in Python over the step decoder; graph: one call per batch to the fused "
@@ -122,6 +127,8 @@ def choose_mode(request: Request) -> Callable[[Request], None]:
             raise S2SError("--output writes one line per input line: --n-best needs output to the terminal")
         if request.stream or request.max_batch_tokens:
             raise S2SError("--output decodes whole batches: no --stream or --max-batch-tokens")
+        if request.vmap is not None:
+            raise S2SError("--vmap applies to output on the terminal, not --output files")
         return to_file
     file_only = {"--on-long": request.on_long, "--errors": request.utf8_errors, "--resume": request.resume or None,
                  "--ray": request.ray_address, "--chunk-lines": request.chunk_lines}

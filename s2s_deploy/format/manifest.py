@@ -92,6 +92,8 @@ class Quantization:
     kind: str
     source: str | None = None
     activations: str | None = None
+    block_size: int | None = None  # int4: weights per block, each with its own scale
+    accuracy_level: int | None = None  # int4: MatMulNBits' accuracy_level
 
     @property
     def per_tensor(self) -> bool:
@@ -325,15 +327,20 @@ class Manifest:
         return self._evolved(edit)
 
     def with_quantization(self, kind: str, activations: str | None, min_token_agreement: float,
-                          opset: int) -> Manifest:
+                          opset: int, block_size: int | None = None,
+                          accuracy_level: int | None = None, source: str | None = None) -> Manifest:
         """A quantised copy: its kind, the token agreement parity holds it to instead of a
-        log-prob tolerance, and no generate.onnx (a fused graph embeds the fp32 decoder)."""
+        log-prob tolerance, and no generate.onnx (a fused graph embeds the fp32 decoder).
+        ``source``: the original folder's name (default: this manifest's folder)."""
         def edit(doc: dict[str, Any]) -> None:
             doc["opset"] = opset
             doc["graphs"].pop("generate", None)
-            doc["quantization"] = {"kind": kind, "source": self.directory.name}  # no build-machine paths
+            doc["quantization"] = {"kind": kind, "source": source or self.directory.name}  # no build-machine paths
             if activations is not None:
                 doc["quantization"]["activations"] = activations
+            if block_size is not None:  # int4
+                doc["quantization"]["block_size"] = block_size
+                doc["quantization"]["accuracy_level"] = accuracy_level
             doc["validation"] = {"atol": None, "min_token_agreement": min_token_agreement,
                                  "fp32_max_abs_diff": dict(self.validation.max_abs_diff)}
         return self._evolved(edit)
@@ -410,7 +417,8 @@ def _typed(directory: Path, doc: dict[str, Any], vocabs: tuple[Vocabulary, Vocab
         checkpoint=None if checkpoint is None else CheckpointEntry(
             checkpoint["file"], checkpoint["sha256"], bool(checkpoint.get("included", True))),
         quantization=None if not quantization else Quantization(
-            quantization["kind"], quantization.get("source"), quantization.get("activations")),
+            quantization["kind"], quantization.get("source"), quantization.get("activations"),
+            quantization.get("block_size"), quantization.get("accuracy_level")),
         validation=Validation(validation.get("atol"), validation.get("rtol"), validation.get("min_token_agreement"),
                               MappingProxyType(dict(validation.get("max_abs_diff") or {}))),
         training=MappingProxyType(copy.deepcopy(doc.get("training") or {})),

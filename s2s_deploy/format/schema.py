@@ -104,8 +104,10 @@ PROPERTIES: dict[str, Any] = {
     "checkpoint": {"type": "object", "required": ["file", "sha256"],
                    "properties": {"file": _FILE, "sha256": _SHA, "included": {"type": "boolean"}}},
     "quantization": {"type": "object", "required": ["kind"],
-                     "properties": {"kind": {"enum": ["int8", "fp16"]}, "source": {"type": "string"},
-                                    "activations": {"enum": ["per-row", "per-tensor"]}}},
+                     "properties": {"kind": {"enum": ["int8", "fp16", "int4"]}, "source": {"type": "string"},
+                                    "activations": {"enum": ["per-row", "per-tensor"]},
+                                    "block_size": {"enum": [16, 32, 64, 128]},
+                                    "accuracy_level": {"enum": [0, 1, 2, 3, 4]}}},
     "validation": {"type": "object", "properties": {
         "atol": _NUMBER_OR_NULL, "rtol": _NUMBER_OR_NULL, "min_token_agreement": _NUMBER_OR_NULL,
         "forward_step_max_abs_diff": _NUMBER_OR_NULL,

@@ -42,6 +42,7 @@ from s2s_deploy.format.decoding import BY_NAME, OPEN_SLOT, OPTIONS, Code, Ids, R
 if TYPE_CHECKING:
     from s2s_deploy.format.manifest import Manifest
     from s2s_deploy.format.vocab import Vocabulary
+    from s2s_deploy.runtime.shortlist import Shortlist
 
 NAMES = tuple(option.name for option in OPTIONS)
 DEFAULT_MAX_LEN = 256
@@ -68,7 +69,12 @@ class SearchConfig(_Fields):
     """Every decoding option, by the names of format/decoding.py's table (docs/decoding.md gives
     each one's meaning). ``prefix`` is one tuple of ids for every sentence, or one per sentence.
     With ``max_len_a`` or ``max_len_b`` set, a sentence of ``n`` source tokens (its EOS included)
-    stops after ``min(max_len, max(min_len, 1, ceil(max_len_a * n + max_len_b)))`` tokens."""
+    stops after ``min(max_len, max(min_len, 1, ceil(max_len_a * n + max_len_b)))`` tokens.
+
+    ``vmap``: a vocabulary shortlist (runtime/shortlist.py), given by ``Translator(..., vmap=FILE)``
+    or ``translate --vmap FILE``; not an option of the table, so no manifest or request sets it."""
+
+    vmap: Shortlist | None = None
 
     def __post_init__(self) -> None:
         check(self)

@@ -18,6 +18,7 @@ import numpy as np
 
 from s2s_deploy.runtime.backend import DecodeRun
 from s2s_deploy.runtime.decoding import prefixes_of, window_options_on
+from s2s_deploy.runtime.shortlist import restrict
 
 if TYPE_CHECKING:
     from s2s_deploy.runtime.decoding import SearchConfig
@@ -31,7 +32,8 @@ def options_on(config: SearchConfig) -> bool:
     return (config.sampling_topk != 1 or config.repetition_penalty != 1.0 or config.no_repeat_ngram_size > 0
             or config.encoder_no_repeat_ngram_size > 0 or any(prefixes_of(config)) or bool(config.suppress_tokens)
             or config.disable_unk or bool(config.bad_words_ids) or config.forced_eos or config.forced_bos >= 0
-            or bool(config.begin_suppress_tokens) or config.timestamps or window_options_on(config))
+            or bool(config.begin_suppress_tokens) or config.timestamps or window_options_on(config)
+            or config.vmap is not None)
 
 
 def sentence_limits(config: SearchConfig, src_len: np.ndarray) -> np.ndarray:
@@ -144,12 +146,16 @@ class StepOptions:
         self.generators = sentence_seeds(config.seed, src, src_len) if self.sampling else []
         self.source_ngrams = source_ngrams(src, src_len, config.encoder_no_repeat_ngram_size, vocab_size)
         self.first_fed = np.zeros(self.batch, dtype=np.int64)
+        # the vocabulary shortlist: each sentence's own allowed ids (its prefix's among them)
+        self.allowed = None if config.vmap is None else config.vmap.mask(src, src_len, self.prefixes)
         self.history = np.zeros((0, 0), dtype=np.int64)
         self.t = 0
 
     def bind(self, run: DecodeRun) -> StepTop:
         def step_top(tokens: np.ndarray, reorder: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
             log_probs = run.step(tokens, reorder)
+            if self.allowed is not None:  # first, so every option reads the shortlist's log-probs
+                log_probs = restrict(log_probs, self.allowed[np.arange(len(tokens)) // (len(tokens) // self.batch)])
             return self.rank(self.process(log_probs, tokens, reorder), k)
 
         return step_top

@@ -240,16 +240,26 @@ class Translator:
 
     ``engine="loop"`` runs the search in Python over the step decoder; ``engine="graph"`` makes one
     call per batch to the fused generate.onnx (``s2s-deploy fuse``). ``spin=False`` stops the step
-    decoder's idle threads from spin-waiting, for a process that needs its cores between steps (serve)."""
+    decoder's idle threads from spin-waiting, for a process that needs its cores between steps (serve).
+    ``vmap``: a vocabulary shortlist file in CTranslate2's format (runtime/shortlist.py): opt-in,
+    never exact; each call's search then ranks only each sentence's allowed target tokens."""
 
     def __init__(self, export_dir: str | Path, device: str = "auto", threads: int | None = None,
-                 engine: str = "loop", spin: bool = True) -> None:
+                 engine: str = "loop", spin: bool = True, vmap: str | Path | None = None) -> None:
         from s2s_deploy.runtime.ort.backend import OrtBackend
 
         if engine not in ENGINES:
             raise S2SError(f"unknown engine {engine!r}; known: {', '.join(ENGINES)}")
         self.manifest = load_manifest(export_dir)
         self.padding = widths(self.manifest)
+        self.shortlist = None
+        if vmap is not None:
+            from s2s_deploy.runtime.shortlist import read_vmap
+
+            self._check_text()
+            if engine == "graph":
+                raise S2SError("a vmap shortlist runs in the step loop: use engine 'loop'")
+            self.shortlist = read_vmap(vmap, self.manifest.src_vocab, self.manifest.tgt_vocab)
         self.unknown: Counter[str] = Counter()  # source tokens outside the vocabulary, over this translator's life
         self._unknown_lock = threading.Lock()  # calls from several threads add to it
         if engine == "graph":
@@ -293,10 +303,14 @@ class Translator:
         """A ready config (from ``search_config``, resolved once by a caller that decodes many
         batches with it), or the options resolved now; never both."""
         if config is None:
-            return self.search_config(beam, n_best, max_len, alpha, **options)
+            return self._shortlisted(self.search_config(beam, n_best, max_len, alpha, **options))
         if any(value is not None for value in (beam, n_best, max_len, alpha, *options.values())):
             raise S2SError("give decoding options or a ready config, not both")
-        return config
+        return self._shortlisted(config)
+
+    def _shortlisted(self, config: SearchConfig) -> SearchConfig:
+        """``config`` with this translator's vmap shortlist, unless it carries one already."""
+        return config if self.shortlist is None or config.vmap is not None else replace(config, vmap=self.shortlist)
 
     def __call__(self, texts: Sequence[str], beam: int | None = None, n_best: int | None = None,
                  max_len: int | None = None, alpha: float | None = None, batch_size: int = 32,
@@ -337,6 +351,7 @@ class Translator:
             config = self.search_config(1, 1, max_len, None, **options)
         elif max_len is not None or options:
             raise S2SError("give decoding options or a ready config, not both")
+        config = self._shortlisted(config)
         if config.beam_size != 1:
             raise S2SError(f"streaming is greedy or sampling: beam_size 1, not {config.beam_size}")
         manifest = self.manifest

@@ -1,4 +1,5 @@
-"""Smaller or faster copies of an export: int8 dynamic quantisation (CPU) and fp16 (CUDA).
+"""Smaller or faster copies of an export: int8 dynamic quantisation (CPU), 4-bit weight-only
+``MatMulNBits`` (CPU, opt-in: never exact) and fp16 (CUDA).
 
 A quantised model no longer matches PyTorch to 1e-4, so its manifest drops the log-prob
 tolerance and states the token agreement it must keep with the fp32 original instead.
@@ -26,12 +27,31 @@ from s2s_deploy.transforms.fp16 import cache_interface, convert, interface_dtype
 from s2s_deploy.transforms.inspect import deployable_files
 from s2s_deploy.transforms.share import share_weights
 
-KINDS = ("int8", "fp16")
+KINDS = ("int8", "fp16", "int4")
 MIN_EMBEDDING = 1 << 16
 """Elements from which an int8 export stores a Gather table in int8 too (a 128-row table is not worth it)."""
 # Token agreement with the fp32 original that parity requires, per kind: int8 weights move
 # log-probs by ~1e-2, enough to flip genuine near-ties, so a few differing sentences are expected.
-MIN_TOKEN_AGREEMENT = {"int8": 0.95, "fp16": 0.98}
+MIN_TOKEN_AGREEMENT = {"int8": 0.95, "fp16": 0.98, "int4": 0.90}
+# int4 (docs/parity.md, "int4"): on the bundled Transformer 4-bit weights moved 1 of 300 test
+# sentences' tokens and sentence scores by up to 7.7e-3, twice int8's; 0.90 allows twice int8's
+# share of flipped near-ties, and a broken copy, which agrees on next to nothing, still fails.
+INT4_BLOCK_SIZES = (16, 32, 64, 128)
+INT4_BLOCK_SIZE = 32
+"""Weights per 4-bit block (one fp32 scale each), chosen by measurement (docs/performance.md, int4)."""
+INT4_ACCURACY_LEVELS = (0, 1, 2, 3, 4)
+INT4_ACCURACY_LEVEL = 4
+"""``MatMulNBits``' ``accuracy_level``: the activations' type inside the product (0 unset, 1 fp32,
+2 fp16, 3 bf16, 4 int8 per block of a row); chosen by measurement (docs/performance.md, int4)."""
+
+
+@dataclass(frozen=True)
+class Int4Config:
+    """How ``--int4`` packs weights: ``block_size`` weights share a scale; ``accuracy_level`` as
+    ``MatMulNBits``. Symmetric blocks (no zero points)."""
+
+    block_size: int = INT4_BLOCK_SIZE
+    accuracy_level: int = INT4_ACCURACY_LEVEL
 
 
 @dataclass(frozen=True)
@@ -44,16 +64,23 @@ class QuantizeReport:
 
 
 def quantize_export(manifest: Manifest, kind: str, out_dir: Path, force: bool = False,
-                    activations: str = "per-row") -> QuantizeReport:
+                    activations: str = "per-row", int4: Int4Config | None = None) -> QuantizeReport:
     """``activations`` (int8 only): ``per-row`` scales make a sentence's output independent of
     its batchmates; ``per-tensor`` is ONNX Runtime's default dynamic quantisation, faster where
-    it fuses, but batch-dependent (docs/performance.md has the cost)."""
+    it fuses, but batch-dependent (docs/performance.md has the cost). ``int4`` (int4 only): the
+    block size and accuracy level."""
     if kind not in KINDS:
         raise S2SError(f"unknown quantisation {kind!r}; known: {', '.join(KINDS)}")
     if activations not in ACTIVATION_MODES:
         raise S2SError(f"unknown int8 activation mode {activations!r}; known: {', '.join(ACTIVATION_MODES)}")
+    int4 = int4 or Int4Config()
+    if int4.block_size not in INT4_BLOCK_SIZES:
+        raise S2SError(f"int4 block size {int4.block_size} is not one of {', '.join(map(str, INT4_BLOCK_SIZES))}")
+    if int4.accuracy_level not in INT4_ACCURACY_LEVELS:
+        raise S2SError(f"int4 accuracy level {int4.accuracy_level} is not one of 0-4")
     if manifest.quantization is not None:
-        raise S2SError(f"{manifest.directory} is already quantised ({manifest.quantization.kind})")
+        raise S2SError(f"{manifest.directory} is already quantised ({manifest.quantization.kind}): "
+                       f"quantise the fp32 export instead")
     with staged_directory(out_dir, force) as work:
         copied = manifest.moved_to(work)
         targets = {}
@@ -62,6 +89,8 @@ def quantize_export(manifest: Manifest, kind: str, out_dir: Path, force: bool = 
             targets[role] = target = work / graph.file
             if kind == "int8":
                 _int8(source, target, activations)
+            elif kind == "int4":
+                _int4(source, target, int4)
             else:
                 _fp16(source, target, cache_interface(manifest))
             _restore_outputs(source, target)
@@ -76,7 +105,8 @@ def quantize_export(manifest: Manifest, kind: str, out_dir: Path, force: bool = 
         opset = max(_default_opset(onnx.load(str(path), load_external_data=False)).version
                     for path in targets.values())
         copied.with_quantization(kind, activations if kind == "int8" else None, MIN_TOKEN_AGREEMENT[kind],
-                                 opset).write()
+                                 opset, *((int4.block_size, int4.accuracy_level) if kind == "int4" else (None, None)),
+                                 source=manifest.directory.resolve().name).write()
         _smoke_test(work, kind)
         generate = _fuse_again(manifest, work)
         after = deployable_files(load_manifest(work))
@@ -243,6 +273,66 @@ def _int8(source: Path, target: Path, activations: str = "per-row") -> None:
         _per_row_activations(quantised)
     _unique_node_names(quantised.graph)
     onnx.save(quantised, str(target))
+
+
+def _int4(source: Path, target: Path, config: Int4Config) -> None:
+    """ONNX Runtime's own 4-bit weight-only quantiser: every MatMul whose weight is stored, and
+    whose row length a block divides, becomes ``MatMulNBits`` (the quantiser skips the others,
+    which stay fp32), the output projection's ``Gemm`` included (``_gemm_as_matmul``). Embedding
+    tables stay fp32: ``GatherBlockQuantized`` dequantises a whole table to gather from it."""
+    from onnxruntime.quantization.matmul_nbits_quantizer import MatMulNBitsQuantizer
+
+    model = onnx.load(str(source))
+    _drop_initializer_value_info(model)
+    _gemm_as_matmul(model)
+    root = logging.getLogger()
+    level = root.level
+    root.setLevel(logging.ERROR)  # the quantiser logs every node it skips
+    try:
+        quantizer = MatMulNBitsQuantizer(model, bits=4, block_size=config.block_size, is_symmetric=True,
+                                         accuracy_level=config.accuracy_level, op_types_to_quantize=("MatMul",))
+        quantizer.process()
+    finally:
+        root.setLevel(level)
+    quantised = quantizer.model.model
+    if not any(node.op_type == "MatMulNBits" for node in quantised.graph.node):
+        raise S2SError(f"int4: {source.name} has no MatMul with a stored weight of at least "
+                       f"{config.block_size} rows; nothing to quantise")
+    _unique_node_names(quantised.graph)
+    onnx.save(quantised, str(target))
+
+
+def _gemm_as_matmul(model: onnx.ModelProto) -> None:
+    """The quantiser takes ``MatMul`` only, and the exported output projection, the largest read of
+    a big-vocabulary step, is a ``Gemm`` (``x @ W.T + b``). Each plain ``Gemm`` (alpha and beta 1, A
+    not transposed) with a stored 2-D weight becomes a ``MatMul`` with its own stored ``(K, N)``
+    weight, then an ``Add`` of its bias: a weight a ``Gather`` shares (a tied embedding) keeps its
+    table, and the projection gets the copy."""
+    graph = model.graph
+    weights = {init.name: init for init in graph.initializer}
+    nodes = []
+    for node in graph.node:
+        attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+        weight = weights.get(node.input[1]) if node.op_type == "Gemm" and len(node.input) > 1 else None
+        if (weight is None or len(weight.dims) != 2 or attrs.get("alpha", 1.0) != 1.0
+                or attrs.get("beta", 1.0) != 1.0 or attrs.get("transA", 0)):
+            nodes.append(node)
+            continue
+        array = numpy_helper.to_array(weight)
+        stored = f"{node.input[1]}.matmul"
+        graph.initializer.append(numpy_helper.from_array(
+            np.ascontiguousarray(array.T if attrs.get("transB", 0) else array), stored))
+        bias = node.input[2] if len(node.input) > 2 and node.input[2] else None
+        product = f"{node.output[0]}/matmul" if bias else node.output[0]
+        nodes.append(helper.make_node("MatMul", [node.input[0], stored], [product], name=f"{node.name}_matmul"))
+        if bias:
+            nodes.append(helper.make_node("Add", [product, bias], [node.output[0]], name=f"{node.name}_bias"))
+    del graph.node[:]
+    graph.node.extend(nodes)
+    used = {name for node in graph.node for name in node.input}
+    kept = [init for init in graph.initializer if init.name in used]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
 
 
 def _quantize_embeddings(graph: onnx.GraphProto) -> None:

@@ -55,7 +55,7 @@ def option_feeds(config: SearchConfig, unk_id: int) -> dict[str, np.ndarray]:
         "encoder_no_repeat_ngram_size": config.encoder_no_repeat_ngram_size > 0,
         "bad_words_ids of several tokens": any(len(w) > 1 for w in config.bad_words_ids),
         "per-sentence prefixes": len(prefixes) > 1, "begin_suppress_tokens": bool(config.begin_suppress_tokens),
-        "timestamps": config.timestamps,
+        "timestamps": config.timestamps, "a vmap shortlist": config.vmap is not None,
     }
     asked = [name for name, on in loop_only.items() if on]
     if asked:
