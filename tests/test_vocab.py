@@ -83,6 +83,7 @@ def test_a_format_2_export_still_reads(exports, tmp_path: Path) -> None:
     shutil.copytree(manifest.directory, old)
     raw = json.loads((old / "manifest.json").read_text(encoding="utf-8"))
     raw["format"] = "s2s-deploy-manifest/2"
+    raw["search"]["length_penalty_alpha"] = raw["search"].pop("alpha")  # format 2 names it so
     raw["vocab"] = {side: {"level": v["level"], "tokens": v["tokens"]} for side, v in raw["vocab"].items()}
     (old / "manifest.json").write_text(json.dumps(raw), encoding="utf-8")
     assert load_manifest(old).tgt_vocab == manifest.tgt_vocab

@@ -329,7 +329,7 @@ def _export(
             ))
             if tensor_axes
         }
-        with warnings.catch_warnings(), quiet_native_output():  # C++ shape-inference chatter, not errors
+        with warnings.catch_warnings(), quiet_native_output(fds=(2,)):  # C++ shape-inference chatter, not errors
             warnings.simplefilter("ignore")
             torch.onnx.export(
                 module, args, str(path), dynamo=False, input_names=list(input_names),

@@ -95,14 +95,15 @@ def session_options(threads: int | None = None, spin: bool = True,
 
 
 @contextlib.contextmanager
-def quiet_native_output() -> Iterator[None]:
+def quiet_native_output(fds: tuple[int, ...] = (1, 2)) -> Iterator[None]:
     """ONNX Runtime's C++ logger reports a missing CUDA library before any Python setting
     applies, and a provider may print a banner on stdout (TensorRT's, five lines, from
     onnxruntime-gpu on a machine without it), which would land in a command's output; hide both
-    at the file-descriptor level while probing."""
+    at the file-descriptor level while probing. ``fds=(2,)``: stderr only (the TorchScript exporter's
+    shape-inference chatter), so what torch prints on stdout when it fails is kept for ``--debug``."""
     sys.stdout.flush()
     sys.stderr.flush()
-    saved = {fd: os.dup(fd) for fd in (1, 2)}
+    saved = {fd: os.dup(fd) for fd in fds}
     try:
         with open(os.devnull, "wb") as devnull:
             for fd in saved:
