@@ -46,9 +46,10 @@ def file_options(medium: str) -> Callable[[F], F]:
 
 def decode_files(reader_type: type, export_dir: str, files: tuple[str, ...], what: str, batch_size: int,
                  scores: bool, output_path: str | None, quiet: bool, device: str, threads: int | None,
-                 decoding: dict[str, Any]) -> None:
+                 decoding: dict[str, Any], reading: dict[str, Any] | None = None) -> None:
     """Every check before any work (the folder, --output's kind, each file, the options), then
-    ``reader_type`` (``Transcriber``, ``Captioner``) over ``files``; ``what`` names a file in messages."""
+    ``reader_type`` (``Transcriber``, ``Captioner``) over ``files``; ``what`` names a file in messages;
+    ``reading``: options of the reader's call that are not decoding options (``vad``)."""
     from s2s_deploy.errors import S2SError
     from s2s_deploy.format.files import write_atomically
     from s2s_deploy.format.manifest import not_an_export
@@ -73,7 +74,7 @@ def decode_files(reader_type: type, export_dir: str, files: tuple[str, ...], wha
         raise S2SError(f"--output {Path(output_path or '').name} holds one file's segments: give one {what} file")
     if not quiet:
         echo_device(reader.notice, reader.provider)
-    found = reader(list(files), batch_size=batch_size, **options)
+    found = reader(list(files), batch_size=batch_size, **options, **(reading or {}))
     lines = [f"{score:.4f}\t{text}" if scores else text for t in found for text, score in t.hypotheses]
     if output_path is None and config.timestamps:  # one line per segment: [start --> end] text
         lines = [(f"{t.source}\t" if len(found) > 1 else "") + (f"{t.score:.4f}\t" if scores else "")

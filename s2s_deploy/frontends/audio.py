@@ -39,6 +39,11 @@ class AudioFrontEnd(FrontEndConfig):
     def probe(self) -> np.ndarray:
         return np.zeros(int(self.sampling_rate), dtype=np.float32)
 
+    @property
+    def frame_seconds(self) -> float:
+        """Seconds between two feature frames: how a window of frames is measured in audio (VAD windows)."""
+        raise NotImplementedError
+
 
 def mono(audio: np.ndarray) -> np.ndarray:
     """One channel as float64: a (samples, channels) array is averaged, as librosa's ``to_mono`` does."""
@@ -171,6 +176,10 @@ class WhisperLogMel(AudioFrontEnd):
     def window(self) -> int:
         return self.n_frames
 
+    @property
+    def frame_seconds(self) -> float:
+        return self.hop_length / self.sampling_rate
+
     def __call__(self, audio: np.ndarray) -> np.ndarray:
         """(n_mels, n_frames) float32 features of one clip at ``sampling_rate``."""
         clip = mono(audio)[: self.n_samples]
@@ -216,6 +225,10 @@ class KaldiFbank(AudioFrontEnd):
 
     def __post_init__(self) -> None:
         positive(self.kind, sampling_rate=self.sampling_rate, num_mel_bins=self.num_mel_bins)
+
+    @property
+    def frame_seconds(self) -> float:
+        return (self.sampling_rate * 10 // 1000) / self.sampling_rate  # a frame every 10 ms
 
     @classmethod
     def from_preprocessor_config(cls, config: Mapping[str, Any]) -> KaldiFbank:

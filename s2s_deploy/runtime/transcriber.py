@@ -16,8 +16,10 @@ import numpy as np
 from s2s_deploy.errors import S2SError
 from s2s_deploy.frontends import AUDIO, decode_audio, load_audio, resample
 from s2s_deploy.frontends.media import MEDIA
+from s2s_deploy.frontends.vad import VadOptions
 from s2s_deploy.runtime.features import Decoded, FeatureReader, Segment, pad_features
 from s2s_deploy.runtime.translator import Translator
+from s2s_deploy.runtime.vad import decode_speech
 
 Clip = str | Path | bytes | np.ndarray | tuple[np.ndarray, int]
 """A file path, an encoded file's bytes (an upload), samples at the model's sampling rate, or
@@ -51,10 +53,23 @@ class Transcriber(FeatureReader):
             self.translator.search_config(prompt=prompt)  # a folder that takes no prompt says so now
 
     def __call__(self, items: Any, beam: int | None = None, n_best: int | None = None, max_len: int | None = None,
-                 alpha: float | None = None, batch_size: int = 16, **options: Any) -> list[Decoded]:
+                 alpha: float | None = None, batch_size: int = 16, vad: bool | VadOptions = False,
+                 **options: Any) -> list[Decoded]:
+        """``vad``: decode only each clip's speech (True: faster-whisper's batched defaults; or
+        ``VadOptions``), as runtime/vad.py reads it."""
         if options.get("prompt") is None:
             options["prompt"] = self.prompt
-        return super().__call__(items, beam, n_best, max_len, alpha, batch_size, **options)
+        if not vad:
+            return super().__call__(items, beam, n_best, max_len, alpha, batch_size, **options)
+        if self.single(items):
+            items = [items]
+        if not len(items):
+            raise S2SError("no audio given")
+        config = self.translator.search_config(beam, n_best, max_len, alpha, **options)
+        labels = [str(item) if isinstance(item, str | Path) else f"{self.label} {i + 1}"
+                  for i, item in enumerate(items)]
+        return decode_speech(self, items, labels, config, vad if isinstance(vad, VadOptions) else VadOptions(),
+                             batch_size)
 
     @property
     def sampling_rate(self) -> int:
