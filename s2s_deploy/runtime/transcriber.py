@@ -20,6 +20,7 @@ from s2s_deploy.frontends.vad import VadOptions
 from s2s_deploy.runtime.features import Decoded, FeatureReader, Segment, pad_features
 from s2s_deploy.runtime.translator import Translator
 from s2s_deploy.runtime.vad import decode_speech
+from s2s_deploy.runtime.words import decode_words
 
 Clip = str | Path | bytes | np.ndarray | tuple[np.ndarray, int]
 """A file path, an encoded file's bytes (an upload), samples at the model's sampling rate, or
@@ -54,12 +55,13 @@ class Transcriber(FeatureReader):
 
     def __call__(self, items: Any, beam: int | None = None, n_best: int | None = None, max_len: int | None = None,
                  alpha: float | None = None, batch_size: int = 16, vad: bool | VadOptions = False,
-                 **options: Any) -> list[Decoded]:
+                 word_timestamps: bool = False, **options: Any) -> list[Decoded]:
         """``vad``: decode only each clip's speech (True: faster-whisper's batched defaults; or
-        ``VadOptions``), as runtime/vad.py reads it."""
+        ``VadOptions``), as runtime/vad.py reads it. ``word_timestamps``: each result's ``words`` timed
+        (runtime/words.py; an export made with ``--word-timestamps``)."""
         if options.get("prompt") is None:
             options["prompt"] = self.prompt
-        if not vad:
+        if not vad and not word_timestamps:
             return super().__call__(items, beam, n_best, max_len, alpha, batch_size, **options)
         if self.single(items):
             items = [items]
@@ -68,8 +70,17 @@ class Transcriber(FeatureReader):
         config = self.translator.search_config(beam, n_best, max_len, alpha, **options)
         labels = [str(item) if isinstance(item, str | Path) else f"{self.label} {i + 1}"
                   for i, item in enumerate(items)]
-        return decode_speech(self, items, labels, config, vad if isinstance(vad, VadOptions) else VadOptions(),
-                             batch_size)
+        if vad:
+            return decode_speech(self, items, labels, config, vad if isinstance(vad, VadOptions) else VadOptions(),
+                                 batch_size, word_timestamps)
+        found: list[Decoded] = []
+        for start in range(0, len(items), batch_size):
+            chunk = range(start, min(start + batch_size, len(items)))
+            audio = [self.load(items[i], labels[i]) for i in chunk]
+            features = [self.features(a, labels[i], whole=True) for a, i in zip(audio, chunk, strict=True)]
+            contents = [self.frontend.content_frames(a) or f.shape[-1] for a, f in zip(audio, features, strict=True)]
+            found += decode_words(self, features, contents, config, [labels[i] for i in chunk])
+        return found
 
     @property
     def sampling_rate(self) -> int:

@@ -8,7 +8,8 @@ A clip's text is its windows' texts, stripped, joined by one space (a window may
 its score the mean of its windows'; its language its first window's (each window detects its own
 where the prompt leaves the language open). A clip without speech has empty text and score 0. A
 segment time past a window's speech (the model may time its last segment into the window's padding)
-is held to the window's end, so no segment reaches into the silence that was cut.
+is held to the window's end, so no segment reaches into the silence that was cut. A word's start and
+end map through the span its middle falls in (faster-whisper's ``restore_speech_timestamps``).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ import numpy as np
 from s2s_deploy.errors import S2SError
 from s2s_deploy.frontends.vad import SpeechWindow, VadOptions, speech_spans, speech_windows
 from s2s_deploy.runtime.decoding import SearchConfig
-from s2s_deploy.runtime.features import Decoded, FeatureReader, Segment
+from s2s_deploy.runtime.features import Decoded, FeatureReader, Segment, Word
+from s2s_deploy.runtime.words import decode_words
 
 
 def window_seconds(reader: FeatureReader) -> float:
@@ -33,8 +35,9 @@ def window_seconds(reader: FeatureReader) -> float:
 
 
 def decode_speech(reader: FeatureReader, items: Sequence[Any], labels: Sequence[str], config: SearchConfig,
-                  vad: VadOptions, batch_size: int) -> list[Decoded]:
-    """One result per item, in order: only its speech decoded, ``batch_size`` windows at a time."""
+                  vad: VadOptions, batch_size: int, words: bool = False) -> list[Decoded]:
+    """One result per item, in order: only its speech decoded, ``batch_size`` windows at a time;
+    ``words``: with word timestamps (runtime/words.py), aligned to each window's audio alone."""
     if config.n_best != 1:
         raise S2SError(f"--vad reads each clip's speech window by window, which gives one hypothesis: n_best must "
                        f"be 1, not {config.n_best}")
@@ -43,17 +46,21 @@ def decode_speech(reader: FeatureReader, items: Sequence[Any], labels: Sequence[
     found: list[Decoded] = []
     for start in range(0, len(items), batch_size):
         group = range(start, min(start + batch_size, len(items)))
-        windows: list[tuple[int, SpeechWindow, np.ndarray]] = []
+        windows: list[tuple[int, SpeechWindow, np.ndarray, int]] = []
         for i in group:
             audio = reader.load(items[i], labels[i])
             for window in speech_windows(speech_spans(audio, rate, vad, seconds), rate, seconds):
-                windows.append((i, window, reader.features(window.audio(audio), labels[i], whole=True)))
+                speech = window.audio(audio)
+                features = reader.features(speech, labels[i], whole=True)
+                windows.append((i, window, features, reader.frontend.content_frames(speech) or features.shape[-1]))
         decoded: list[Decoded] = []
         for first in range(0, len(windows), batch_size):
             batch = windows[first: first + batch_size]
-            decoded += reader.decode([f for _, _, f in batch], config, [labels[i] for i, _, _ in batch])
+            features, labelled = [f for _, _, f, _ in batch], [labels[i] for i, _, _, _ in batch]
+            decoded += (decode_words(reader, features, [c for *_, c in batch], config, labelled) if words
+                        else reader.decode(features, config, labelled))
         for i in group:
-            mine = [(w, d) for (j, w, _), d in zip(windows, decoded, strict=True) if j == i]
+            mine = [(w, d) for (j, w, _, _), d in zip(windows, decoded, strict=True) if j == i]
             found.append(joined(labels[i], mine, config.timestamps))
     return found
 
@@ -67,4 +74,8 @@ def joined(label: str, windows: list[tuple[SpeechWindow, Decoded]], timed: bool)
     language = next((d.language for _, d in windows if d.language is not None), None)
     segments = tuple(Segment(w.original(min(s.start, w.duration)), w.original(min(s.end, w.duration), end=True),
                              s.text) for w, d in windows for s in d.segments) if timed else ()
-    return Decoded(label, text, score, ((text, score),), language, segments)
+    words = tuple(Word(w.original(min(word.start, w.duration), span=span), w.original(min(word.end, w.duration),
+                                                                                        end=True, span=span), word.text)
+                  for w, d in windows for word in d.words
+                  for span in (w.span_of(min((word.start + word.end) / 2, w.duration)),))
+    return Decoded(label, text, score, ((text, score),), language, segments, words)
