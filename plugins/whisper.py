@@ -239,6 +239,23 @@ class WhisperPlugin(EncoderDecoderPlugin):
             weights["final_logits_bias"] = next(iter(tensors.values())).new_zeros((1, vocab))
         return HFWeights(config, weights, vocab, vocab)
 
+    def hf_alignment_heads(self, hf: Mapping[str, Any], generation: Mapping[str, Any]) -> tuple[
+            tuple[int, int], ...]:
+        """generation_config.json's ``alignment_heads`` (what ``return_token_timestamps`` reads), else every
+        head of the last half of the decoder layers, as openai-whisper's default ``alignment_heads``."""
+        heads = generation.get("alignment_heads")
+        if heads is None:
+            layers, per_layer = int(hf["decoder_layers"]), int(hf["decoder_attention_heads"])
+            return tuple((layer, head) for layer in range(layers // 2, layers) for head in range(per_layer))
+        try:
+            found = tuple((int(layer), int(head)) for layer, head in heads)
+        except (TypeError, ValueError) as exc:
+            raise CheckpointError(f"generation_config.json: alignment_heads {heads!r} is not a list of [layer, "
+                                  "head] pairs") from exc
+        if not found:
+            raise CheckpointError("generation_config.json: alignment_heads is empty")
+        return found
+
     def hf_search(self, hf: Mapping[str, Any], generation: Mapping[str, Any],
                   defaults: dict[str, Any]) -> dict[str, Any]:
         """Whisper's ``generate``: its decoder prompt, new-token lengths counted after it, no sampling

@@ -172,6 +172,12 @@ class ArchitecturePlugin(ABC):
         refuses in one ``CheckpointError`` line what the runtime cannot reproduce."""
         return defaults
 
+    def hf_alignment_heads(self, hf_config: Mapping[str, Any], generation: Mapping[str, Any]) -> tuple[
+            tuple[int, int], ...]:
+        """The (decoder layer, head) pairs whose cross-attention follows the audio closely enough to time
+        words (``export --hf --word-timestamps``); empty: this family has none, and the option is refused."""
+        return ()
+
     def config_from_dict(self, data: Mapping[str, Any]) -> Any:
         """The config a checkpoint's JSON (``dataclasses.asdict``) holds, every value checked. A field
         whose default is itself a frozen dataclass (a front end's parameters) is read the same way."""

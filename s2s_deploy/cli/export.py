@@ -29,13 +29,18 @@ from s2s_deploy.cli.group import load_plugin_files, main, plugin_option
               help="torch.onnx exporter [default: the plugin's choice].")
 @click.option("--opset", type=click.IntRange(17, 23), default=18, show_default=True, help="ONNX opset version.")
 @click.option("--with-attention", is_flag=True, help="Add the cross-attention weights as a decoder output.")
+@click.option("--word-timestamps", is_flag=True,
+              help="Add the cross-attention of the model's alignment heads as a decoder output, for transcribe "
+                   "--word-timestamps (with --hf: Whisper's generation_config.json alignment_heads, else the last "
+                   "half of its decoder layers).")
 @click.option("--optimize", is_flag=True, help="Store the graphs already optimised by ONNX Runtime (extended level).")
 @click.option("--ort-format", is_flag=True, help="Also write .ort files for ONNX Runtime mobile/minimal builds.")
 @click.option("--force", is_flag=True, help="Replace an existing output folder.")
 @plugin_option
 def export_command(arch: str | None, checkpoint: str | None, hf_dir: str | None, out_dir: str | None,
-                   preset: str | None, exporter: str | None, opset: int, with_attention: bool, optimize: bool,
-                   ort_format: bool, force: bool, no_checkpoint: bool, plugin_files: tuple[str, ...]) -> None:
+                   preset: str | None, exporter: str | None, opset: int, with_attention: bool, word_timestamps: bool,
+                   optimize: bool, ort_format: bool, force: bool, no_checkpoint: bool,
+                   plugin_files: tuple[str, ...]) -> None:
     """Export a model to ONNX and validate it.
 
     Writes an encoder graph and a step-wise decoder graph, then checks them against PyTorch.
@@ -70,11 +75,16 @@ def export_command(arch: str | None, checkpoint: str | None, hf_dir: str | None,
     remove_leftovers(Path(tempfile.gettempdir()), "s2s-export-")  # scratch of killed runs
     with tempfile.TemporaryDirectory(prefix=f"s2s-export-{os.getpid()}-") as scratch:
         source = load_source(plugin, checkpoint, preset, Path(scratch))
+        if word_timestamps and not source.alignment_heads:
+            raise S2SError(f"--word-timestamps: {source.description} names no alignment heads (an --hf export of a "
+                           "family that has them, such as Whisper, does)")
+        heads = source.alignment_heads if word_timestamps else ()
         if destination.exists() and not force:
             wanted = {"plugin": f"{plugin.name} v{plugin.version}",
                       "checkpoint sha256": sha256_of(source.checkpoint_path),
                       "exporter": exporter or plugin.exporter, "opset": opset, "with-attention": with_attention,
-                      "optimize": optimize, "ort-format": ort_format, "checkpoint included": not no_checkpoint}
+                      "word-timestamps": word_timestamps, "optimize": optimize, "ort-format": ort_format,
+                      "checkpoint included": not no_checkpoint}
             difference = _difference(destination, wanted, source.checkpoint_path)
             if difference is None:
                 click.echo(f"{destination} is up to date: same {plugin.name} export of the same checkpoint "
@@ -87,7 +97,7 @@ def export_command(arch: str | None, checkpoint: str | None, hf_dir: str | None,
             plugin, source.model, source.config, source.src_vocab, source.tgt_vocab, destination,
             checkpoint_path=source.checkpoint_path, source=source.description, samples=source.samples,
             training=source.info, search=source.search,
-            exporter=exporter, opset=opset, with_attention=with_attention, optimize=optimize,
+            exporter=exporter, opset=opset, with_attention=with_attention, alignment_heads=heads, optimize=optimize,
             ort_format=ort_format, force=force, include_checkpoint=not no_checkpoint,
         )
     worst = max(report.max_abs_diff.items(), key=lambda item: item[1])
@@ -115,7 +125,9 @@ def _difference(folder: Path, wanted: dict[str, object], checkpoint_path: Path) 
             return "its checkpoint copy is missing or modified"
         found = {"checkpoint included": checkpoint.included, "plugin": f"{manifest.plugin} v{manifest.plugin_version}",
                  "checkpoint sha256": checkpoint.sha256, "exporter": manifest.exporter,
-                 "opset": manifest.opset, "with-attention": manifest.has_attention_output,
+                 "opset": manifest.opset,
+                 "with-attention": manifest.has_attention_output and not manifest.alignment_heads,
+                 "word-timestamps": bool(manifest.alignment_heads),
                  "optimize": manifest.ort_optimized, "ort-format": manifest.encoder.ort_file is not None}
         if (checkpoint.included and checkpoint.sha256 != wanted["checkpoint sha256"]
                 and content_digest(folder / checkpoint.file) == content_digest(checkpoint_path)):

@@ -47,10 +47,12 @@ def file_options(medium: str) -> Callable[[F], F]:
 
 def decode_files(reader_type: type, export_dir: str, files: tuple[str, ...], what: str, batch_size: int,
                  scores: bool, output_path: str | None, quiet: bool, device: str, threads: int | None,
-                 decoding: dict[str, Any], reader_options: dict[str, Any] | None = None) -> None:
+                 decoding: dict[str, Any], reader_options: dict[str, Any] | None = None,
+                 reading: dict[str, Any] | None = None) -> None:
     """Every check before any work (the folder, --output's kind, the options), then ``reader_type``
     (``Transcriber``, ``Captioner``, given ``reader_options``) over ``files``; ``what`` names a file in
-    messages. A file that cannot be read (missing, a directory, broken) is one ``error:`` line on
+    messages; ``reading``: options of the reader's call that are not decoding options (``vad``,
+    ``word_timestamps``). A file that cannot be read (missing, a directory, broken) is one ``error:`` line on
     stderr as it is met; the others are decoded and printed, and the command fails at the end."""
     from s2s_deploy.errors import S2SError
     from s2s_deploy.format.files import write_atomically
@@ -67,8 +69,10 @@ def decode_files(reader_type: type, export_dir: str, files: tuple[str, ...], wha
     reader = reader_type(export_dir, device=device, threads=threads, **(reader_options or {}))
     config = reader.translator.search_config(**options)  # bad options before any work
     suffix = Path(output_path).suffix if output_path is not None else ""
-    if suffix in TIMED_KINDS and not config.timestamps:
-        raise S2SError(f"--output {Path(output_path or '').name} writes timed segments: pass --timestamps")
+    words = bool((reading or {}).get("word_timestamps"))
+    if suffix in TIMED_KINDS and not config.timestamps and not words:
+        raise S2SError(f"--output {Path(output_path or '').name} writes timed segments: pass --timestamps "
+                       "(or --word-timestamps)")
     if suffix in TIMED_KINDS and len(files) != 1:
         raise S2SError(f"--output {Path(output_path or '').name} holds one file's segments: give one {what} file")
     if not quiet:
@@ -88,15 +92,17 @@ def decode_files(reader_type: type, export_dir: str, files: tuple[str, ...], wha
             refused(f"{what} file not found: {path}")
         else:
             readable.append(path)
-    found = reader(readable, batch_size=batch_size, config=config, on_error=refused) if readable else []
+    found = (reader(readable, batch_size=batch_size, config=config, on_error=refused, **(reading or {}))
+             if readable else [])
     if not found:
         _fail_if(failed, len(files), what)
     grouped = len(files) > 1 and config.n_best > 1  # n-best over several files: each line names its file
     lines = [(f"{t.source}\t" if grouped else "") + (f"{score:.4f}\t{text}" if scores else text)
              for t in found for text, score in t.hypotheses]
-    if output_path is None and config.timestamps:  # one line per segment: [start --> end] text
+    if output_path is None and (config.timestamps or words):  # one line per segment (word): [start --> end] text
         lines = [(f"{t.source}\t" if len(found) > 1 else "") + (f"{t.score:.4f}\t" if scores else "")
-                 + f"[{clock(s.start, '.')} --> {clock(s.end, '.')}] {s.text}" for t in found for s in t.segments]
+                 + f"[{clock(s.start, '.')} --> {clock(s.end, '.')}] {s.text}" for t in found
+                 for s in (t.words if words else t.segments)]
     if output_path is None:
         for line in lines:
             click.echo(line)
@@ -105,10 +111,12 @@ def decode_files(reader_type: type, export_dir: str, files: tuple[str, ...], wha
     if suffix == ".json":
         rows = [{"file": t.source, "text": t.text, "score": t.score, "language": t.language,
                  "hypotheses": [{"text": text, "score": score} for text, score in t.hypotheses]}
-                | ({"segments": [s.row() for s in t.segments]} if config.timestamps else {}) for t in found]
+                | ({"segments": [s.row() for s in t.segments]} if config.timestamps else {})
+                | ({"words": [{"start": w.start, "end": w.end, "word": w.text} for w in t.words]} if words else {})
+                for t in found]
         data = json.dumps(rows, ensure_ascii=False, indent=1) + "\n"
-    elif suffix in TIMED_KINDS:
-        data = subtitles(found[0].segments, suffix)
+    elif suffix in TIMED_KINDS:  # with word timestamps, a cue per word
+        data = subtitles(found[0].words if words else found[0].segments, suffix)
     else:
         data = "".join(line + "\n" for line in lines)
     try:

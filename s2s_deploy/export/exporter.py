@@ -45,8 +45,10 @@ CHECKPOINT_FILE = "checkpoint.safetensors"
 # Example sizes: distinct and >= 2 so no dynamic axis is specialised or unified with another.
 # ``rows``: the decoder's rows where its memory has one row per sentence (``memory_per_sentence``),
 # several per sentence, so the two batch axes stay apart; otherwise the rows are the ``batch``.
-_EXAMPLE = {"batch": 3, "src_len": 7, "past_len": 4, "rows": 12}
-_PROBE = {"batch": 2, "src_len": 9, "past_len": 5, "rows": 10}
+# Sizes apart from each other and from what a source length becomes (7 frames: 4 positions after a
+# stride-2 convolution; the past 5, and 6 once grown), so no two axes share a name or a traced symbol.
+_EXAMPLE = {"batch": 3, "src_len": 7, "past_len": 5, "rows": 12}
+_PROBE = {"batch": 2, "src_len": 9, "past_len": 6, "rows": 10}
 
 
 class ExportShapeError(S2SError):
@@ -94,6 +96,7 @@ def export_model(
     exporter: str | None = None,
     opset: int = DEFAULT_OPSET,
     with_attention: bool = False,
+    alignment_heads: tuple[tuple[int, int], ...] = (),
     optimize: bool = False,
     ort_format: bool = False,
     force: bool = False,
@@ -104,7 +107,9 @@ def export_model(
     minimal builds. Every variant written is compared against PyTorch like the plain export.
     Without ``include_checkpoint`` the folder holds only what a deployment loads; the manifest
     still names the checkpoint and its sha256, for ``parity --checkpoint``. ``search``: the
-    model's own decoding defaults (the manifest's ``search`` names), over the generic ones."""
+    model's own decoding defaults (the manifest's ``search`` names), over the generic ones.
+    ``alignment_heads``: the decoder's ``attention`` output holds these (layer, head) pairs' cross-attention
+    (word timestamps), recorded in the manifest."""
     out_dir = Path(out_dir)
     if out_dir.exists() and not force:
         raise S2SError(f"{out_dir} already exists; pass --force to replace it")
@@ -113,14 +118,17 @@ def export_model(
     _check_finite(plugin, model)
     exporter = exporter or plugin.exporter
     memory, state = plugin.memory_specs(config), plugin.state_specs(config)
-    specs = _Specs(memory, state, io_names(memory, state, with_attention), plugin.source_spec(config),
+    specs = _Specs(memory, state, io_names(memory, state, with_attention or bool(alignment_heads)),
+                   plugin.source_spec(config),
                    bool(getattr(model, "memory_per_sentence", False)))
     if specs.source.is_features:
         check_frontend(plugin.name, specs.source)
         samples = ()  # text samples are no input to an encoder of features
     model = model.eval()
     encoder = EncoderGraph(model, memory, state).eval()
-    step = StepGraph(model, memory, state, with_attention).eval()
+    if with_attention and alignment_heads:
+        raise S2SError("--with-attention exports every head, word timestamps only the alignment heads: pick one")
+    step = StepGraph(model, memory, state, with_attention, alignment_heads).eval()
 
     with staged_directory(out_dir, force) as work:
         enc_args = _encoder_inputs(specs.source, len(src_vocab), _EXAMPLE)
@@ -167,6 +175,7 @@ def export_model(
             samples=samples, training=training or {}, ort_optimized=optimize,
             checkpoint=CheckpointEntry(CHECKPOINT_FILE, sha256_of(checkpoint_path), include_checkpoint),
             encoder_input=specs.source, memory_per_sentence=specs.memory_per_sentence,
+            alignment_heads=alignment_heads,
         )
         for role, path in zip(("encoder", "decoder"), graph_paths, strict=True):
             _write_metadata(path, manifest.graph_facts(role))

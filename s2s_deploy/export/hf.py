@@ -394,6 +394,7 @@ class HFSource:
     model: torch.nn.Module
     search: dict[str, Any]
     samples: tuple[str, ...]
+    alignment_heads: tuple[tuple[int, int], ...] = ()
 
 
 def load_hf(plugin: ArchitecturePlugin, directory: str | Path) -> HFSource:
@@ -427,7 +428,8 @@ def load_hf(plugin: ArchitecturePlugin, directory: str | Path) -> HFSource:
     info = {"hf_model_type": model_type, "hf_folder": Path(directory).name}
     checkpoint = Checkpoint(plugin.name, plugin.version, weights.config, src_vocab, tgt_vocab, weights.tensors, info)
     model = build_model(checkpoint, plugin)
-    return HFSource(checkpoint, model, search, sample_texts(src_vocab))
+    return HFSource(checkpoint, model, search, sample_texts(src_vocab),
+                    plugin.hf_alignment_heads(folder.config, folder.generation))
 
 
 def save_hf_checkpoint(source: HFSource, plugin: ArchitecturePlugin, path: Path) -> Path:

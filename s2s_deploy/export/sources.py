@@ -36,6 +36,8 @@ class ModelSource:
     trained: bool
     info: dict[str, Any]
     search: dict[str, Any] = field(default_factory=dict)
+    alignment_heads: tuple[tuple[int, int], ...] = ()
+    """(layer, head) pairs a Hugging Face family names for word timestamps (``hf_alignment_heads``)."""
 
 
 def bundled_checkpoint(plugin: ArchitecturePlugin) -> Path | None:
@@ -76,7 +78,7 @@ def _hf_source(plugin: ArchitecturePlugin, directory: Path, workdir: Path) -> Mo
     c = hf.checkpoint
     return ModelSource(plugin, c.config, hf.model, c.src_vocab, c.tgt_vocab, path,
                        f"Hugging Face folder {directory} ({c.info['hf_model_type']})", hf.samples, trained=True,
-                       info=c.info, search=hf.search)
+                       info=c.info, search=hf.search, alignment_heads=hf.alignment_heads)
 
 
 def _random_source(plugin: ArchitecturePlugin, preset: str | None, workdir: Path) -> ModelSource:

@@ -171,6 +171,9 @@ class Manifest:
     several per sentence (beams, samples), grouped sentence-major: a runtime need not repeat it."""
     encoder_input: SourceSpec = TOKEN_SOURCE
     """What ``src`` holds: token ids, or features from the front end it names (format 4)."""
+    alignment_heads: tuple[tuple[int, int], ...] = ()
+    """The (decoder layer, head) pairs whose cross-attention the decoder's ``attention`` output holds,
+    ``(rows, pairs, source)``: word timestamps read them. Empty: ``attention``, if any, is the model's own."""
     _document: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     # --- building ---------------------------------------------------------------------------
@@ -183,6 +186,7 @@ class Manifest:
         limits: tuple[int | None, int | None], search: Mapping[str, Any], validation: Mapping[str, Any],
         samples: Sequence[str], training: Mapping[str, Any], checkpoint: CheckpointEntry, ort_optimized: bool,
         encoder_input: SourceSpec = TOKEN_SOURCE, memory_per_sentence: bool = False,
+        alignment_heads: Sequence[tuple[int, int]] = (),
     ) -> Manifest:
         """A new export's manifest from what the exporter knows; ``plugin`` is (name, version,
         description, origin); ``graphs`` maps a role to (file, inputs, outputs), hashed later by
@@ -213,6 +217,7 @@ class Manifest:
             "ort_optimized": ort_optimized,
             "memory_per_sentence": memory_per_sentence,
             "encoder_input": encoder_input.to_json(),
+            "alignment_heads": [[int(layer), int(head)] for layer, head in alignment_heads],
         }
         return _typed(Path(directory), document, (src_vocab, tgt_vocab))
 
@@ -429,8 +434,17 @@ def _typed(directory: Path, doc: dict[str, Any], vocabs: tuple[Vocabulary, Vocab
         ort_optimized=bool(doc.get("ort_optimized", False)),
         memory_per_sentence=bool(doc.get("memory_per_sentence", False)),
         encoder_input=_encoder_input(doc, encoder),
+        alignment_heads=_alignment_heads(doc, decoder),
         _document=doc,
     )
+
+
+def _alignment_heads(doc: dict[str, Any], decoder: GraphEntry) -> tuple[tuple[int, int], ...]:
+    """``alignment_heads``, which describe the decoder's ``attention`` output, so it must have one."""
+    heads = tuple((int(layer), int(head)) for layer, head in doc.get("alignment_heads", ()))
+    if heads and "attention" not in decoder.outputs:
+        raise ManifestError("alignment_heads describe the decoder's attention output, which it does not have")
+    return heads
 
 
 def _special_ids(doc: dict[str, Any]) -> dict[str, int | None]:

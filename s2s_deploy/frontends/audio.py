@@ -52,6 +52,16 @@ class AudioFrontEnd(FrontEndConfig):
         default joins the blocks first; a front end that can work block by block overrides it."""
         return self.whole(read_audio(blocks, label))  # type: ignore[attr-defined]
 
+    @property
+    def frame_seconds(self) -> float:
+        """Seconds between two feature frames: how a window of frames is measured in audio (VAD windows)."""
+        raise NotImplementedError
+
+    def content_frames(self, audio: np.ndarray) -> int | None:
+        """The frames that hold the clip itself, not the padding the front end adds (word timestamps align
+        tokens to these only); None: every frame of the features."""
+        return None
+
 
 def mono(audio: np.ndarray) -> np.ndarray:
     """One channel as float64: a (samples, channels) array is averaged, as librosa's ``to_mono`` does."""
@@ -332,6 +342,14 @@ class WhisperLogMel(AudioFrontEnd):
     def window(self) -> int:
         return self.n_frames
 
+    @property
+    def frame_seconds(self) -> float:
+        return self.hop_length / self.sampling_rate
+
+    def content_frames(self, audio: np.ndarray) -> int | None:
+        """Frames starting inside the clip: the sum of ``WhisperFeatureExtractor``'s attention mask."""
+        return -(-len(audio) // self.hop_length)
+
     def __call__(self, audio: np.ndarray) -> np.ndarray:
         """(n_mels, n_frames) float32 features of one clip at ``sampling_rate``."""
         clip = mono(audio)[: self.n_samples]
@@ -461,6 +479,10 @@ class KaldiFbank(AudioFrontEnd):
 
     def __post_init__(self) -> None:
         positive(self.kind, sampling_rate=self.sampling_rate, num_mel_bins=self.num_mel_bins)
+
+    @property
+    def frame_seconds(self) -> float:
+        return (self.sampling_rate * 10 // 1000) / self.sampling_rate  # a frame every 10 ms
 
     @classmethod
     def from_preprocessor_config(cls, config: Mapping[str, Any]) -> KaldiFbank:

@@ -49,17 +49,21 @@ class EncoderGraph(nn.Module):
 
 class StepGraph(nn.Module):
     """One decoder step. ``reorder`` gathers the incoming state along its batch axis first, so
-    beam search reorders the cache inside the runtime instead of copying it through Python."""
+    beam search reorders the cache inside the runtime instead of copying it through Python.
+    ``alignment_heads``: the ``attention`` output holds only these (layer, head) pairs' weights,
+    ``(rows, pairs, source)``, of a model whose attention is ``(rows, layers, heads, source)``
+    (word timestamps read them; the other heads never leave the graph)."""
 
     def __init__(
         self, model: Seq2SeqModel, memory: tuple[MemorySpec, ...], state: tuple[StateSpec, ...],
-        with_attention: bool = False,
+        with_attention: bool = False, alignment_heads: tuple[tuple[int, int], ...] = (),
     ) -> None:
         super().__init__()
         self.model = model
         self.memory_names = [m.name for m in memory]
         self.state_specs = list(state)
-        self.with_attention = with_attention
+        self.with_attention = with_attention or bool(alignment_heads)
+        self.alignment_heads = alignment_heads
 
     def forward(self, tokens: Tensor, step: Tensor, reorder: Tensor, *tensors: Tensor) -> tuple[Tensor, ...]:
         n_memory = len(self.memory_names)
@@ -73,5 +77,17 @@ class StepGraph(nn.Module):
         if self.with_attention:
             if out.attention is None:
                 raise ValueError("the model returned no attention weights")
-            outputs = (*outputs, out.attention)
+            outputs = (*outputs, self.aligned(out.attention) if self.alignment_heads else out.attention)
         return outputs
+
+    def aligned(self, attention: Tensor) -> Tensor:
+        """The alignment heads' weights ``(rows, pairs, source)`` from ``(rows, layers, heads, source)``."""
+        if attention.dim() != 4:
+            raise ValueError(f"alignment heads need attention of (rows, layers, heads, source), not "
+                             f"{tuple(attention.shape)}")
+        layers, heads = attention.shape[1], attention.shape[2]
+        for layer, head in self.alignment_heads:
+            if not (0 <= layer < layers and 0 <= head < heads):
+                raise ValueError(f"alignment head ({layer}, {head}) is outside the model's {layers} layers of "
+                                 f"{heads} heads")
+        return torch.stack([attention[:, layer, head] for layer, head in self.alignment_heads], dim=1)

@@ -27,7 +27,7 @@ from s2s_deploy.frontends.source import checked_features, featurise, frontend_fo
 from s2s_deploy.runtime.decoding import SearchConfig, window_options_on, with_timestamps
 from s2s_deploy.runtime.fallback import Windows
 from s2s_deploy.runtime.search import Hypothesis
-from s2s_deploy.runtime.timestamps import Piece, Sought, seek_windows
+from s2s_deploy.runtime.timestamps import Piece, Sought, Window, seek_windows
 from s2s_deploy.runtime.translator import Translator
 
 
@@ -45,6 +45,8 @@ class Decoded:
     open, ``en`` for ``<|en|>``); None without one."""
     segments: tuple[Segment, ...] = ()
     """With ``timestamps``: the timed segments, in order (the text is theirs joined); else empty."""
+    words: tuple[Word, ...] = ()
+    """With word timestamps: every word, timed, in order; else empty."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +72,15 @@ class Segment:
             return row
         return row | {"temperature": self.temperature, "avg_log_prob": self.avg_log_prob,
                       "compression_ratio": self.compression_ratio, "no_speech_prob": self.no_speech_prob}
+
+
+@dataclass(frozen=True)
+class Word:
+    """One word and the stretch of the input its tokens were aligned to, in seconds (runtime/words.py)."""
+
+    start: float
+    end: float
+    text: str
 
 
 def pad_features(items: Sequence[np.ndarray], source: SourceSpec) -> tuple[np.ndarray, np.ndarray]:
@@ -179,20 +190,25 @@ class FeatureReader:
         return found
 
     def decode(self, features: Sequence[np.ndarray], config: SearchConfig,
-               labels: Sequence[str] | None = None) -> list[Decoded]:
+               labels: Sequence[str] | None = None, windows: list[tuple[Window, ...]] | None = None) -> list[Decoded]:
         """Items from ``features`` decoded as one batch with a resolved ``config`` (``serve`` batches inputs
-        from several requests this way)."""
+        from several requests this way). ``windows``: filled with each item's decoded windows (word
+        timestamps feed them again)."""
         labels = labels if labels is not None else [f"{self.label} {i + 1}" for i in range(len(features))]
         if config.timestamps:
             timed = self.timed(features, config)
+            if windows is not None:
+                windows[:] = [sought.windows for sought in timed]
             return [self._with_segments(label, sought, True) for label, sought in zip(labels, timed, strict=True)]
         window = self.window(features) if self.source.length_axis == len(self.source.shape) else None
         long = [i for i, f in enumerate(features) if window is not None and int(f.shape[-1]) > window]
         found: list[Decoded | None] = [None] * len(features)
+        read: list[tuple[Window, ...]] = [() for _ in features]
         if long:
             for i, sought in zip(long, self.long_form([features[i] for i in long], config, [labels[i] for i in long]),
                                  strict=True):
                 found[i] = self._with_segments(labels[i], sought, False, whole_windows=config.timestamp_begin < 1)
+                read[i] = sought.windows
         short = [i for i in range(len(features)) if found[i] is None]
         if short and window_options_on(config):  # the fallback reads every clip as windows, a short one as one
             window = self.window(features)
@@ -202,8 +218,12 @@ class FeatureReader:
                 found[i] = self._with_segments(labels[i], sought, False)
         elif short:
             src, src_len = pad_features([features[i] for i in short], self.source)
-            for i, hyps in zip(short, self.translator.engine.search(src, src_len, config), strict=True):
+            for i, n, hyps in zip(short, src_len.tolist(), self.translator.engine.search(src, src_len, config),
+                                  strict=True):
                 found[i] = self._decoded(labels[i], hyps)
+                read[i] = (Window(0, n, n, hyps[0], len(hyps[0].tokens)),)
+        if windows is not None:
+            windows[:] = read
         return [decoded for decoded in found if decoded is not None]
 
     def window(self, features: Sequence[np.ndarray]) -> int:

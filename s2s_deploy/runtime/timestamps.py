@@ -42,6 +42,20 @@ class Piece:
 
 
 @dataclass(frozen=True)
+class Window:
+    """One decoded window: where it starts and how many frames it read, and its best hypothesis (what
+    word timestamps feed again to read the decoder's attention)."""
+
+    seek: int
+    frames: int
+    width: int
+    """The encoder input's frames (``src_len``): the window, zero-padded past ``frames``."""
+    best: Hypothesis
+    kept: int
+    """How many of the hypothesis's tokens its segments kept (the rest were dropped to seek back)."""
+
+
+@dataclass(frozen=True)
 class Sought:
     """One input's timestamped output: every window's segments in order, their tokens concatenated
     (``generate``'s sequence), each window's best hypothesis score, and the first window's prompt."""
@@ -49,6 +63,7 @@ class Sought:
     pieces: tuple[Piece, ...]
     scores: tuple[float, ...]
     prompt: tuple[int, ...]
+    windows: tuple[Window, ...] = ()
 
     @property
     def tokens(self) -> tuple[int, ...]:
@@ -108,6 +123,7 @@ def seek_windows(features: Sequence[np.ndarray], window: int, search: Search, co
     scores: list[list[float]] = [[] for _ in range(count)]
     prompts: list[tuple[int, ...] | None] = [None] * count
     carry = windows(count) if windows is not None else None
+    kept: list[list[Window]] = [[] for _ in range(count)]
     while True:
         active = [i for i in range(count) if seeks[i] < totals[i]]
         if not active:
@@ -140,7 +156,9 @@ def seek_windows(features: Sequence[np.ndarray], window: int, search: Search, co
                     window_pieces = [replace(piece, window=decoded) for piece in window_pieces]
                     carry.update(i, [(p.start, p.end, p.tokens) for p in window_pieces], decoded)  # type: ignore[union-attr]
                 pieces[i] += window_pieces
+                kept[i].append(Window(seeks[i], n, window, best, sum(len(p.tokens) for p in window_pieces)))
                 scores[i].append(best.score)
                 seeks[i] += advance
-    return [Sought(tuple(p), tuple(s), pr or ()) for p, s, pr in zip(pieces, scores, prompts, strict=True)]
+    return [Sought(tuple(p), tuple(s), pr or (), tuple(w))
+            for p, s, pr, w in zip(pieces, scores, prompts, kept, strict=True)]
 

@@ -19,9 +19,12 @@ from s2s_deploy.errors import S2SError
 from s2s_deploy.frontends import AUDIO, decode_audio, load_audio, resample
 from s2s_deploy.frontends.audio import AudioFile, Level, check_duration, check_rate, check_samples
 from s2s_deploy.frontends.media import MEDIA
+from s2s_deploy.frontends.vad import VadOptions
 from s2s_deploy.runtime.decoding import SearchConfig
 from s2s_deploy.runtime.features import Decoded, FeatureReader, Segment, pad_features
 from s2s_deploy.runtime.translator import Translator
+from s2s_deploy.runtime.vad import decode_speech
+from s2s_deploy.runtime.words import decode_words
 
 Clip = str | Path | bytes | np.ndarray | tuple[np.ndarray, int] | AudioFile
 """A file path, an encoded file's bytes (an upload), samples at the model's sampling rate,
@@ -64,10 +67,35 @@ class Transcriber(FeatureReader):
 
     def __call__(self, items: Any, beam: int | None = None, n_best: int | None = None, max_len: int | None = None,
                  alpha: float | None = None, batch_size: int = 16, *, config: SearchConfig | None = None,
-                 **options: Any) -> list[Decoded]:
+                 on_error: Callable[[str], None] | None = None, vad: bool | VadOptions = False,
+                 word_timestamps: bool = False, **options: Any) -> list[Decoded]:
+        """``vad``: decode only each clip's speech (True: faster-whisper's batched defaults; or
+        ``VadOptions``), as runtime/vad.py reads it. ``word_timestamps``: each result's ``words`` timed
+        (runtime/words.py; an export made with ``--word-timestamps``). ``on_error`` (without them): a clip
+        that cannot be read is told to it in one line and the rest are decoded."""
         if config is None and options.get("prompt") is None:  # a ready config holds the prompt it was made with
             options["prompt"] = self.prompt
-        return super().__call__(items, beam, n_best, max_len, alpha, batch_size, config=config, **options)
+        if not vad and not word_timestamps:
+            return super().__call__(items, beam, n_best, max_len, alpha, batch_size, config=config,
+                                    on_error=on_error, **options)
+        if self.single(items):
+            items = [items]
+        if not len(items):
+            raise S2SError("no audio given")
+        config = self.translator.config_for(config, beam, n_best, max_len, alpha, options)
+        labels = [str(item) if isinstance(item, str | Path) else f"{self.label} {i + 1}"
+                  for i, item in enumerate(items)]
+        if vad:
+            return decode_speech(self, items, labels, config, vad if isinstance(vad, VadOptions) else VadOptions(),
+                                 batch_size, word_timestamps)
+        found: list[Decoded] = []
+        for start in range(0, len(items), batch_size):
+            chunk = range(start, min(start + batch_size, len(items)))
+            audio = [self.load(items[i], labels[i]) for i in chunk]
+            features = [self.features(a, labels[i], whole=True) for a, i in zip(audio, chunk, strict=True)]
+            contents = [self.frontend.content_frames(a) or f.shape[-1] for a, f in zip(audio, features, strict=True)]
+            found += decode_words(self, features, contents, config, [labels[i] for i in chunk])
+        return found
 
     @property
     def sampling_rate(self) -> int:
