@@ -142,17 +142,21 @@ def byte_bpe_files(folder: Path) -> None:
 
 
 def wordpiece_files(folder: Path) -> None:
-    """ProphetNet's ``prophetnet.tokenizer``: BERT's ``vocab.txt``, one token a line."""
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, trainers
+    """ProphetNet's ``prophetnet.tokenizer``: BERT's ``vocab.txt``, one token a line. Made from the
+    corpus without a trainer (``tokenizers``' WordPiece trainer breaks ties in another order each run):
+    the specials, every lower-cased character alone and as a continuation, then the corpus's most
+    frequent lower-cased words, ties in alphabetical order."""
+    import collections
+    import unicodedata
 
-    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
-    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
-    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     specials = ["[PAD]", "[CLS]", "[SEP]", "[UNK]", "[MASK]", "[X_SEP]"]
-    tokenizer.train_from_iterator(CORPUS, trainers.WordPieceTrainer(vocab_size=200, special_tokens=specials,
-                                                                    show_progress=False))
-    table = sorted(tokenizer.get_vocab().items(), key=lambda item: item[1])
-    (folder / "prophetnet.tokenizer").write_text("".join(f"{token}\n" for token, _ in table), encoding="utf-8")
+    text = " ".join(CORPUS).lower()
+    chars = sorted({c for c in text if not c.isspace() and unicodedata.category(c)[0] != "M"})
+    words = collections.Counter(w for w in text.split() if w.isalpha() and len(w) > 1)
+    common = [w for w, _ in sorted(words.items(), key=lambda item: (-item[1], item[0]))][:60]
+    table = [*specials, *chars, *(f"##{c}" for c in chars), *common]
+    (folder / "prophetnet.tokenizer").write_text("".join(f"{token}\n" for token in dict.fromkeys(table)),
+                                                 encoding="utf-8")
 
 
 @dataclass(frozen=True)
