@@ -223,7 +223,8 @@ def test_timestamps_are_refused_where_they_do_not_apply(whisper: dict[str, Any],
     soundfile.write(path, whisper["long_audio"][0], RATE)
     export = str(whisper["out"])
     result = CliRunner().invoke(main, ["transcribe", export, str(path), "--output", str(tmp_path / "a.srt")])
-    assert result.exit_code == 1 and result.output == "error: --output a.srt writes timed segments: pass --timestamps (or --word-timestamps)\n"
+    assert result.exit_code == 1 and result.output == (
+        "error: --output a.srt writes timed segments: pass --timestamps (or --word-timestamps)\n")
     result = CliRunner().invoke(main, ["transcribe", export, str(path), "--timestamps", "--n-best", "2", "--beam", "2"])
     assert result.exit_code == 1 and "n_best" in result.output and len(result.output.splitlines()) == 1
 
