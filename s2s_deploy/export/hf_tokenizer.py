@@ -55,18 +55,25 @@ def load_auto_tokenizer(directory: Path) -> Any | None:
     except ImportError:
         return None
     errors = Exception  # transformers' loaders raise many kinds (tokenizers' bare Exception among them)
+
+    def read_files(tokenizer: Any) -> bool:
+        """transformers 5 may build an empty tokenizer from a config alone (or from a class it mapped
+        the model type to earlier in the process): only one read from the folder's files counts."""
+        names = getattr(tokenizer, "vocab_files_names", {}).values()
+        return any((Path(directory) / name).is_file() for name in names)
+
     try:
         tokenizer = transformers.AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
     except errors:
+        tokenizer = None
+    if tokenizer is None or not read_files(tokenizer):
         try:
             named = json.loads((Path(directory) / "tokenizer_config.json").read_text(encoding="utf-8"))
             tokenizer = getattr(transformers, str(named["tokenizer_class"])).from_pretrained(
                 str(directory), local_files_only=True)
         except errors:
             return None
-    # transformers 5 may build an empty tokenizer from a config alone: only one read from files counts
-    names = getattr(tokenizer, "vocab_files_names", {}).values()
-    return tokenizer if any((Path(directory) / name).is_file() for name in names) else None
+    return tokenizer if read_files(tokenizer) else None
 
 
 def framing(tokenizer: Any) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
