@@ -28,6 +28,7 @@ from types import MappingProxyType
 import numpy as np
 
 from s2s_deploy.errors import S2SError
+from s2s_deploy.format.files import write_atomically
 from s2s_deploy.format.vocab import Vocabulary
 
 SPACE_MARK = "\u2581"
@@ -149,5 +150,5 @@ def write_vmap(path: str | Path, pairs: Sequence[tuple[Sequence[int], Sequence[i
     bad = [line.split("\t")[0] for line in lines if any(c in line.split("\t")[0] for c in " \n")]
     if bad:
         raise S2SError(f"source token {bad[0]!r} holds a space: the vmap format cannot write it")
-    Path(path).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    write_atomically(Path(path), ("\n".join(lines) + "\n").encode("utf-8"))  # never half a vmap
     return len(lines) - (1 if always else 0)
