@@ -148,14 +148,22 @@ class StepOptions:
         self.first_fed = np.zeros(self.batch, dtype=np.int64)
         # the vocabulary shortlist: each sentence's own allowed ids (its prefix's among them)
         self.allowed = None if config.vmap is None else config.vmap.mask(src, src_len, self.prefixes)
+        self._allowed_by_rows: dict[int, np.ndarray] = {}
         self.history = np.zeros((0, 0), dtype=np.int64)
         self.t = 0
+
+    def _allowed_rows(self, rows: int) -> np.ndarray:
+        """The shortlist repeated over each sentence's rows (1 or beam of them), made once per row count
+        rather than gathered again every step."""
+        if rows not in self._allowed_by_rows:
+            self._allowed_by_rows[rows] = self.allowed[np.arange(rows) // (rows // self.batch)]
+        return self._allowed_by_rows[rows]
 
     def bind(self, run: DecodeRun) -> StepTop:
         def step_top(tokens: np.ndarray, reorder: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
             log_probs = run.step(tokens, reorder)
             if self.allowed is not None:  # first, so every option reads the shortlist's log-probs
-                log_probs = restrict(log_probs, self.allowed[np.arange(len(tokens)) // (len(tokens) // self.batch)])
+                log_probs = restrict(log_probs, self._allowed_rows(len(tokens)))
             return self.rank(self.process(log_probs, tokens, reorder), k)
 
         return step_top
