@@ -57,16 +57,35 @@ const char *audio_object_strerror(struct audio_object *o, int error) { return "n
 
 def prepare(args: argparse.Namespace) -> None:
     """Fill .speechdebs/ here: the task's pairs as TSV files (generating them needs babel and num2words,
-    which the device lacks), .deb files, the stub library, cp312 wheels."""
+    which the device lacks), .deb files, the stub library, cp312 wheels.
+
+    train.tsv and valid.tsv mix the generator's six styles with natural phrasings (``train/natural.py``),
+    shuffled together; test.tsv is today's held-out set (valid and test are drawn first from the task's
+    seeded stream, so ``--test 1000`` gives the same 1,000 pairs whatever the other sizes); natural.tsv
+    holds natural phrasings that no other file holds, read only by the held-out voices."""
+    import random
+
+    from s2s_deploy.train.natural import natural_pairs
     from s2s_deploy.train.tasks import SplitSizes, load_task
 
-    splits = load_task("en-fr", 0, SplitSizes(train=args.utterances, valid=args.valid, test=args.test))
+    splits = load_task("en-fr", 0, SplitSizes(train=args.utterances, valid=500, test=args.test))
+    generated = [*splits.train, *splits.valid, *splits.test]
+    natural = natural_pairs("en-fr", args.natural_valid + args.natural_test + args.natural, 0,
+                            exclude=frozenset(pair.source for pair in generated))
+    held_valid = args.natural_valid + args.natural_test
+    files = {
+        "train": [pair for pair in splits.train for _ in range(args.copies)] + natural[held_valid:],
+        "valid": list(splits.valid[: args.valid]) + natural[: args.natural_valid],
+        "test": list(splits.test),
+        "natural": natural[args.natural_valid : held_valid],
+    }
     task = Path(args.task)
     task.mkdir(parents=True, exist_ok=True)
-    for split in ("train", "valid", "test"):
-        copies = args.copies if split == "train" else 1  # each copy of a pair is read by a voice of its own
-        rows = "".join(f"{pair.source}\t{pair.target}\n" for _ in range(copies) for pair in getattr(splits, split))
-        (task / f"{split}.tsv").write_text(rows, encoding="utf-8")
+    for split, pairs in files.items():
+        if split in ("train", "valid"):  # each copy of a pair is read by a voice of its own
+            random.Random(f"prepare/{split}").shuffle(pairs)
+        (task / f"{split}.tsv").write_text("".join(f"{p.source}\t{p.target}\n" for p in pairs), encoding="utf-8")
+        print(f"{task / split}.tsv: {len(pairs)} pairs")
     (KIT / "debs").mkdir(parents=True, exist_ok=True)
     subprocess.run(["apt-get", "download", *DEBS], cwd=KIT / "debs", check=True)
     (KIT / "lib").mkdir(exist_ok=True)
@@ -159,8 +178,8 @@ def run(args: argparse.Namespace) -> None:
 
     from s2s_deploy.architecture.registry import REGISTRY
     from s2s_deploy.train.speech import train_speech
-    from s2s_deploy.train.speech_data import SpeechDataConfig, espeak_version, make_speech_data
-    from s2s_deploy.train.tasks import load_task
+    from s2s_deploy.train.speech_data import Augment, SpeechDataConfig, espeak_version, make_speech_data
+    from s2s_deploy.train.tasks import read_tsv
     from s2s_deploy.train.trainer import TrainConfig
     from s2s_deploy_plugins.speech import PLUGIN
 
@@ -170,11 +189,16 @@ def run(args: argparse.Namespace) -> None:
     task = Path(args.task)
     if not (task / "train.tsv").is_file():
         raise SystemExit(f"error: no {task}/train.tsv: run `python {__file__} prepare` first")
-    splits = load_task(str(task))
-    sizes = {split: len(getattr(splits, split)) for split in ("train", "valid", "test")}
-    config = SpeechDataConfig(task=str(task), sizes=sizes, shard_size=args.shard_size)
-    make_speech_data(data, config, report=log, workers=args.workers)
-    log("speech data ready")
+    sizes = {split: len(read_tsv(task / f"{split}.tsv")) for split in ("train", "valid", "test", "natural")
+             if (task / f"{split}.tsv").is_file()}
+    augment = Augment(speech=args.effects, nonspeech={"train": args.nonspeech_train, "valid": args.nonspeech_valid,
+                                                      "nonspeech": args.nonspeech_test})
+    config = SpeechDataConfig(task=str(task), sizes=sizes, shard_size=args.shard_size, augment=augment)
+    deadline = None if args.synthesis_seconds is None else time.perf_counter() + args.synthesis_seconds
+    metadata = make_speech_data(data, config, report=log, workers=args.workers, deadline=deadline)
+    shutil.copy(data / "metadata.json", out / "speechdata-metadata.json")
+    made = {split: sum(shard["count"] for shard in record["shards"]) for split, record in metadata["splits"].items()}
+    log(f"speech data ready: {made}")
     cfg = TrainConfig(epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, warmup_steps=args.warmup,
                       seed=0, threads=min(os.cpu_count() or 1, 16), device=args.device)
     command = " ".join(sys.argv)
@@ -188,6 +212,7 @@ def run(args: argparse.Namespace) -> None:
     log(f"wrote speech.safetensors ({size / 2**20:.2f} MiB), epoch {result.best_epoch}: valid {result.best.summary()}")
     if result.test is not None:
         log(f"held-out voices: {result.test.summary()}")
+    log(f"done in {time.perf_counter() - began:.0f} s")
 
 
 def main() -> None:
@@ -195,7 +220,11 @@ def main() -> None:
     commands = parser.add_subparsers(dest="command", required=True)
     ready = commands.add_parser("prepare", help="fill .speechdebs/ (here, with network)")
     ready.add_argument("--utterances", type=int, default=16000, help="training utterances")
-    ready.add_argument("--valid", type=int, default=500)
+    ready.add_argument("--valid", type=int, default=500, help="valid pairs of the generator's styles (at most 500)")
+    ready.add_argument("--natural", type=int, default=0, help="training pairs in natural phrasings")
+    ready.add_argument("--natural-valid", type=int, default=0, help="valid pairs in natural phrasings")
+    ready.add_argument("--natural-test", type=int, default=0,
+                       help="held-out natural phrasings (natural.tsv), read only by the held-out voices")
     ready.add_argument("--test", type=int, default=1000, help="held-out-voice utterances scored at the end")
     ready.add_argument("--copies", type=int, default=1,
                        help="readings of each training pair, each by its own voice, speed and pitch")
@@ -204,6 +233,14 @@ def main() -> None:
     go.add_argument("--data", default="/tmp/s2s-speechdata", help="dataset folder (a rerun resumes it)")
     go.add_argument("--prefix", default="/tmp/s2s-speechkit", help="where espeak-ng and missing wheels unpack")
     go.add_argument("--shard-size", type=int, default=250)
+    go.add_argument("--effects", type=float, default=0.0,
+                    help="share of train and valid speech given one effect (gain, noise, 8 kHz band, DC, echo)")
+    go.add_argument("--nonspeech-train", type=int, default=0, help="non-speech clips (empty target) in train")
+    go.add_argument("--nonspeech-valid", type=int, default=0, help="non-speech clips in valid")
+    go.add_argument("--nonspeech-test", type=int, default=0, help="held-out non-speech clips (the nonspeech split)")
+    go.add_argument("--synthesis-seconds", type=float, default=None,
+                    help="stop waiting for train shards after this many seconds of synthesis (the scored splits "
+                         "are made first and always whole); training uses the shards made")
     go.add_argument("--workers", type=int, default=16, help="synthesis processes")
     go.add_argument("--preset", default="small")
     go.add_argument("--epochs", type=int, default=60)

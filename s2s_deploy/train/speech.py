@@ -34,7 +34,7 @@ from s2s_deploy.modeling.torch_backend import TorchBackend
 from s2s_deploy.runtime.decoding import plain
 from s2s_deploy.runtime.search import greedy
 from s2s_deploy.train.metrics import error_rate, exact_match
-from s2s_deploy.train.speech_data import SPEECH_TASK, FeatureSplit, load_metadata
+from s2s_deploy.train.speech_data import HELD_OUT_SPLITS, SPEECH_TASK, FeatureSplit, load_metadata
 from s2s_deploy.train.trainer import TrainConfig, learning_rate, masked_cross_entropy, pad
 
 
@@ -104,8 +104,11 @@ def train_speech(
     train_split = FeatureSplit(folder, "train", frontend, cfg.max_train)
     valid_split = FeatureSplit(folder, "valid", frontend, cfg.max_valid)
     limit = plugin.max_target_length(config)
-    src_vocab = Vocabulary.build(train_split.sources, cfg.level)
-    tgt_vocab = Vocabulary.build(train_split.targets, cfg.level, decoder_start=plugin.special_tokens.decoder_start)
+    if init is None:
+        src_vocab = Vocabulary.build(train_split.sources, cfg.level)
+        tgt_vocab = Vocabulary.build(train_split.targets, cfg.level, decoder_start=plugin.special_tokens.decoder_start)
+    else:  # the source is features, its vocabulary only a record: the start's, so new phrasings fit it
+        src_vocab, tgt_vocab = _vocabularies_of(init, train_split.targets)
     targets = [(*tgt_vocab.encode(t, add_eos=False), tgt_vocab.eos_id) for t in train_split.targets]
     keep = [i for i, t in enumerate(targets) if limit is None or len(t) < limit]
     if len(keep) < len(targets):
@@ -175,7 +178,7 @@ def _load_initial_weights(model: Seq2SeqModel, plugin: ArchitecturePlugin, init:
     if start.arch != plugin.name:
         raise S2SError(f"cannot start from {init}: it is a {start.arch!r} checkpoint, not {plugin.name!r}")
     if start.src_vocab.tokens != src_vocab.tokens or start.tgt_vocab.tokens != tgt_vocab.tokens:
-        raise S2SError(f"cannot start from {init}: its vocabularies are not the ones this dataset's texts build")
+        raise S2SError(f"cannot start from {init}: its vocabularies are not the ones this run uses")
     try:
         model.load_state_dict(build_model(start, plugin).state_dict())
     except RuntimeError as error:  # torch lists every mismatch; the first says enough
@@ -185,19 +188,41 @@ def _load_initial_weights(model: Seq2SeqModel, plugin: ArchitecturePlugin, init:
             "epoch": start.info.get("epoch"), "test": start.info.get("test")}
 
 
+def _vocabularies_of(init: str | Path, targets: Sequence[str]) -> tuple[Vocabulary, Vocabulary]:
+    """``init``'s vocabularies, refused in one line when a training target has a character its target
+    vocabulary lacks (the model could never write it)."""
+    start = load_checkpoint(init)
+    known = set(start.tgt_vocab.tokens)
+    missing = sorted({ch for text in targets for ch in text} - known)
+    if missing:
+        raise S2SError(f"cannot start from {init}: the training targets hold {''.join(missing)!r}, "
+                       "which its target vocabulary lacks")
+    return start.src_vocab, start.tgt_vocab
+
+
 def _score_test(out: Path, plugin: ArchitecturePlugin, folder: Path, frontend: WhisperLogMel, device: torch.device,
                 seconds: float, log: Callable[[str], None]) -> SpeechScores | None:
-    """The kept checkpoint scored once on the held-out voices, recorded in its info (never used to select)."""
+    """The kept checkpoint scored once on each held-out split the dataset has (``test``: the held-out
+    voices; ``natural`` and ``nonspeech`` where made), recorded in its info (never used to select);
+    returns the ``test`` scores."""
     metadata = load_metadata(folder)
-    if not metadata.get("splits", {}).get("test", {}).get("shards"):
-        return None
     checkpoint = load_checkpoint(out)
     model = build_model(checkpoint, plugin).to(device)
-    split = FeatureSplit(folder, "test", frontend)
-    test = speech_scores(transcribe_split(model, plugin, checkpoint.config, checkpoint.tgt_vocab, split, device),
-                         split.targets)
+    scores: dict[str, SpeechScores] = {}
+    for name in HELD_OUT_SPLITS:
+        if not metadata.get("splits", {}).get(name, {}).get("shards"):
+            continue
+        split = FeatureSplit(folder, name, frontend)
+        scores[name] = speech_scores(transcribe_split(model, plugin, checkpoint.config, checkpoint.tgt_vocab, split,
+                                                      device), split.targets)
+        said = (f"empty transcript on {scores[name].exact_match:.2%} (n={scores[name].count})" if name == "nonspeech"
+                else scores[name].summary())
+        log(f"{name} (held-out voices, epoch {checkpoint.info.get('epoch')} checkpoint): {said}")
+    if not scores:
+        return None
+    extra = {f"test_{name}": dataclasses.asdict(value) for name, value in scores.items() if name != "test"}
     save_checkpoint(out, plugin, checkpoint.config, model, checkpoint.src_vocab, checkpoint.tgt_vocab,
-                    {**checkpoint.info, "test": dataclasses.asdict(test), "train_seconds": round(seconds, 1)})
-    log(f"test (held-out voices, epoch {checkpoint.info.get('epoch')} checkpoint): {test.summary()}")
-    return test
+                    {**checkpoint.info, **({"test": dataclasses.asdict(scores["test"])} if "test" in scores else {}),
+                     **extra, "train_seconds": round(seconds, 1)})
+    return scores.get("test")
 

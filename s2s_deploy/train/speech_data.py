@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import io
+import itertools
 import json
 import multiprocessing
 import random
@@ -37,11 +39,18 @@ from s2s_deploy.errors import S2SError
 from s2s_deploy.format.files import atomic_path, write_atomically
 from s2s_deploy.frontends import WhisperLogMel, resample
 from s2s_deploy.frontends.optional import optional_module
-from s2s_deploy.train.tasks import DEFAULT_TASK, Pair, SplitSizes, load_task
+from s2s_deploy.train.tasks import BUILTIN_TASKS, DEFAULT_TASK, Pair, SplitSizes, load_task, read_tsv
 
-FORMAT = "s2s-deploy speech data 1"
+FORMAT = "s2s-deploy speech data 2"
 ESPEAK = "espeak-ng"
 ESPEAK_RATE = 22050
+
+
+HELD_OUT_SPLITS = ("test", "natural", "nonspeech")
+"""Read only by the held-out voices: ``test`` (the task's own phrasings, today's figure), ``natural``
+(natural phrasings, ``train/natural.py``) and ``nonspeech`` (clips whose transcript must be empty)."""
+SPLITS = ("valid", "test", "natural", "nonspeech", "train")
+"""The order shards are made in: the small scored splits first."""
 
 
 @dataclass(frozen=True)
@@ -81,7 +90,7 @@ class SpeechPlan:
     """espeak-ng's ``-p`` (0-99), drawn uniformly for every split: pitch is varied, not held out."""
 
     def voices(self, split: str) -> Voices:
-        return self.test if split == "test" else self.train
+        return self.test if split in HELD_OUT_SPLITS else self.train
 
     def held_out(self) -> dict[str, list[Any]]:
         """What only the test split uses: the metadata's record of the held-out voices and speeds."""
@@ -93,12 +102,19 @@ class SpeechPlan:
 
 @dataclass(frozen=True)
 class Utterance:
+    """One clip. Speech (``source`` read by ``accent+variant``) or, with an empty source and target,
+    a non-speech clip of kind ``variant`` (``NONSPEECH``). ``effect`` names what is done to speech
+    after synthesis (``EFFECTS``; empty: nothing), its parameters and the non-speech clip's drawn
+    from ``seed``."""
+
     source: str
     target: str
     accent: str
     variant: str
     speed: int
     pitch: int
+    effect: str = ""
+    seed: int = 0
 
     @property
     def voice(self) -> str:
@@ -106,6 +122,26 @@ class Utterance:
 
 
 UTTERANCE_FIELDS = tuple(f.name for f in fields(Utterance))
+NONSPEECH_ACCENT = "none"
+
+NONSPEECH = ("silence", "white", "pink", "brown", "hum", "tone", "chord", "plucked", "melody", "dc", "clicks",
+             "noise_burst")
+"""Clips with nothing to transcribe: digital and near silence, coloured noise from faint to loud, mains
+hum, steady tones, chords of harmonic notes, plucked-string chords (Karplus-Strong), note sequences,
+a DC offset under faint noise, click trains and bursts of noise."""
+EFFECTS = ("gain", "noise", "band8k", "dc", "reverb")
+"""What is done to a speech clip after synthesis: a gain of -30 to +12 dB, noise at 5-30 dB SNR, an
+8 kHz (telephone) band limit, a DC offset, a short synthetic room echo."""
+
+
+@dataclass(frozen=True)
+class Augment:
+    """How much of each split is changed or added: ``speech`` is the share of its speech clips given
+    one ``EFFECTS`` entry (held-out splits are read clean, as today's figure is), ``nonspeech`` the
+    non-speech clips per split (``{"train": N, "valid": M, "nonspeech": K}``)."""
+
+    speech: float = 0.0
+    nonspeech: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -119,6 +155,7 @@ class SpeechDataConfig:
     frontend: WhisperLogMel = field(default_factory=lambda: WhisperLogMel(chunk_length=8))
     """8 s holds the longest sentence at the slowest speed (7.1 s, a weekday date read at 130 words/min)."""
     plan: SpeechPlan = SpeechPlan()
+    augment: Augment = Augment()
 
 
 def espeak_version() -> str:
@@ -152,12 +189,121 @@ def synthesise(utterance: Utterance, sampling_rate: int) -> np.ndarray:
     return resample(audio, rate, sampling_rate).astype(np.float32)
 
 
-def plan_split(pairs: Sequence[Pair], split: str, plan: SpeechPlan, seed: int) -> list[Utterance]:
-    """One utterance per pair, its voice, speed and pitch drawn from the split's own seeded stream."""
+def _noise(kind: str, n: int, rng: np.random.Generator) -> np.ndarray:
+    """Unit-RMS white, pink (1/f power) or brown (1/f²) noise."""
+    white = rng.standard_normal(n)
+    if kind == "white":
+        return white
+    spectrum = np.fft.rfft(white)
+    frequency = np.maximum(np.arange(len(spectrum)), 1)
+    shaped = np.fft.irfft(spectrum / (np.sqrt(frequency) if kind == "pink" else frequency), n)
+    return shaped / max(float(np.sqrt(np.mean(shaped**2))), 1e-12)
+
+
+def _note(frequency: float, n: int, rate: int, rng: np.random.Generator) -> np.ndarray:
+    """A harmonic note: a fundamental and a few overtones of falling strength."""
+    t = np.arange(n) / rate
+    return sum(rng.uniform(0.2, 1.0) / k * np.sin(2 * np.pi * k * frequency * t + rng.uniform(0, 6.3))
+               for k in range(1, int(rng.integers(1, 6)) + 1))
+
+
+def _plucked(frequency: float, n: int, rate: int, rng: np.random.Generator) -> np.ndarray:
+    """A plucked string (Karplus-Strong): a burst of noise through a decaying delay line."""
+    period = max(2, int(rate / frequency))
+    line = rng.uniform(-1, 1, period)
+    out = np.empty(n)
+    decay = rng.uniform(0.990, 0.999)
+    for start in range(0, n, period):
+        count = min(period, n - start)
+        out[start:start + count] = line[:count]
+        line = decay * 0.5 * (line + np.roll(line, -1))
+    return out
+
+
+def nonspeech(kind: str, seed: int, rate: int, max_seconds: float) -> np.ndarray:
+    """One clip of ``kind`` (``NONSPEECH``), 0.5 s to ``max_seconds`` long at a level from faint to loud,
+    all drawn from ``seed``: float32 mono at ``rate``."""
+    rng = np.random.default_rng(seed)
+    n = int(rate * rng.uniform(0.5, max_seconds))
+    t = np.arange(n) / rate
+    notes = 440.0 * 2 ** ((rng.integers(-24, 16, 4)) / 12)
+    if kind == "silence":
+        audio = np.zeros(n) if rng.random() < 0.4 else _noise("white", n, rng) * 10 ** rng.uniform(-5, -3.5)
+        return audio.astype(np.float32)
+    if kind in ("white", "pink", "brown"):
+        audio = _noise(kind, n, rng)
+    elif kind == "hum":
+        base = rng.choice([50.0, 60.0])
+        audio = sum(np.sin(2 * np.pi * base * k * t) / k for k in range(1, 6)) + 0.05 * _noise("white", n, rng)
+    elif kind == "tone":
+        audio = np.sin(2 * np.pi * rng.uniform(80, 4000) * t)
+    elif kind == "chord":
+        audio = sum(_note(f, n, rate, rng) for f in notes[: rng.integers(2, 5)]) * np.exp(-t * rng.uniform(0, 1.5))
+    elif kind == "plucked":
+        audio = sum(_plucked(f, n, rate, rng) for f in notes[: rng.integers(1, 5)])
+    elif kind == "melody":
+        bounds = np.linspace(0, n, int(rng.integers(3, 12)) + 1).astype(int)
+        audio = np.concatenate([_note(440.0 * 2 ** (rng.integers(-12, 13) / 12), b - a, rate, rng)
+                                * np.exp(-np.arange(b - a) / rate * 3) for a, b in itertools.pairwise(bounds)])
+    elif kind == "dc":
+        audio = rng.choice([-1, 1]) * rng.uniform(0.05, 0.9) + _noise("white", n, rng) * 10 ** rng.uniform(-4, -2)
+        return np.clip(audio, -1, 1).astype(np.float32)
+    elif kind == "clicks":
+        audio = np.zeros(n)
+        audio[rng.integers(0, n, int(rng.integers(1, 40)))] = rng.uniform(-1, 1, 1)
+    elif kind == "noise_burst":
+        audio = np.zeros(n)
+        for _ in range(int(rng.integers(1, 6))):
+            start, width = int(rng.integers(0, n)), int(rate * rng.uniform(0.02, 0.4))
+            audio[start:start + width] = _noise("white", min(width, n - start), rng)
+    else:
+        raise S2SError(f"unknown non-speech kind {kind!r}; known: {', '.join(NONSPEECH)}")
+    peak = max(float(np.max(np.abs(audio))), 1e-12)
+    return (audio / peak * 10 ** rng.uniform(-3, -0.05)).astype(np.float32)
+
+
+def apply_effect(audio: np.ndarray, effect: str, seed: int, rate: int) -> np.ndarray:
+    """``audio`` with ``effect`` (``EFFECTS``) applied, its parameters drawn from ``seed``."""
+    rng = np.random.default_rng(seed)
+    if effect == "gain":
+        out = audio * 10 ** (rng.uniform(-30, 12) / 20)
+    elif effect == "noise":
+        power = float(np.mean(audio**2)) or 1e-8
+        kind = str(rng.choice(["white", "pink", "brown"]))
+        out = audio + _noise(kind, len(audio), rng) * np.sqrt(power / 10 ** (rng.uniform(5, 30) / 10))
+    elif effect == "band8k":
+        out = resample(resample(audio, rate, 8000), 8000, rate)
+    elif effect == "dc":
+        out = audio + rng.choice([-1, 1]) * rng.uniform(0.05, 0.5)
+    elif effect == "reverb":
+        length = int(rate * rng.uniform(0.05, 0.3))
+        tail = rng.standard_normal(length) * np.exp(-np.arange(length) / (length / 5))
+        tail[0] = 1.0
+        out = np.convolve(audio, tail / np.abs(tail).sum() * 2)[: len(audio)]
+    elif effect:
+        raise S2SError(f"unknown effect {effect!r}; known: {', '.join(EFFECTS)}")
+    else:
+        out = audio
+    return np.clip(out, -1, 1).astype(np.float32)
+
+
+def render(utterance: Utterance, frontend: WhisperLogMel) -> np.ndarray:
+    """The clip ``utterance`` describes, float32 mono at the front end's rate."""
+    rate = frontend.sampling_rate
+    if utterance.accent == NONSPEECH_ACCENT:
+        return nonspeech(utterance.variant, utterance.seed, rate, frontend.n_samples / rate)
+    return apply_effect(synthesise(utterance, rate), utterance.effect, utterance.seed, rate)
+
+
+def plan_split(pairs: Sequence[Pair], split: str, plan: SpeechPlan, seed: int, augment: Augment = Augment()
+               ) -> list[Utterance]:
+    """One utterance per pair, its voice, speed and pitch drawn from the split's own seeded stream, then
+    ``augment.nonspeech[split]`` non-speech clips from a stream of their own (so the speech of a split
+    stays the same whatever is added); speech of a training split gets an effect at ``augment.speech``."""
     rng = random.Random(f"speech/{split}/{seed}")
     voices = plan.voices(split)
     low, high = plan.pitch_range
-    return [
+    utterances = [
         Utterance(
             pair.source,
             pair.target,
@@ -168,6 +314,16 @@ def plan_split(pairs: Sequence[Pair], split: str, plan: SpeechPlan, seed: int) -
         )
         for pair in pairs
     ]
+    extra = random.Random(f"speech/{split}/{seed}/augment")
+    if augment.speech and split not in HELD_OUT_SPLITS:
+        utterances = [dataclasses.replace(u, effect=extra.choice(EFFECTS), seed=extra.getrandbits(32))
+                      if extra.random() < augment.speech else u for u in utterances]
+    count = augment.nonspeech.get(split, 0)
+    utterances += [Utterance("", "", NONSPEECH_ACCENT, NONSPEECH[i % len(NONSPEECH)], 0, 0, "", extra.getrandbits(32))
+                   for i in range(count)]
+    if count and split not in HELD_OUT_SPLITS:  # every shard a mix, so a run cut short still trains on all kinds
+        extra.shuffle(utterances)
+    return utterances
 
 
 def trimmed(features: np.ndarray) -> tuple[np.ndarray, float]:
@@ -183,7 +339,7 @@ def write_shard(path: Path, utterances: Sequence[Utterance], frontend: WhisperLo
     started = time.perf_counter()
     parts, floors, samples = [], [], []
     for utterance in utterances:
-        audio = synthesise(utterance, frontend.sampling_rate)
+        audio = render(utterance, frontend)
         kept, floor = trimmed(frontend(audio))
         parts.append(kept.T)
         floors.append(floor)
@@ -228,7 +384,8 @@ class SpeechShard:
         return full
 
     def utterance(self, index: int) -> Utterance:
-        return Utterance(**{name: self.arrays[name][index].item() for name in UTTERANCE_FIELDS})
+        """Shards of format 1 hold no effect or seed: their defaults."""
+        return Utterance(**{name: self.arrays[name][index].item() for name in UTTERANCE_FIELDS if name in self.arrays})
 
 
 SPEECH_TASK = "speech:"
@@ -289,18 +446,16 @@ def _write_metadata(out: Path, metadata: dict[str, Any]) -> None:
 
 def make_speech_data(
     out: str | Path, config: SpeechDataConfig = SpeechDataConfig(), report: Callable[[str], None] = print,
-    workers: int = 1,
+    workers: int = 1, deadline: float | None = None,
 ) -> dict[str, Any]:
     """Write the dataset into ``out``, shard by shard (``workers`` processes synthesise shards side by
     side; they are recorded in order); a rerun with the same config resumes after the last finished
-    shard. Returns the metadata."""
+    shard. Past ``deadline`` (a ``time.perf_counter()`` value) no further train shard is waited for:
+    the scored splits come first and are always whole. Returns the metadata."""
     out = Path(out)
     version = espeak_version()
     check_voices(config.plan)
     sizes = config.sizes
-    task = load_task(
-        config.task, config.seed, SplitSizes(train=sizes["train"], valid=sizes["valid"], test=sizes["test"])
-    )
     settings = {
         "format": FORMAT,
         "task": config.task,
@@ -309,6 +464,7 @@ def make_speech_data(
         "sizes": sizes,
         "frontend": config.frontend.to_json(),
         "plan": asdict(config.plan),
+        "augment": asdict(config.augment),
         "held_out_for_test": config.plan.held_out(),
         "espeak_ng": version,
         "storage": "features float32 (frames, n_mels) per utterance, concatenated; offsets; trailing "
@@ -320,8 +476,10 @@ def make_speech_data(
         raise S2SError(f"{out} holds speech data made with other settings; give another folder")
     metadata = {**settings, "splits": metadata.get("splits", {})}
     jobs = []
-    for split in ("valid", "test", "train"):
-        utterances = plan_split(getattr(task, split), split, config.plan, config.seed)
+    for split in SPLITS:
+        if split not in sizes and not config.augment.nonspeech.get(split):
+            continue
+        utterances = plan_split(split_pairs(config, split), split, config.plan, config.seed, config.augment)
         record = metadata["splits"].setdefault(split, {"count": len(utterances), "shards": []})
         for number, start in enumerate(range(0, len(utterances), config.shard_size)):
             if number < len(record["shards"]) and (out / record["shards"][number]["file"]).is_file():
@@ -339,8 +497,33 @@ def make_speech_data(
                 f"{split} shard {number}: {shard['count']} utterances in {shard['seconds']} s "
                 f"({shard['audio_seconds']} s of audio, {shard['truncated']} cut at the window)"
             )
+            if split == "train" and deadline is not None and time.perf_counter() > deadline:
+                report(f"synthesis deadline reached: training on {number + 1} of "
+                       f"{-(-metadata['splits']['train']['count'] // config.shard_size)} train shards")
+                break
     _write_metadata(out, metadata)
     return metadata
+
+
+def split_pairs(config: SpeechDataConfig, split: str) -> list[Pair]:
+    """The pairs a split reads: a task folder's ``SPLIT.tsv`` (``natural.tsv`` too), a built-in task's
+    split of ``config.sizes`` (``natural``: ``train/natural.py``'s phrasings); none for ``nonspeech``."""
+    count = config.sizes.get(split, 0)
+    if split == "nonspeech" or not count:
+        return []
+    folder = Path(config.task)
+    if folder.is_dir():
+        return read_tsv(folder / f"{split}.tsv")[:count]
+    if split == "natural":
+        if config.task not in BUILTIN_TASKS:
+            raise S2SError(f"a natural split needs a built-in task or a folder with natural.tsv, not {config.task}")
+        from s2s_deploy.train.natural import natural_pairs
+
+        return natural_pairs(config.task, count, config.seed)
+    sizes = config.sizes
+    task = load_task(config.task, config.seed, SplitSizes(train=sizes["train"], valid=sizes["valid"],
+                                                           test=sizes["test"]))
+    return list(getattr(task, split))
 
 
 def _write_job(job: tuple[Path, Sequence[Utterance], WhisperLogMel]) -> dict[str, Any]:

@@ -1,0 +1,102 @@
+"""The bundled speech model's new data: natural phrasings of the task's values, non-speech clips whose
+transcript is empty, effects on training speech, and fine-tuning on phrasings the start never saw.
+No espeak-ng and no export here: seconds."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from s2s_deploy.errors import S2SError
+
+natural = pytest.importorskip("s2s_deploy.train.natural", reason="the built-in tasks need the eval extra")
+pytest.importorskip("babel")
+pytest.importorskip("num2words")
+from s2s_deploy.train import speech_data  # noqa: E402
+from s2s_deploy.train.tasks import Pair, generate_pairs  # noqa: E402
+
+FRENCH_WEEKDAYS = ("lundi", "mardi", "mercredi", "jeudi", "vendredi", "samedi", "dimanche")
+
+
+def test_years_are_said_as_people_say_them() -> None:
+    rng = random.Random(0)
+    assert {natural.year_words(1984, rng) for _ in range(50)} == {"nineteen eighty-four"}
+    assert {natural.year_words(2000, rng) for _ in range(20)} == {"two thousand"}
+    assert {natural.year_words(1905, rng) for _ in range(50)} == {"nineteen oh five", "nineteen hundred and five"}
+    said_2021 = {natural.year_words(2021, rng) for _ in range(80)}
+    assert "twenty twenty-one" in said_2021 and said_2021 <= {
+        "twenty twenty-one", "two thousand and twenty-one", "two thousand twenty-one"}
+    assert {natural.year_words(2005, rng) for _ in range(50)} == {"two thousand and five", "two thousand five"}
+
+
+def test_natural_phrasings_keep_the_tasks_targets_and_differ_from_its_sources() -> None:
+    """Same seed, same pairs; distinct sources; none from ``exclude``; a weekday said gives the weekday
+    written; every target is one the task's own French writes (checked by its characters and forms)."""
+    generated = generate_pairs("en-fr", 3000, 0)
+    exclude = frozenset(p.source for p in generated)
+    pairs = natural.natural_pairs("en-fr", 600, 0, exclude=exclude)
+    assert pairs == natural.natural_pairs("en-fr", 600, 0, exclude=exclude)
+    assert len({p.source for p in pairs}) == 600 and not exclude & {p.source for p in pairs}
+    task_chars = {ch for p in generated for ch in p.target}
+    assert {ch for p in pairs for ch in p.target} <= task_chars
+    for pair in pairs:
+        said_weekday = pair.source.split(",")[0].split(" ")[0] in natural.WEEKDAYS
+        assert said_weekday == pair.target.startswith(FRENCH_WEEKDAYS), pair
+    sources = " ".join(p.source for p in pairs)
+    for spoken in (" of ", " the ", "teen ", " oh ", "a hundred", "a week"):
+        assert spoken in sources, spoken
+
+
+@pytest.mark.parametrize("kind", speech_data.NONSPEECH)
+def test_every_nonspeech_kind_is_a_bounded_clip_drawn_from_its_seed(kind: str) -> None:
+    clip = speech_data.nonspeech(kind, 7, 16000, 8.0)
+    assert clip.dtype == np.float32 and np.isfinite(clip).all() and np.abs(clip).max() <= 1.0
+    assert 0.5 * 16000 <= len(clip) <= 8 * 16000
+    np.testing.assert_array_equal(clip, speech_data.nonspeech(kind, 7, 16000, 8.0))
+    assert not np.array_equal(clip, speech_data.nonspeech(kind, 8, 16000, 8.0)) or kind == "silence"
+
+
+def test_effects_keep_speech_in_range_and_change_it() -> None:
+    rng = np.random.default_rng(0)
+    speech = (np.sin(np.arange(16000) / 7) * 0.5 + rng.standard_normal(16000) * 0.01).astype(np.float32)
+    for effect in speech_data.EFFECTS:
+        out = speech_data.apply_effect(speech, effect, 3, 16000)
+        assert out.shape == speech.shape and out.dtype == np.float32 and np.abs(out).max() <= 1.0
+        assert not np.allclose(out, speech), effect
+    with pytest.raises(S2SError, match="unknown effect"):
+        speech_data.apply_effect(speech, "chorus", 3, 16000)
+
+
+def test_added_clips_leave_each_splits_speech_and_the_held_out_splits_as_they_were() -> None:
+    """The speech of a split keeps its voices whatever is added; held-out splits get no effects; the
+    non-speech clips have empty targets and are mixed through the training split."""
+    pairs = [Pair(f"{n} days", f"{n} jours") for n in range(200)]
+    plan = speech_data.SpeechPlan()
+    augment = speech_data.Augment(speech=0.5, nonspeech={"train": 40, "nonspeech": 12})
+    for split in ("train", "test", "natural"):
+        plain = speech_data.plan_split(pairs, split, plan, 0)
+        added = speech_data.plan_split(pairs, split, plan, 0, augment)
+        speech = [u for u in added if u.source]
+        assert sorted((u.source, u.voice, u.speed, u.pitch) for u in speech) == sorted(
+            (u.source, u.voice, u.speed, u.pitch) for u in plain)
+        effects = {u.effect for u in speech}
+        assert effects == ({""} if split in speech_data.HELD_OUT_SPLITS else {"", *speech_data.EFFECTS})
+    train = speech_data.plan_split(pairs, "train", plan, 0, augment)
+    silent = [i for i, u in enumerate(train) if not u.source]
+    assert len(silent) == 40 and all(train[i].target == "" for i in silent) and silent[-1] - silent[0] > 100
+    held = speech_data.plan_split([], "nonspeech", plan, 0, augment)
+    assert len(held) == 12 and {u.variant for u in held} == set(speech_data.NONSPEECH)
+
+
+def test_a_fine_tune_keeps_the_starts_vocabularies_and_refuses_a_target_it_cannot_write() -> None:
+    pytest.importorskip("torch")
+    from s2s_deploy.train.speech import _vocabularies_of
+
+    start = Path(__file__).resolve().parents[1] / "plugins" / "checkpoints" / "speech.safetensors"
+    src, tgt = _vocabularies_of(start, ["3 mars 2021", ""])
+    assert "é" in tgt.tokens and "," in src.tokens
+    with pytest.raises(S2SError, match="'Sß', which its target vocabulary lacks"):
+        _vocabularies_of(start, ["3 mars 2021", "Straße"])
