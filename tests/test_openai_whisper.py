@@ -18,6 +18,7 @@ encoded by openai-whisper and decoded by us; and ``whisper_log_mel`` against ope
 
 from __future__ import annotations
 
+import json
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -43,7 +44,8 @@ LANGUAGES = 99  # multilingual.tiktoken's models before large-v3: 51,865 ids
 MULTILINGUAL = ("twenty-one weeks after December 31, 1999", "vingt et une semaines après le 31 décembre 1999",
                 "einundzwanzig Wochen nach dem 31. Dezember 1999", "Двадцать одна неделя после 31 декабря",
                 "1999年12月31日から21週間後", "1999년 12월 31일 이후 21주", "二十一周后，即一九九九年十二月三十一日",
-                "واحد وعشرون أسبوعا بعد 31 ديسمبر", "ça coûte 5 € — naïve café 🎉", "  two  spaces\tand a tab\n")
+                "واحد وعشرون أسبوعا بعد 31 ديسمبر", "ça coûte 5 € — naïve café 🎉", "  two  spaces\tand a tab\n",
+                "they 're here , are n't they ?")
 
 
 @contextmanager
@@ -173,8 +175,8 @@ CLIPS = 12
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory: pytest.TempPathFactory, tokenizers_pair: tuple[Any, Any]) -> dict[str, Any]:
     """A tiny random Whisper (1+1 layers, d_model 64, a 1-s window) over the real vocabulary, saved with
-    ``WhisperTokenizer.save_pretrained`` and exported with ``export --hf``; its tokenizer read back
-    from the folder, as a user loads it."""
+    ``WhisperTokenizer.save_pretrained`` (``clean_up_tokenization_spaces`` on) and exported with
+    ``export --hf``; its tokenizer read back from the folder, as a user loads it."""
     from test_hf_whisper import clips as chirps
     from test_hf_whisper import lean
 
@@ -190,6 +192,9 @@ def exported(tmp_path_factory: pytest.TempPathFactory, tokenizers_pair: tuple[An
                 if eot < i < reference.timestamp_begin]
     transformers.WhisperTokenizer(tokenizer_object=converted, unk_token="<|endoftext|>", bos_token="<|endoftext|>",
                                   eos_token="<|endoftext|>", extra_special_tokens=controls).save_pretrained(hf_dir)
+    settings = json.loads((hf_dir / "tokenizer_config.json").read_text())
+    settings["clean_up_tokenization_spaces"] = True  # transformers 5 ignores it for a BPE, and so must the export
+    (hf_dir / "tokenizer_config.json").write_text(json.dumps(settings))
     config = transformers.WhisperConfig(
         vocab_size=reference.encoding.n_vocab, num_mel_bins=80, d_model=64, encoder_layers=1, decoder_layers=1,
         encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128,
@@ -238,6 +243,7 @@ def test_the_export_keeps_openai_whispers_ids(exported: dict[str, Any]) -> None:
     assert vocab.eos_id == reference.eot and vocab.decoder_start_id == reference.sot
     assert exported["timed"].timestamp_begin == reference.timestamp_begin
     assert exported["hf"].all_special_ids[-1] + 1 == reference.timestamp_begin  # transformers' own rule
+    assert exported["hf"].clean_up_tokenization_spaces  # read, and ignored for a BPE by transformers 5
 
 
 def broken_pieces(reference: Any) -> list[int]:
