@@ -7,6 +7,8 @@ of their requests and answers, so a clip or a sentence decodes the same whicheve
 from __future__ import annotations
 
 import asyncio
+import itertools
+import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
@@ -103,19 +105,47 @@ def upload_decoder(transcriber: Transcriber) -> Decode:
     return decode
 
 
-Listener = Callable[[tuple[Segment, ...]], None]
-"""Given each decoded window's segments of one upload, in order, on the event loop's thread."""
+LOG = logging.getLogger("s2s_deploy.serve")
+"""``serve --log-level debug`` shows when each streamed window was decoded and each line sent."""
+
+
+class Stream:
+    """Where one streamed upload's segments go: ``queue`` on the event loop, each decoded window's segments
+    in order, then ``DONE`` once the transcription ended (``finish``)."""
+
+    DONE = None
+    numbers = itertools.count(1)
+
+    def __init__(self) -> None:
+        self.number = next(Stream.numbers)
+        self.loop = asyncio.get_running_loop()
+        self.queue: asyncio.Queue[tuple[Segment, ...] | None] = asyncio.Queue()
+
+    def told(self, segments: tuple[Segment, ...]) -> None:
+        """From the thread that decodes, as each window is decoded."""
+        LOG.debug("stream %d: window decoded", self.number)
+        self.loop.call_soon_threadsafe(self.queue.put_nowait, segments)
+
+    def deliver(self, segments: tuple[Segment, ...]) -> None:
+        """On the event loop: a speech window's segments, decoded (with VAD)."""
+        LOG.debug("stream %d: window decoded", self.number)
+        self.queue.put_nowait(segments)
+
+    def finish(self, _: object = None) -> None:
+        self.queue.put_nowait(self.DONE)
+
 
 
 async def transcribe_upload(transcriber: Transcriber, batcher: Batcher, front_end: Executor, data: bytes,
                             search: SearchConfig, label: str = "from the upload", reading: Reading = Reading(),
-                            listener: Listener | None = None) -> Clip:
+                            stream: Stream | None = None, taken: Callable[[], None] | None = None) -> Clip:
     """An upload's bytes through the front end (decode, resample, features, block by block) on
     ``front_end``, beside the batch thread rather than in the event loop, then decoded in a batch with
     other requests' clips. Its header (rate, duration) is judged first, here, so a forged one is refused
     without waiting behind other uploads' front ends. ``reading``: VAD and word timestamps, read as
-    ``transcribe`` reads them (the whole clip loaded for either, as there). ``listener``: told the
-    segments as they are decoded (with VAD, one speech window's once it and those before it are)."""
+    ``transcribe`` reads them (the whole clip loaded for either, as there). ``stream``: given the segments
+    as they are decoded (with VAD, a speech window's once it and those before it are). ``taken``: called
+    once the clip is read and queued, when nothing but a failed batch can refuse it any more."""
     opened = transcriber.stream(data, label)
     if reading.words and not transcriber.manifest.alignment_heads:
         raise S2SError(f"word timestamps: this export ({Path(transcriber.manifest.directory).name}) has no alignment "
@@ -123,7 +153,7 @@ async def transcribe_upload(transcriber: Transcriber, batcher: Batcher, front_en
     if reading.vad is not None:
         check_one_hypothesis(search)
         return await _speech_only(transcriber, batcher, front_end, data, search, label, reading.vad, reading.words,
-                                  listener)
+                                  stream, taken)
     loop = asyncio.get_running_loop()
 
     def front(upload: AudioFile) -> tuple[np.ndarray, int, float]:
@@ -136,9 +166,11 @@ async def transcribe_upload(transcriber: Transcriber, batcher: Batcher, front_en
         return features, content, len(audio) / transcriber.sampling_rate
 
     features, content, duration = await loop.run_in_executor(front_end, front, opened)
-    told = None if listener is None else lambda segments: loop.call_soon_threadsafe(listener, segments)
-    upload = Upload(features, content, reading.words, told)
-    [result] = await batcher.submit([upload], [frames_of(transcriber, features)], search)
+    upload = Upload(features, content, reading.words, None if stream is None else stream.told)
+    decoded = batcher.enqueue([upload], [frames_of(transcriber, features)], search)
+    if taken is not None:
+        taken()
+    [result] = await decoded
     return Clip(result, duration)
 
 
@@ -152,7 +184,7 @@ def frames_of(transcriber: Transcriber, features: np.ndarray) -> int:
 
 async def _speech_only(transcriber: Transcriber, batcher: Batcher, front_end: Executor, data: bytes,
                        search: SearchConfig, label: str, vad: VadOptions, words: bool,
-                       listener: Listener | None) -> Clip:
+                       stream: Stream | None, taken: Callable[[], None] | None) -> Clip:
     """VAD: the clip's speech windows (runtime/vad.py's, as ``transcribe --vad`` cuts them), each queued as
     an item of its own, so they share batches with each other and with other requests; joined as there."""
     loop = asyncio.get_running_loop()
@@ -163,16 +195,19 @@ async def _speech_only(transcriber: Transcriber, batcher: Batcher, front_end: Ex
 
     windows, duration = await loop.run_in_executor(front_end, front)
     heard: list[list[Segment]] = [[] for _ in windows]  # each window's segments, told on the batch thread
-    jobs = [asyncio.ensure_future(batcher.submit([Upload(features, content, words, heard[k].extend)],
-                                                 [frames_of(transcriber, features)], search))
-            for k, (_, features, content) in enumerate(windows)]
+    jobs = []
     try:
+        for k, (_, features, content) in enumerate(windows):
+            jobs.append(batcher.enqueue([Upload(features, content, words, heard[k].extend)],
+                                        [frames_of(transcriber, features)], search))
+        if taken is not None:
+            taken()
         decoded = []
         for k, job in enumerate(jobs):  # in order: a window's segments once it and every earlier one are decoded
             [result] = await job
             decoded.append(result)
-            if listener is not None and heard[k]:
-                listener(tuple(restored(windows[k][0], segment) for segment in heard[k]))
+            if stream is not None and heard[k]:
+                stream.deliver(tuple(restored(windows[k][0], segment) for segment in heard[k]))
     finally:
         for job in jobs:
             job.cancel()
