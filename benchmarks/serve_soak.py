@@ -231,7 +231,10 @@ async def client(number: int, port: int, samples: list[str], expected: Expected,
             elif kind == "malformed":
                 status, _ = await raw_request(port, request_head(len(payload) - 3), payload[:-3])
                 tally.count(kind, str(status))
-                tally.unexpected_status += status != 400
+                if status is None and in_flight_at_kill(tally, sent - started, time.monotonic() - started):
+                    tally.failed_in_flight_at_kill += 1  # its connection was the killed worker's
+                else:
+                    tally.unexpected_status += status != 400
             elif kind == "big":  # half as curl sends a large body (Expect: 100-continue), half all at once
                 asks = rng.random() < 0.5
                 status, _ = await raw_request(port, request_head(BIG_BODY, asks), big, expect_continue=asks)

@@ -302,6 +302,20 @@ def test_the_soak_benchmark_runs_clean_for_seconds(gru) -> None:
     assert " 0 wrong;" in result.stdout and "killed at" in result.stdout
 
 
+@pytest.mark.slow
+def test_the_audio_soak_runs_clean_for_seconds(exports) -> None:
+    """benchmarks/serve_soak.py's audio soak in miniature, on the bundled speech export: good, damaged and
+    hostile clips to /transcribe (streamed and not) and /v1/audio/transcriptions from 4 clients; every
+    good answer is transcribe's, every hostile one a one-line 4xx, nothing lost (exit 0)."""
+    speech = exports.get("speech")[1]
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "serve_soak.py"
+    result = subprocess.run([sys.executable, str(script), str(speech.directory), "--clients", "4", "--duration", "8",
+                             "--no-kill", "--sample-every", "1"], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert " 0 wrong;" in result.stdout and " 0 lost otherwise; 0 unexpected statuses" in result.stdout
+    assert '"hostile /' in result.stdout and '"good /' in result.stdout, result.stdout
+
+
 SPEECH_CLIPS = sorted((Path(__file__).parent / "data").glob("speech_*hz.flac"))
 
 
