@@ -316,6 +316,26 @@ def test_the_audio_soak_runs_clean_for_seconds(exports) -> None:
     assert '"hostile /' in result.stdout and '"good /' in result.stdout, result.stdout
 
 
+def test_reading_parameters_are_vad_options_or_one_line() -> None:
+    """/transcribe's vad_* parameters become the VadOptions ``transcribe --vad-*`` makes (VadOptions checks
+    them); a bad one, or one without vad=true, is one line naming it."""
+    from s2s_deploy.frontends.vad import VadOptions
+    from s2s_deploy.serve.app import BadRequestError, parse_reading
+
+    reading, stream = parse_reading({"vad": "true", "vad_threshold": "0.3", "vad_min_silence_ms": "500",
+                                     "vad_max_speech_s": "12.5", "word_timestamps": "true", "stream": "true"})
+    assert reading.vad == VadOptions(threshold=0.3, min_silence_duration_ms=500, max_speech_duration_s=12.5)
+    assert reading.words and stream
+    assert parse_reading({}) == (parse_reading({"vad": "false"})[0], False) and parse_reading({})[0].vad is None
+    for query, message in [({"vad_threshold": "0.3"}, "'vad_threshold': pass vad=true too"),
+                           ({"vad": "true", "vad_speech_pad_ms": "-1"}, "vad speech_pad_ms must be at least 0, not -1"),
+                           ({"vad": "true", "vad_speech_pad_ms": "1.5"}, "'vad_speech_pad_ms' must be a whole number"),
+                           ({"vad": "1"}, "'vad' must be true or false, not \"1\"")]:
+        with pytest.raises(BadRequestError, match=message) as caught:
+            parse_reading(query)
+        assert "\n" not in str(caught.value)
+
+
 SPEECH_CLIPS = sorted((Path(__file__).parent / "data").glob("speech_*hz.flac"))
 
 
