@@ -338,7 +338,7 @@ def audio_files(folder: Path | None) -> tuple[dict[str, bytes], dict[str, bytes]
     hostile = {
         "1hz-header.wav": patched(whole[:4096], rate=1),  # 4 KB claiming an hour: over the duration limit
         "10mhz-header.wav": patched(whole, rate=10_000_000),
-        "hours-claimed.flac": flac_claiming(good[flacs[0].name], (1 << 36) - 1),  # 74 h at 16 kHz, in 20 KB
+        "hours-claimed.flac": flac_claiming(good[flacs[0].name], (1 << 36) - 1),  # 1,193 hours at 16 kHz, in 21 KB
         "header-only.wav": patched(whole[:44], data_size=0),
         "nan.wav": wav_bytes(nan, rate, "FLOAT"),
         "inf.wav": wav_bytes(inf, rate, "FLOAT"),
