@@ -349,7 +349,7 @@ def create_app(config: ServeConfig) -> Starlette:
                         sent += 1
                         LOG.debug("stream %d: line %d sent", stream.number, sent)
                 try:
-                    last = {"transcriptions": transcription_body(task.result(), search, reading)["transcriptions"]}
+                    last = transcription_body(task.result(), search, reading)
                 except S2SError as exc:  # a batch that failed after the answer began
                     last = {"error": str(exc), "status": refusal_status(exc)}
                 yield (json.dumps(last, ensure_ascii=False) + "\n").encode()
