@@ -3,7 +3,7 @@ timestamps) and streamed answers (``stream=true``: NDJSON, a line per segment as
 decoded, then the whole answer), against a live server on 127.0.0.1 with a real HTTP client.
 
 The tiny timestamped Whisper of tests/test_hf_whisper_timestamps.py (a one-second window), exported
-with its word-timestamp heads; a nine-second clip of its chirps is nine windows and more. Every
+with its word-timestamp heads; a ten-second clip of its chirps is ten windows and more. Every
 answer is held against what ``Transcriber`` (what ``transcribe`` runs) or the CLI itself gives. That
 the first segment leaves before the last window is decoded is read from the server's own debug log
 (``--log-level debug``): one stream's "window decoded" lines come from the decoding thread as each
