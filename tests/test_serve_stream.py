@@ -24,14 +24,12 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-from click.testing import CliRunner
 
 pytest.importorskip("starlette")
 pytest.importorskip("transformers")
 from test_hf_whisper import clips
 from test_hf_whisper_timestamps import RATE, save_timestamp_whisper
 
-from s2s_deploy.cli import main
 from s2s_deploy.frontends.vad import VadOptions
 
 pytestmark = pytest.mark.slow
@@ -45,15 +43,13 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory: pytest.TempPathFactory) -> Any:
+def setup(tmp_path_factory: pytest.TempPathFactory, hf_exports: Any) -> Any:
     soundfile = pytest.importorskip("soundfile")
     from s2s_deploy.runtime.transcriber import Transcriber
 
     root = tmp_path_factory.mktemp("serve-stream")
     save_timestamp_whisper(root / "hf", 0.55, keep=0.5)
-    result = CliRunner().invoke(main, ["export", "--hf", str(root / "hf"), "--out", str(root / "out"),
-                                       "--word-timestamps"])
-    assert result.exit_code == 0, result.output
+    out = hf_exports.get(root / "hf", "--word-timestamps")
     long = np.concatenate(clips(4, 1.8, 3.0, seed=1))
     soundfile.write(root / "long.wav", long, RATE, subtype="FLOAT")
     speech, rate = soundfile.read(SPEECH, dtype="float32")
@@ -64,7 +60,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Any:
     log = root / "serve.log"
     port = _free_port()
     with log.open("w") as err:
-        process = subprocess.Popen([sys.executable, "-m", "s2s_deploy", "serve", str(root / "out"), "--port", str(port),
+        process = subprocess.Popen([sys.executable, "-m", "s2s_deploy", "serve", str(out), "--port", str(port),
                                     "--threads", "1", "--window-ms", "1", "--log-level", "debug"],
                                    stdout=subprocess.DEVNULL, stderr=err)
     url = f"http://127.0.0.1:{port}"
@@ -79,7 +75,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Any:
         assert time.monotonic() < deadline, "serve did not start within 90 s"
         time.sleep(0.2)
     yield {"root": root, "url": url, "log": log, "long": root / "long.wav", "speech": root / "speech.wav",
-           "transcriber": Transcriber(root / "out", device="cpu")}
+           "transcriber": Transcriber(out, device="cpu"), "out": out}
     process.terminate()
     process.wait(timeout=60)
 
@@ -101,7 +97,7 @@ def test_streamed_segments_are_the_answer_and_leave_before_the_last_window(setup
     [want] = setup["transcriber"]([str(path)], timestamps=True)
     assert len(want.segments) > 3
     out = setup["root"] / "cli.json"
-    cli = subprocess.run([sys.executable, "-m", "s2s_deploy", "transcribe", str(setup["root"] / "out"), str(path),
+    cli = subprocess.run([sys.executable, "-m", "s2s_deploy", "transcribe", str(setup["out"]), str(path),
                           "--timestamps", "--output", str(out), "--quiet"], capture_output=True, text=True, timeout=300)
     assert cli.returncode == 0, cli.stderr
     [row] = json.loads(out.read_text())
