@@ -14,14 +14,19 @@ async function fetchBytes(name) {
   return new Uint8Array(await response.arrayBuffer());
 }
 
-async function checkedGraph(entry) {
+// A file the manifest names with its sha256 ({ file, sha256 }), checked.
+async function checkedBytes(entry) {
   const bytes = await fetchBytes(entry.file);
   if (crypto.subtle) { // only in secure contexts (https, localhost, 127.0.0.1)
     const digest = new Uint8Array(await crypto.subtle.digest('SHA-256', bytes));
     const hex = Array.from(digest, (b) => b.toString(16).padStart(2, '0')).join('');
     if (hex !== entry.sha256) throw new Error(`${entry.file} does not match the sha256 in the manifest`);
   }
-  return ort.InferenceSession.create(bytes, { executionProviders: ['wasm'], logSeverityLevel: 3 });
+  return bytes;
+}
+
+async function checkedGraph(entry) {
+  return ort.InferenceSession.create(await checkedBytes(entry), { executionProviders: ['wasm'], logSeverityLevel: 3 });
 }
 
 async function load() {
@@ -30,7 +35,9 @@ async function load() {
   ort.env.wasm.numThreads = 1; // threads need a cross-origin-isolated page; one works anywhere
   const manifest = JSON.parse(new TextDecoder().decode(await fetchBytes('manifest.json')));
   const [encoder, decoder] = await Promise.all([checkedGraph(manifest.graphs.encoder), checkedGraph(manifest.graphs.decoder)]);
-  const translator = new S2SSearch.Translator(ort, manifest, encoder, decoder);
+  const target = manifest.vocab.target; // an hf vocabulary's tokenizer.json reads its ids back as text
+  const tokenizer = target.level === 'hf' && target.tokenizer ? JSON.parse(new TextDecoder().decode(await checkedBytes(target.tokenizer))) : null;
+  const translator = new S2SSearch.Translator(ort, manifest, encoder, decoder, tokenizer);
   if (translator.input.kind === 'features') return audioPage(translator);
   const sizes = `${manifest.vocab.source.tokens.length}/${manifest.vocab.target.tokens.length} tokens`;
   $('model').textContent = `${manifest.plugin.name} v${manifest.plugin.version} (${sizes}${translator.hasAttention ? ', with attention' : ''})`;
@@ -48,6 +55,7 @@ function audioPage(translator) {
   $('input').hidden = true;
   $('audio').hidden = false;
   $('translate').textContent = 'Transcribe';
+  $('timestamps-box').hidden = !((manifest.search || {}).timestamp_begin >= 1);
   $('output-head').textContent = 'transcription';
   return translator;
 }
@@ -67,34 +75,39 @@ async function decodeAudio(bytes, rate) {
   return Float32Array.from(S2SFrontEnd.mono(channels));
 }
 
-// Clips ({ source, samples at the front end's rate }) in order; each result has its text and the
-// milliseconds of its front end and search together.
-async function transcribeAll(translator, clips, beam) {
+// Clips ({ source, samples at the front end's rate }) in order; each result has its text, its timed
+// segments (where the clip was read by its timestamps) and the milliseconds of its front end and search.
+async function transcribeAll(translator, clips, beam, timestamps = false) {
   const frontend = translator.manifest.encoder_input.frontend;
   const results = [];
   for (const clip of clips) {
     const start = performance.now();
     const features = S2SFrontEnd.compute(frontend, Float32Array.from(clip.samples), { whole: true });
-    const text = await transcribeWindows(translator, features, beam);
-    results.push({ source: clip.source, text, ms: performance.now() - start, attention: null });
+    const found = await transcribeWindows(translator, features, beam, timestamps);
+    results.push({ source: clip.source, ...found, ms: performance.now() - start, attention: null });
   }
   return results;
 }
 
 // One clip's uncut features ({ data, dims }, frames last) as `transcribe` reads them
-// (docs/manifest.md, "Timestamps, window by window"): within the window, one search; longer, one
-// whole window after another, each zero-padded, the texts stripped and joined by one space. An
-// export with timestamp tokens seeks by them instead, which this page does not do: refused.
-async function transcribeWindows(translator, features, beam) {
+// (runtime/features.py, docs/decoding.md "Timestamps"): { text, segments }. With `timestamps` (an export
+// with timestamp tokens), window by window by its timestamps at any length, segments timed. Without:
+// within the window, one search; longer, an export with timestamp tokens seeks by them all the same
+// (generate turns them on for long-form input) and its segments are shown; one without reads one whole
+// window after another, each zero-padded, the texts stripped and joined by one space.
+async function transcribeWindows(translator, features, beam, timestamps) {
   const { manifest } = translator;
   const window = (manifest.limits && manifest.limits.max_source_length) || S2SFrontEnd.windowFrames(manifest.encoder_input.frontend);
   const { shape } = translator.input;
   const frames = features.dims[features.dims.length - 1];
-  if (!window || shape[shape.length - 1] !== 'frames' || frames <= window) return (await translator.transcribe(features, { beam })).text;
-  const rows = features.data.length / frames;
-  if ((manifest.search || {}).timestamp_begin >= 1) {
-    throw new Error(`the clip is longer than the model's window of ${window} frames, and this export seeks through long clips by its timestamps, which this page does not: use s2s-deploy transcribe`);
+  const seekable = window && shape[shape.length - 1] === 'frames';
+  if (timestamps && !seekable) throw new Error("timestamps: this encoder's input has no frames axis last to seek along");
+  if (timestamps || (seekable && frames > window && (manifest.search || {}).timestamp_begin >= 1)) {
+    const { text, segments } = await translator.seek(features, window, translator.options({ beam, timestamps: true }));
+    return { text, segments };
   }
+  if (!seekable || frames <= window) return { text: (await translator.transcribe(features, { beam })).text, segments: [] };
+  const rows = features.data.length / frames;
   const texts = [];
   for (let first = 0; first < frames; first += window) {
     const part = new Float32Array(rows * window);
@@ -103,7 +116,7 @@ async function transcribeWindows(translator, features, beam) {
     const text = (await translator.transcribe({ data: part, dims: [...features.dims.slice(0, -1), window] }, { beam })).text.trim();
     if (text) texts.push(text);
   }
-  return texts.join(' ');
+  return { text: texts.join(' '), segments: [] };
 }
 
 // Translates texts in order; each result has its text and milliseconds.
@@ -148,13 +161,27 @@ function drawAttention(result) {
   });
 }
 
+// A clip's timed segments, one line each: [start → end] text (seconds from the clip's start).
+function segmentList(segments) {
+  const list = document.createElement('ol');
+  list.className = 'segments';
+  for (const segment of segments) {
+    const item = document.createElement('li');
+    item.textContent = `[${segment.start.toFixed(2)} → ${segment.end.toFixed(2)}] ${segment.text}`;
+    list.append(item);
+  }
+  return list;
+}
+
 function show(results) {
   const body = $('results');
   body.textContent = '';
   results.forEach((r, i) => {
     const row = body.insertRow();
     row.insertCell().textContent = r.source;
-    row.insertCell().textContent = r.text;
+    const text = row.insertCell();
+    text.textContent = r.text;
+    if (r.segments && r.segments.length) text.append(segmentList(r.segments));
     const ms = row.insertCell();
     ms.className = 'ms';
     ms.textContent = r.ms.toFixed(1);
@@ -168,13 +195,14 @@ function show(results) {
 }
 
 const ready = load();
-const plain = (results) => results.map(({ text, ms }) => ({ text, ms }));
+const plain = (results) => results.map(({ text, ms, segments }) => (segments ? { text, ms, segments } : { text, ms }));
 window.s2s = {
   ready,
   // For scripts and tests: plain data, no DOM.
   translate: async (texts, beam) => plain(await translateAll(await ready, texts, beam)),
   // clips: arrays of mono samples at the front end's sampling_rate.
-  transcribe: async (clips, beam) => plain(await transcribeAll(await ready, clips.map((samples, i) => ({ source: `clip ${i + 1}`, samples })), beam)),
+  // { timestamps: true }: each clip's segments timed (an export with timestamp tokens).
+  transcribe: async (clips, beam, { timestamps = false } = {}) => plain(await transcribeAll(await ready, clips.map((samples, i) => ({ source: `clip ${i + 1}`, samples })), beam, timestamps)),
   // An audio file's bytes as the upload decodes them: mono float32 at the front end's rate.
   decodeAudio: async (bytes) => decodeAudio(bytes, (await ready).manifest.encoder_input.frontend.sampling_rate),
 };
@@ -212,7 +240,7 @@ function transcribeFiles(translator) {
       clips.push({ source: file.name, samples: await decodeAudio(new Uint8Array(await file.arrayBuffer()), rate) });
     }
     if (!clips.length) throw new Error('choose an audio file or record a clip first');
-    return transcribeAll(translator, clips, Number($('beam').value));
+    return transcribeAll(translator, clips, Number($('beam').value), $('timestamps').checked);
   });
 }
 
@@ -238,7 +266,7 @@ function recorder(translator) {
         busy('transcribing…', 'clips', async () => {
           const bytes = new Uint8Array(await new Blob(chunks).arrayBuffer());
           const samples = await decodeAudio(bytes, rate);
-          return transcribeAll(translator, [{ source: `recording (${(samples.length / rate).toFixed(1)} s)`, samples }], Number($('beam').value));
+          return transcribeAll(translator, [{ source: `recording (${(samples.length / rate).toFixed(1)} s)`, samples }], Number($('beam').value), $('timestamps').checked);
         });
       });
       recording.start();
