@@ -2,7 +2,9 @@
 // translates one sentence at a time with search.js and shows the time and the attention map. An
 // export whose encoder reads audio features gets file and microphone input instead of the text
 // box: the browser decodes the audio at the front end's rate, frontend.js computes the features.
-/* global ort, S2SSearch, S2SFrontEnd */
+// page.json (written by `web`) may name Silero VAD's model: then a VAD box reads only the speech, as
+// `transcribe --vad` does (vad.js).
+/* global ort, S2SSearch, S2SFrontEnd, S2SVad */
 'use strict';
 
 const folder = new URLSearchParams(location.search).get('export') || '.';
@@ -38,7 +40,11 @@ async function load() {
   const target = manifest.vocab.target; // an hf vocabulary's tokenizer.json reads its ids back as text
   const tokenizer = target.level === 'hf' && target.tokenizer ? JSON.parse(new TextDecoder().decode(await checkedBytes(target.tokenizer))) : null;
   const translator = new S2SSearch.Translator(ort, manifest, encoder, decoder, tokenizer);
-  if (translator.input.kind === 'features') return audioPage(translator);
+  if (translator.input.kind === 'features') {
+    const page = JSON.parse(new TextDecoder().decode(await fetchBytes('page.json')));
+    translator.vad = page.vad ? { ...page.vad, session: await checkedGraph(page.vad) } : null;
+    return audioPage(translator);
+  }
   const sizes = `${manifest.vocab.source.tokens.length}/${manifest.vocab.target.tokens.length} tokens`;
   $('model').textContent = `${manifest.plugin.name} v${manifest.plugin.version} (${sizes}${translator.hasAttention ? ', with attention' : ''})`;
   $('input').value = (manifest.samples || []).slice(0, 8).join('\n');
@@ -56,6 +62,7 @@ function audioPage(translator) {
   $('audio').hidden = false;
   $('translate').textContent = 'Transcribe';
   $('timestamps-box').hidden = !((manifest.search || {}).timestamp_begin >= 1);
+  $('vad-box').hidden = !translator.vad;
   $('output-head').textContent = 'transcription';
   return translator;
 }
@@ -77,16 +84,49 @@ async function decodeAudio(bytes, rate) {
 
 // Clips ({ source, samples at the front end's rate }) in order; each result has its text, its timed
 // segments (where the clip was read by its timestamps) and the milliseconds of its front end and search.
-async function transcribeAll(translator, clips, beam, timestamps = false) {
+// vad: false, true (page.json's options) or options over page.json's.
+async function transcribeAll(translator, clips, beam, timestamps = false, vad = false) {
   const frontend = translator.manifest.encoder_input.frontend;
   const results = [];
   for (const clip of clips) {
     const start = performance.now();
-    const features = S2SFrontEnd.compute(frontend, Float32Array.from(clip.samples), { whole: true });
-    const found = await transcribeWindows(translator, features, beam, timestamps);
+    const samples = Float32Array.from(clip.samples);
+    const found = vad ? await transcribeSpeech(translator, samples, beam, timestamps, vad === true ? {} : vad)
+      : await transcribeWindows(translator, S2SFrontEnd.compute(frontend, samples, { whole: true }), beam, timestamps);
     results.push({ source: clip.source, ...found, ms: performance.now() - start, attention: null });
   }
   return results;
+}
+
+// One clip's speech alone (runtime/vad.py's decode_speech for one clip): Silero's speech spans laid end to
+// end into windows of at most the encoder's length, each window read as transcribeWindows reads a clip,
+// the texts stripped and joined by one space, segment times held to the window's speech and mapped back
+// to the clip. { text, segments, chunks: the speech spans in samples }.
+async function transcribeSpeech(translator, samples, beam, timestamps, given) {
+  const { vad, manifest } = translator;
+  if (!vad) throw new Error('this page has no vad model: write it with s2s-deploy web DIR --vad');
+  const frontend = manifest.encoder_input.frontend;
+  const rate = frontend.sampling_rate;
+  if (rate !== vad.rate) throw new Error(`the vad model reads ${vad.rate} Hz audio, and this export reads ${rate} Hz`);
+  const frames = (manifest.limits && manifest.limits.max_source_length) || S2SFrontEnd.windowFrames(frontend);
+  const seconds = frames ? frames * (frontend.hop_length / rate) : Infinity; // runtime/vad.py's window_seconds
+  const probabilities = await S2SVad.probabilities(ort, vad.session, samples, vad);
+  const chunks = S2SVad.spans(probabilities, samples.length, { ...vad.options, ...given }, seconds, vad);
+  const texts = [];
+  const segments = [];
+  for (const window of S2SVad.windows(chunks, rate, seconds)) {
+    const features = S2SFrontEnd.compute(frontend, S2SVad.windowAudio(window, samples), { whole: true });
+    const found = await transcribeWindows(translator, features, beam, timestamps);
+    const stripped = found.text.trim();
+    if (stripped) texts.push(stripped);
+    const duration = S2SVad.duration(window);
+    if (timestamps) {
+      for (const s of found.segments) {
+        segments.push({ start: S2SVad.original(window, Math.min(s.start, duration)), end: S2SVad.original(window, Math.min(s.end, duration), true), text: s.text });
+      }
+    }
+  }
+  return { text: texts.join(' '), segments, chunks };
 }
 
 // One clip's uncut features ({ data, dims }, frames last) as `transcribe` reads them
@@ -195,14 +235,16 @@ function show(results) {
 }
 
 const ready = load();
-const plain = (results) => results.map(({ text, ms, segments }) => (segments ? { text, ms, segments } : { text, ms }));
+const plain = (results) => results.map(({ text, ms, segments, chunks }) => ({ text, ms, ...(segments ? { segments } : {}), ...(chunks ? { chunks } : {}) }));
 window.s2s = {
   ready,
   // For scripts and tests: plain data, no DOM.
   translate: async (texts, beam) => plain(await translateAll(await ready, texts, beam)),
   // clips: arrays of mono samples at the front end's sampling_rate.
   // { timestamps: true }: each clip's segments timed (an export with timestamp tokens).
-  transcribe: async (clips, beam, { timestamps = false } = {}) => plain(await transcribeAll(await ready, clips.map((samples, i) => ({ source: `clip ${i + 1}`, samples })), beam, timestamps)),
+  // vad: only speech read (a page written with --vad; true, or options over page.json's); chunks: its
+  // speech spans in samples.
+  transcribe: async (clips, beam, { timestamps = false, vad = false } = {}) => plain(await transcribeAll(await ready, clips.map((samples, i) => ({ source: `clip ${i + 1}`, samples })), beam, timestamps, vad)),
   // An audio file's bytes as the upload decodes them: mono float32 at the front end's rate.
   decodeAudio: async (bytes) => decodeAudio(bytes, (await ready).manifest.encoder_input.frontend.sampling_rate),
 };
@@ -240,7 +282,7 @@ function transcribeFiles(translator) {
       clips.push({ source: file.name, samples: await decodeAudio(new Uint8Array(await file.arrayBuffer()), rate) });
     }
     if (!clips.length) throw new Error('choose an audio file or record a clip first');
-    return transcribeAll(translator, clips, Number($('beam').value), $('timestamps').checked);
+    return transcribeAll(translator, clips, Number($('beam').value), $('timestamps').checked, $('vad').checked);
   });
 }
 
@@ -266,7 +308,7 @@ function recorder(translator) {
         busy('transcribing…', 'clips', async () => {
           const bytes = new Uint8Array(await new Blob(chunks).arrayBuffer());
           const samples = await decodeAudio(bytes, rate);
-          return transcribeAll(translator, [{ source: `recording (${(samples.length / rate).toFixed(1)} s)`, samples }], Number($('beam').value), $('timestamps').checked);
+          return transcribeAll(translator, [{ source: `recording (${(samples.length / rate).toFixed(1)} s)`, samples }], Number($('beam').value), $('timestamps').checked, $('vad').checked);
         });
       });
       recording.start();

@@ -1,0 +1,173 @@
+"""Whisper in the browser page, against ``Transcriber`` (``transcribe``) on the same samples.
+
+The tiny timestamped Whisper of tests/test_hf_whisper_timestamps.py (a one-second window, timestamp
+tokens that fire; exported once with ``--word-timestamps``), its page written with ``web --vad``, driven
+in one headless Chromium for the whole module (examples/web/drive.js's ``calls`` job):
+
+- clips of one window and of three, seeking by their timestamps: the page's segments (start, end, text)
+  and text equal ``transcribe --timestamps``'s, and its plain text ``transcribe``'s, greedy and beam 4;
+- tests/test_vad.py's espeak-ng clip (three sentences between inserted silences, noise throughout) with
+  ``--vad``: Silero's model through onnxruntime-web gives the same speech chunks as frontends/vad.py,
+  and the text and segments equal ``transcribe --vad``'s, at the default options and another set;
+- the page as a user drives it: the clip uploaded with the boxes ticked shows the same text and segments.
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import json
+import shutil
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from s2s_deploy.cli import main
+
+pytestmark = pytest.mark.slow
+ROOT = Path(__file__).resolve().parents[1]
+WEB_DIR = ROOT / "examples" / "web"
+DIST = WEB_DIR / "node_modules" / "onnxruntime-web" / "dist"
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+BEAMS = (1, 4)
+VAD_SETS = ({}, {"speech_pad_ms": 0, "min_silence_duration_ms": 300})
+"""The page's VAD options (over page.json's, VadOptions()'s defaults) in each run."""
+
+
+def _missing() -> str | None:
+    if shutil.which("node") is None:
+        return "Node.js is not installed"
+    if CHROMIUM is None:
+        return "Chromium is not installed (apt-get install chromium; .ci/run tries)"
+    if not (WEB_DIR / "node_modules" / "puppeteer-core").is_dir() or not DIST.is_dir():
+        return "run `npm install` in examples/web first (.ci/run does)"
+    return None
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str]]:
+    """A folder served on 127.0.0.1 only, by the standard library's static server."""
+    folder = tmp_path_factory.mktemp("site")
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(folder)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield folder, f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture(scope="module")
+def run(served: tuple[Path, str], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The export, its page (``web --vad``), the clips, and what the page answered for each call."""
+    if _missing() is not None:
+        pytest.skip(_missing() or "")
+    pytest.importorskip("transformers")
+    soundfile = pytest.importorskip("soundfile")
+    from test_hf_whisper import clips
+    from test_hf_whisper_timestamps import save_timestamp_whisper
+    from test_vad import RATE, speech_clip
+
+    from s2s_deploy.runtime.transcriber import Transcriber
+
+    root = tmp_path_factory.mktemp("web-whisper")
+    save_timestamp_whisper(root / "hf", 0.55, keep=0.5)
+    site, url = served
+    folder = site / "whisper"
+    result = CliRunner().invoke(main, ["export", "--hf", str(root / "hf"), "--word-timestamps", "--out", str(folder)])
+    assert result.exit_code == 0, result.output
+    result = CliRunner().invoke(main, ["web", str(folder), "--ort-web", str(DIST), "--vad"])
+    assert result.exit_code == 0, result.output
+    transcriber = Transcriber(folder, device="cpu")
+    window = transcriber.window([])
+    short = clips(2, 0.5, 0.95, seed=3)  # one window of 100 frames
+    long = clips(2, 2.3, 2.9, seed=4)  # three windows at least
+    timed = [*short, *long]
+    speech, _ = speech_clip(root)
+    wav = root / "speech.wav"
+    soundfile.write(wav, speech, RATE, subtype="FLOAT")
+    calls: list[list[Any]] = []
+    for beam in BEAMS:
+        calls += [["transcribe", [c.tolist() for c in timed], beam, {"timestamps": True}],
+                  ["transcribe", [c.tolist() for c in timed], beam, {}]]
+    for options in VAD_SETS:
+        calls.append(["transcribe", [speech.tolist()], 1, {"timestamps": True, "vad": options or True}])
+    calls.append(["transcribe", [speech.tolist()], 4, {"vad": True}])
+    job = {"calls": calls, "upload": str(wav), "boxes": {"vad": True, "timestamps": True}}
+    shot = root / "page.png"
+    done = subprocess.run(["node", "drive.js", f"{url}/whisper/index.html", str(shot)], cwd=WEB_DIR,
+                          input=json.dumps(job), capture_output=True, text=True, timeout=900,
+                          env={"CHROMIUM": CHROMIUM or "", "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr
+    page = json.loads(done.stdout)
+    return {"transcriber": transcriber, "window": window, "short": short, "long": long, "timed": timed,
+            "speech": speech, "page": page, "shot": shot, "folder": folder, "rate": RATE}
+
+
+def _segments(found: Any) -> list[tuple[float, float, str]]:
+    return [(s.start, s.end, s.text) for s in found.segments]
+
+
+def _page_segments(row: dict[str, Any]) -> list[tuple[float, float, str]]:
+    return [(s["start"], s["end"], s["text"]) for s in row["segments"]]
+
+
+def test_page_seeks_by_timestamps_as_transcribe(run: dict[str, Any]) -> None:
+    """Segments and text of ``transcribe --timestamps``, and plain ``transcribe``'s text, greedy and beam 4,
+    on clips of one window and of three (the clips must really seek: several windows, several segments)."""
+    transcriber, timed, page = run["transcriber"], run["timed"], run["page"]["results"]
+    frames = [transcriber.features(c, "clip", whole=True).shape[-1] for c in timed]
+    assert [f <= run["window"] for f in frames] == [True, True, False, False]
+    assert all(f > 2 * run["window"] for f in frames[2:])
+    for b, beam in enumerate(BEAMS):
+        with_times, plain = page[2 * b], page[2 * b + 1]
+        want = transcriber(timed, beam=beam, timestamps=True)
+        assert [_page_segments(r) for r in with_times] == [_segments(w) for w in want], beam
+        assert [r["text"] for r in with_times] == [w.text for w in want], beam
+        assert [r["text"] for r in plain] == [w.text for w in transcriber(timed, beam=beam)], beam
+        assert sum(len(w.segments) for w in want[2:]) > 2 * len(want[2:])  # the long clips were cut in segments
+        assert all(r["ms"] > 0 for r in with_times)
+    assert any(s[2] for w in page[0] for s in _page_segments(w))  # text, not only timestamps
+
+
+def test_page_vad_reads_the_speech_as_transcribe_vad(run: dict[str, Any]) -> None:
+    """Silero through onnxruntime-web: the same speech chunks (samples) as frontends/vad.py, and the same
+    text and segments as ``transcribe --vad``, at two option sets; beam 4's text too."""
+    from s2s_deploy.frontends.vad import VadOptions, speech_spans
+
+    transcriber, speech, page, rate = run["transcriber"], run["speech"], run["page"]["results"], run["rate"]
+    seconds = run["window"] * transcriber.frontend.frame_seconds
+    first = 2 * len(BEAMS)
+    for k, given in enumerate(VAD_SETS):
+        options = VadOptions(**given)
+        [row] = page[first + k]
+        chunks = speech_spans(speech, rate, options, seconds)
+        assert [tuple(c) for c in row["chunks"]] == chunks, given
+        assert len(chunks) >= 3  # three sentences heard, each at least once
+        [want] = transcriber(speech, vad=options, timestamps=True)
+        assert _page_segments(row) == _segments(want), given
+        assert row["text"] == want.text and want.text, given
+    [row] = page[first + len(VAD_SETS)]
+    assert row["text"] == transcriber(speech, beam=4, vad=True)[0].text
+
+
+def test_page_shows_what_a_user_uploads(run: dict[str, Any]) -> None:
+    """The upload with "timestamps" and "voice activity detection" ticked: one row, the clip's text and
+    each segment's line."""
+    [row] = run["page"]["table"]
+    [want] = run["transcriber"](run["speech"], beam=4, vad=True, timestamps=True)
+    assert row[0] == "speech.wav" and row[1].startswith(want.text)
+    for segment in want.segments:
+        assert f"[{segment.start:.2f} → {segment.end:.2f}] {segment.text}" in run["page"]["html"]
+    assert run["shot"].stat().st_size > 10_000
