@@ -9,7 +9,12 @@ in one headless Chromium for the whole module (examples/web/drive.js's ``calls``
 - tests/test_vad.py's espeak-ng clip (three sentences between inserted silences, noise throughout) with
   ``--vad``: Silero's model through onnxruntime-web gives the same speech chunks as frontends/vad.py,
   and the text and segments equal ``transcribe --vad``'s, at the default options and another set;
-- the page as a user drives it: the clip uploaded with the boxes ticked shows the same text and segments.
+- word timestamps (runtime/words.py ported: the alignment heads' attention, median filter, DTW): the
+  page's words and their times equal ``transcribe --word-timestamps``'s, with and without timestamps and
+  VAD; the float32 steps are numpy's operation for operation, so the times are equal, not close (the
+  test allows 1e-9 s for float64 rounding in the last step, and finds 0);
+- the page as a user drives it: the clip uploaded with the boxes ticked shows the same text and segments,
+  and its player highlights the word whose [start, end) holds the time it is sought to (karaoke).
 """
 
 from __future__ import annotations
@@ -104,7 +109,13 @@ def run(served: tuple[Path, str], tmp_path_factory: pytest.TempPathFactory) -> d
     for options in VAD_SETS:
         calls.append(["transcribe", [speech.tolist()], 1, {"timestamps": True, "vad": options or True}])
     calls.append(["transcribe", [speech.tolist()], 4, {"vad": True}])
-    job = {"calls": calls, "upload": str(wav), "boxes": {"vad": True, "timestamps": True}}
+    calls += [["transcribe", [c.tolist() for c in timed], 1, {"words": True}],
+              ["transcribe", [c.tolist() for c in timed], 4, {"words": True, "timestamps": True}],
+              ["transcribe", [speech.tolist()], 1, {"words": True, "vad": True}]]
+    [uploaded] = transcriber(speech, beam=4, vad=True, timestamps=True, word_timestamps=True)
+    seek = [(w.start + w.end) / 2 for w in uploaded.words if w.end - w.start >= 0.06][:6]
+    job = {"calls": calls, "upload": str(wav), "boxes": {"vad": True, "timestamps": True, "words": True},
+           "seek": seek}
     shot = root / "page.png"
     done = subprocess.run(["node", "drive.js", f"{url}/whisper/index.html", str(shot)], cwd=WEB_DIR,
                           input=json.dumps(job), capture_output=True, text=True, timeout=900,
@@ -112,7 +123,8 @@ def run(served: tuple[Path, str], tmp_path_factory: pytest.TempPathFactory) -> d
     assert done.returncode == 0, done.stderr
     page = json.loads(done.stdout)
     return {"transcriber": transcriber, "window": window, "short": short, "long": long, "timed": timed,
-            "speech": speech, "page": page, "shot": shot, "folder": folder, "rate": RATE}
+            "speech": speech, "page": page, "shot": shot, "folder": folder, "rate": RATE, "uploaded": uploaded,
+            "seek": seek}
 
 
 def _segments(found: Any) -> list[tuple[float, float, str]]:
@@ -162,12 +174,45 @@ def test_page_vad_reads_the_speech_as_transcribe_vad(run: dict[str, Any]) -> Non
     assert row["text"] == transcriber(speech, beam=4, vad=True)[0].text
 
 
+WORD_BOUND = 1e-9
+"""Seconds between the page's word times and Python's: both sides round alike at every float32 step, so
+the bound only covers float64 rounding in the last sums; the runs find 0."""
+
+
+def _same_words(row: dict[str, Any], want: Any) -> None:
+    have = row["words"]
+    assert [w["text"] for w in have] == [w.text for w in want.words]
+    for h, w in zip(have, want.words, strict=True):
+        assert abs(h["start"] - w.start) <= WORD_BOUND and abs(h["end"] - w.end) <= WORD_BOUND, (h, w)
+
+
+def test_page_word_times_are_transcribes(run: dict[str, Any]) -> None:
+    """``transcribe --word-timestamps``'s words and times: plain greedy (the short clips one search, the
+    long ones sought), beam 4 with timestamps, and greedy through VAD (times mapped back to the clip)."""
+    transcriber, timed, speech, page = run["transcriber"], run["timed"], run["speech"], run["page"]["results"]
+    first = 2 * len(BEAMS) + len(VAD_SETS) + 1
+    plain, stamped, [vad] = page[first: first + 3]
+    for rows, want in ((plain, transcriber(timed, beam=1, word_timestamps=True)),
+                       (stamped, transcriber(timed, beam=4, timestamps=True, word_timestamps=True))):
+        for row, w in zip(rows, want, strict=True):
+            assert row["text"] == w.text
+            _same_words(row, w)
+        starts = [w.start for found in want for w in found.words]
+        assert len(starts) > 10 and len(set(starts)) >= 8  # words, timed apart (a random model bunches some)
+    [want] = transcriber(speech, beam=1, vad=True, word_timestamps=True)
+    assert vad["text"] == want.text and want.words
+    _same_words(vad, want)
+
+
 def test_page_shows_what_a_user_uploads(run: dict[str, Any]) -> None:
-    """The upload with "timestamps" and "voice activity detection" ticked: one row, the clip's text and
-    each segment's line."""
+    """The upload with "timestamps", "voice activity detection" and "word timestamps" ticked: one row, the
+    clip's text, each segment's line, and a karaoke line whose highlight follows the player: sought to the
+    middle of a word, that word (by ``transcribe``'s times) is the one highlighted."""
     [row] = run["page"]["table"]
-    [want] = run["transcriber"](run["speech"], beam=4, vad=True, timestamps=True)
+    want = run["uploaded"]
     assert row[0] == "speech.wav" and row[1].startswith(want.text)
     for segment in want.segments:
         assert f"[{segment.start:.2f} → {segment.end:.2f}] {segment.text}" in run["page"]["html"]
+    expected = [next(i for i, w in enumerate(want.words) if w.start <= t < w.end) for t in run["seek"]]
+    assert len(expected) >= 3 and run["page"]["karaoke"] == expected
     assert run["shot"].stat().st_size > 10_000

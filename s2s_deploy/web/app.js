@@ -63,6 +63,7 @@ function audioPage(translator) {
   $('translate').textContent = 'Transcribe';
   $('timestamps-box').hidden = !((manifest.search || {}).timestamp_begin >= 1);
   $('vad-box').hidden = !translator.vad;
+  $('words-box').hidden = !(manifest.alignment_heads || []).length;
   $('output-head').textContent = 'transcription';
   return translator;
 }
@@ -84,25 +85,37 @@ async function decodeAudio(bytes, rate) {
 
 // Clips ({ source, samples at the front end's rate }) in order; each result has its text, its timed
 // segments (where the clip was read by its timestamps) and the milliseconds of its front end and search.
-// vad: false, true (page.json's options) or options over page.json's.
-async function transcribeAll(translator, clips, beam, timestamps = false, vad = false) {
-  const frontend = translator.manifest.encoder_input.frontend;
+// vad: false, true (page.json's options) or options over page.json's; words: each clip's words timed
+// (an export made with --word-timestamps).
+async function transcribeAll(translator, clips, beam, timestamps = false, vad = false, words = false) {
   const results = [];
   for (const clip of clips) {
     const start = performance.now();
     const samples = Float32Array.from(clip.samples);
-    const found = vad ? await transcribeSpeech(translator, samples, beam, timestamps, vad === true ? {} : vad)
-      : await transcribeWindows(translator, S2SFrontEnd.compute(frontend, samples, { whole: true }), beam, timestamps);
-    results.push({ source: clip.source, ...found, ms: performance.now() - start, attention: null });
+    const found = vad ? await transcribeSpeech(translator, samples, beam, timestamps, vad === true ? {} : vad, words)
+      : await transcribeSamples(translator, samples, beam, timestamps, words);
+    const { text, segments, chunks } = found;
+    results.push({ source: clip.source, text, segments, chunks, words: found.words, audio: clip.audio, ms: performance.now() - start, attention: null });
   }
   return results;
+}
+
+// One clip's samples read as transcribeWindows reads them, and with `words` its words timed
+// (runtime/words.py's decode_words): { text, segments, windows, words }.
+async function transcribeSamples(translator, samples, beam, timestamps, words) {
+  const frontend = translator.manifest.encoder_input.frontend;
+  const features = S2SFrontEnd.compute(frontend, samples, { whole: true });
+  const found = await transcribeWindows(translator, features, beam, timestamps);
+  if (!words) return found;
+  const content = S2SFrontEnd.contentFrames(frontend, samples) || features.dims[features.dims.length - 1];
+  return { ...found, words: await translator.words(features, found.windows, content, translator.options({ beam })) };
 }
 
 // One clip's speech alone (runtime/vad.py's decode_speech for one clip): Silero's speech spans laid end to
 // end into windows of at most the encoder's length, each window read as transcribeWindows reads a clip,
 // the texts stripped and joined by one space, segment times held to the window's speech and mapped back
 // to the clip. { text, segments, chunks: the speech spans in samples }.
-async function transcribeSpeech(translator, samples, beam, timestamps, given) {
+async function transcribeSpeech(translator, samples, beam, timestamps, given, words) {
   const { vad, manifest } = translator;
   if (!vad) throw new Error('this page has no vad model: write it with s2s-deploy web DIR --vad');
   const frontend = manifest.encoder_input.frontend;
@@ -114,10 +127,10 @@ async function transcribeSpeech(translator, samples, beam, timestamps, given) {
   const chunks = S2SVad.spans(probabilities, samples.length, { ...vad.options, ...given }, seconds, vad);
   const texts = [];
   const segments = [];
+  const timed = [];
   for (const window of S2SVad.windows(chunks, rate, seconds)) {
-    const features = S2SFrontEnd.compute(frontend, S2SVad.windowAudio(window, samples), { whole: true });
-    const found = await transcribeWindows(translator, features, beam, timestamps);
-    const stripped = found.text.trim();
+    const found = await transcribeSamples(translator, S2SVad.windowAudio(window, samples), beam, timestamps, words);
+    const stripped = S2SSearch.strip(found.text);
     if (stripped) texts.push(stripped);
     const duration = S2SVad.duration(window);
     if (timestamps) {
@@ -125,8 +138,12 @@ async function transcribeSpeech(translator, samples, beam, timestamps, given) {
         segments.push({ start: S2SVad.original(window, Math.min(s.start, duration)), end: S2SVad.original(window, Math.min(s.end, duration), true), text: s.text });
       }
     }
+    for (const word of found.words || []) { // through the span its middle falls in
+      const span = S2SVad.spanOf(window, Math.min((word.start + word.end) / 2, duration));
+      timed.push({ start: S2SVad.original(window, Math.min(word.start, duration), false, span), end: S2SVad.original(window, Math.min(word.end, duration), true, span), text: word.text });
+    }
   }
-  return { text: texts.join(' '), segments, chunks };
+  return { text: texts.join(' '), segments, chunks, words: words ? timed : undefined };
 }
 
 // One clip's uncut features ({ data, dims }, frames last) as `transcribe` reads them
@@ -143,20 +160,17 @@ async function transcribeWindows(translator, features, beam, timestamps) {
   const seekable = window && shape[shape.length - 1] === 'frames';
   if (timestamps && !seekable) throw new Error("timestamps: this encoder's input has no frames axis last to seek along");
   if (timestamps || (seekable && frames > window && (manifest.search || {}).timestamp_begin >= 1)) {
-    const { text, segments } = await translator.seek(features, window, translator.options({ beam, timestamps: true }));
-    return { text, segments };
+    const { text, segments, windows } = await translator.seek(features, window, translator.options({ beam, timestamps: true }));
+    return { text, segments, windows };
   }
-  if (!seekable || frames <= window) return { text: (await translator.transcribe(features, { beam })).text, segments: [] };
-  const rows = features.data.length / frames;
-  const texts = [];
-  for (let first = 0; first < frames; first += window) {
-    const part = new Float32Array(rows * window);
-    const width = Math.min(window, frames - first);
-    for (let r = 0; r < rows; r += 1) part.set(features.data.subarray(r * frames + first, r * frames + first + width), r * window);
-    const text = (await translator.transcribe({ data: part, dims: [...features.dims.slice(0, -1), window] }, { beam })).text.trim();
-    if (text) texts.push(text);
+  if (!seekable || frames <= window) {
+    const found = await translator.transcribe(features, { beam });
+    const n = translator.featureSource(features).length;
+    return { text: found.text, segments: [], windows: [{ seek: 0, frames: n, width: n, tokens: found.tokens, finished: found.finished, prompt: found.prompt, kept: found.tokens.length }] };
   }
-  return { text: texts.join(' '), segments: [] };
+  const { segments, windows } = await translator.seek(features, window, translator.options({ beam }));
+  const text = segments.map((s) => S2SSearch.strip(s.text)).filter((t) => t).join(' ');
+  return { text, segments: [], windows };
 }
 
 // Translates texts in order; each result has its text and milliseconds.
@@ -213,6 +227,42 @@ function segmentList(segments) {
   return list;
 }
 
+// A clip's words as a karaoke line: with its audio (a file or recording), a player, and the word whose
+// [start, end) holds the playing time highlighted, from the times word timestamps gave (seconds).
+function karaoke(words, audio) {
+  const box = document.createElement('div');
+  box.className = 'karaoke';
+  const line = document.createElement('p');
+  const spans = words.map((word, i) => {
+    const span = document.createElement('span');
+    span.textContent = word.text;
+    span.dataset.index = i;
+    span.title = `${word.start.toFixed(2)} → ${word.end.toFixed(2)}`;
+    line.append(span, ' ');
+    return span;
+  });
+  if (audio) {
+    const player = document.createElement('audio');
+    player.controls = true;
+    player.src = URL.createObjectURL(audio);
+    let shown = -1;
+    const highlight = () => {
+      const t = player.currentTime;
+      const now = words.findIndex((word) => word.start <= t && t < word.end);
+      if (now !== shown) {
+        if (shown >= 0) spans[shown].classList.remove('now');
+        if (now >= 0) spans[now].classList.add('now');
+        shown = now;
+      }
+      if (!player.paused) requestAnimationFrame(highlight); // timeupdate alone fires only every 250 ms or so
+    };
+    for (const event of ['play', 'seeked', 'timeupdate']) player.addEventListener(event, highlight);
+    box.append(player);
+  }
+  box.append(line);
+  return box;
+}
+
 function show(results) {
   const body = $('results');
   body.textContent = '';
@@ -222,6 +272,7 @@ function show(results) {
     const text = row.insertCell();
     text.textContent = r.text;
     if (r.segments && r.segments.length) text.append(segmentList(r.segments));
+    if (r.words && r.words.length) text.append(karaoke(r.words, r.audio));
     const ms = row.insertCell();
     ms.className = 'ms';
     ms.textContent = r.ms.toFixed(1);
@@ -235,7 +286,7 @@ function show(results) {
 }
 
 const ready = load();
-const plain = (results) => results.map(({ text, ms, segments, chunks }) => ({ text, ms, ...(segments ? { segments } : {}), ...(chunks ? { chunks } : {}) }));
+const plain = (results) => results.map(({ text, ms, segments, chunks, words }) => ({ text, ms, ...(segments ? { segments } : {}), ...(chunks ? { chunks } : {}), ...(words ? { words } : {}) }));
 window.s2s = {
   ready,
   // For scripts and tests: plain data, no DOM.
@@ -244,7 +295,8 @@ window.s2s = {
   // { timestamps: true }: each clip's segments timed (an export with timestamp tokens).
   // vad: only speech read (a page written with --vad; true, or options over page.json's); chunks: its
   // speech spans in samples.
-  transcribe: async (clips, beam, { timestamps = false, vad = false } = {}) => plain(await transcribeAll(await ready, clips.map((samples, i) => ({ source: `clip ${i + 1}`, samples })), beam, timestamps, vad)),
+  // words: each clip's words timed (an export made with --word-timestamps).
+  transcribe: async (clips, beam, { timestamps = false, vad = false, words = false } = {}) => plain(await transcribeAll(await ready, clips.map((samples, i) => ({ source: `clip ${i + 1}`, samples })), beam, timestamps, vad, words)),
   // An audio file's bytes as the upload decodes them: mono float32 at the front end's rate.
   decodeAudio: async (bytes) => decodeAudio(bytes, (await ready).manifest.encoder_input.frontend.sampling_rate),
 };
@@ -279,10 +331,10 @@ function transcribeFiles(translator) {
   return busy('transcribing…', 'clips', async () => {
     const clips = [];
     for (const file of $('files').files) {
-      clips.push({ source: file.name, samples: await decodeAudio(new Uint8Array(await file.arrayBuffer()), rate) });
+      clips.push({ source: file.name, samples: await decodeAudio(new Uint8Array(await file.arrayBuffer()), rate), audio: file });
     }
     if (!clips.length) throw new Error('choose an audio file or record a clip first');
-    return transcribeAll(translator, clips, Number($('beam').value), $('timestamps').checked, $('vad').checked);
+    return transcribeAll(translator, clips, Number($('beam').value), $('timestamps').checked, $('vad').checked, $('words').checked);
   });
 }
 
@@ -308,7 +360,7 @@ function recorder(translator) {
         busy('transcribing…', 'clips', async () => {
           const bytes = new Uint8Array(await new Blob(chunks).arrayBuffer());
           const samples = await decodeAudio(bytes, rate);
-          return transcribeAll(translator, [{ source: `recording (${(samples.length / rate).toFixed(1)} s)`, samples }], Number($('beam').value), $('timestamps').checked, $('vad').checked);
+          return transcribeAll(translator, [{ source: `recording (${(samples.length / rate).toFixed(1)} s)`, samples, audio: new Blob(chunks) }], Number($('beam').value), $('timestamps').checked, $('vad').checked, $('words').checked);
         });
       });
       recording.start();

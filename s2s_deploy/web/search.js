@@ -403,6 +403,91 @@
     return [[{ start: seek * scale, end: (seek + frames) * scale, tokens: tokens.slice() }], frames];
   }
 
+  // Python's str.isspace and str.strip: JavaScript's \s lacks U+001C..U+001F and U+0085, and holds U+FEFF.
+  const PY_SPACE = '\\t\\n\\v\\f\\r\\x1c-\\x1f \\x85\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000';
+  const LEADING = new RegExp(`^[${PY_SPACE}]+`, 'u');
+  const TRAILING = new RegExp(`[${PY_SPACE}]+$`, 'u');
+  const strip = (text) => text.replace(LEADING, '').replace(TRAILING, '');
+  const startsWithSpace = (text) => LEADING.test(text);
+
+  // A running median of odd `width` along each row of rows (arrays of float32 values), edges reflected
+  // (runtime/words.py's median_filter); a row no longer than half the width is left as it is.
+  function medianFilter(rows, width) {
+    const pad = Math.floor(width / 2);
+    return rows.map((row) => {
+      if (row.length <= pad) return row;
+      const padded = [];
+      for (let i = pad; i > 0; i -= 1) padded.push(row[i]);
+      padded.push(...row);
+      for (let i = 1; i <= pad; i += 1) padded.push(row[row.length - 1 - i]);
+      return row.map((_, p) => padded.slice(p, p + width).sort((a, b) => a - b)[pad]);
+    });
+  }
+
+  // The cheapest monotonic path through `matrix` (rows: tokens, columns: positions; float64 values), as
+  // runtime/words.py's dtw finds it: float32 costs, the same tie rules. [rows along the path, columns].
+  function dtw(matrix) {
+    const rows = matrix.length;
+    const columns = matrix[0].length;
+    const cost = Array.from({ length: rows + 1 }, () => new Float32Array(columns + 1).fill(Infinity));
+    const trace = Array.from({ length: rows + 1 }, () => new Int8Array(columns + 1).fill(-1));
+    cost[0][0] = 0;
+    for (let i = 1; i <= rows; i += 1) {
+      for (let j = 1; j <= columns; j += 1) {
+        const c0 = cost[i - 1][j - 1];
+        const c1 = cost[i - 1][j];
+        const c2 = cost[i][j - 1];
+        const step = c0 < c1 && c0 < c2 ? 0 : c1 < c0 && c1 < c2 ? 1 : 2;
+        cost[i][j] = matrix[i - 1][j - 1] + [c0, c1, c2][step]; // a float64 sum stored as float32, as numpy stores it
+        trace[i][j] = step;
+      }
+    }
+    trace[0].fill(2);
+    for (let i = 0; i <= rows; i += 1) trace[i][0] = 1;
+    const text = [];
+    const time = [];
+    for (let i = rows, j = columns; i > 0 || j > 0;) {
+      text.push(i - 1);
+      time.push(j - 1);
+      const move = trace[i][j];
+      if (move === 0) { i -= 1; j -= 1; } else if (move === 1) i -= 1; else j -= 1;
+    }
+    return [text.reverse(), time.reverse()];
+  }
+
+  // One time per row of `weights` (steps × heads × source, float32): runtime/words.py's token_times. The
+  // float32 arithmetic is numpy's, operation for operation: each mean and variance a running float32 sum
+  // over the rows (the axis numpy reduces outside its inner loop), divided once.
+  function tokenTimes(weights, positions, precision) {
+    const steps = weights.length;
+    const heads = weights[0].length;
+    const width = Math.min(positions, weights[0][0].length);
+    const normalised = [];
+    for (let h = 0; h < heads; h += 1) {
+      const rows = Array.from({ length: steps }, (_, r) => Array.from(weights[r][h].subarray(0, width)));
+      for (let p = 0; p < width; p += 1) {
+        let sum = 0;
+        for (let r = 0; r < steps; r += 1) sum = f32(sum + rows[r][p]);
+        const mean = f32(sum / steps);
+        let squares = 0;
+        for (let r = 0; r < steps; r += 1) {
+          const d = f32(rows[r][p] - mean);
+          squares = f32(squares + f32(d * d));
+        }
+        const std = f32(Math.sqrt(f32(squares / steps)));
+        for (let r = 0; r < steps; r += 1) rows[r][p] = f32(f32(rows[r][p] - mean) / std);
+      }
+      normalised.push(medianFilter(rows, 7));
+    }
+    const matrix = Array.from({ length: steps }, (_, r) => Array.from({ length: width }, (__, p) => {
+      let sum = 0;
+      for (let h = 0; h < heads; h += 1) sum = f32(sum + normalised[h][r][p]);
+      return -f32(sum / heads);
+    }));
+    const [text, time] = dtw(matrix);
+    return time.filter((_, k) => k === 0 || text[k] !== text[k - 1]).map((t) => t * precision);
+  }
+
   // One input's features ({ data, dims }, frames last) decoded window by window (runtime/timestamps.py's
   // seek_windows for one input): each window the next `window` frames from `seek`, zero-padded; an open
   // language slot is chosen on the first window and kept. `search(features, options)` decodes one window.
@@ -425,7 +510,7 @@
       const [found, advance] = cut(best.tokens, seek, n, options);
       if (advance <= 0) throw new Error("a window's timestamps did not advance the search (the model's timestamp tokens break the rules of docs/decoding.md)");
       pieces.push(...found);
-      windows.push({ seek, frames: n, width: window, tokens: best.tokens, prompt: fed, kept: found.reduce((sum, p) => sum + p.tokens.length, 0) });
+      windows.push({ seek, frames: n, width: window, tokens: best.tokens, finished: best.finished, prompt: best.prompt, kept: found.reduce((sum, p) => sum + p.tokens.length, 0) });
       scores.push(best.score);
       seek += advance;
     }
@@ -624,6 +709,70 @@
       return { ...sought, tokens, text: this.decodeIds(tokens), segments: sought.pieces.map((p) => ({ start: p.start, end: p.end, text: this.decodeIds(p.tokens) })) };
     }
 
+    // Each window's kept tokens' times in seconds from the clip's start (runtime/words.py's window_times for
+    // one clip): its tokens fed again from the start token and its prompt, the alignment heads' attention
+    // read at every generated token fed, cropped to the window's audio (`content`: the clip's frames).
+    async windowTimes(features, windows, content, options) {
+      if (!this.manifest.graphs.decoder.outputs.some((io) => io.name === 'attention') || !(this.manifest.alignment_heads || []).length) {
+        throw new Error('word timestamps: this export has no alignment heads; export it with --word-timestamps');
+      }
+      const total = features.dims[features.dims.length - 1];
+      const rows = features.data.length / total;
+      const scale = options.time_precision / options.timestamp_frames;
+      const found = [];
+      for (const w of windows) {
+        const part = new Float32Array(rows * w.width);
+        for (let r = 0; r < rows; r += 1) part.set(features.data.subarray(r * total + w.seek, r * total + w.seek + w.frames), r * w.width);
+        const head = [this.special.decoder_start, ...w.prompt];
+        const fed = [...head, ...(w.finished ? w.tokens : w.tokens.slice(0, -1))];
+        const run = new Run(this, await this.start(this.featureSource({ data: part, dims: [...features.dims.slice(0, -1), w.width] }), 1));
+        const kept = [];
+        for (let t = 0; t < fed.length; t += 1) {
+          const out = await run.run([fed[t]], [0], { names: ['top_log_probs', 'top_ids', 'attention'], k: 1 });
+          if (t >= head.length) {
+            const { data, dims } = out.attention; // (1, heads, source)
+            kept.push(Array.from({ length: dims[1] }, (_, h) => data.slice(h * dims[2], (h + 1) * dims[2])));
+          }
+        }
+        if (!w.kept) {
+          found.push([]);
+          continue;
+        }
+        const positions = Math.max(1, Math.floor((content - w.seek) / options.timestamp_frames));
+        const jumps = kept.length ? tokenTimes(kept, positions, options.time_precision) : [0];
+        found.push(Array.from({ length: w.kept }, (_, k) => jumps[Math.min(k, jumps.length - 1)] + w.seek * scale));
+      }
+      return found;
+    }
+
+    // A window's kept tokens (with their times) as words (runtime/words.py's words_of): runs of text tokens
+    // split before one whose decoded text starts with a space; { start, end, text }.
+    wordsOf(tokens, times, options) {
+      const hidden = new Set([...Object.values(this.special), ...(this.tgt.hidden || []), ...(this.tgt.languages || []), ...(this.tgt.tasks || [])]);
+      const isText = tokens.map((t) => !hidden.has(t) && !(options.timestamp_begin >= 1 && t >= options.timestamp_begin));
+      const spans = [];
+      let previous = [];
+      isText.forEach((text, index) => {
+        if (!text) return;
+        const decoded = Array.from(this.decodeIds(tokens.slice(0, index + 1).filter((_, k) => isText[k]))); // code points, as Python slices
+        const added = decoded.slice(previous.length).join('');
+        previous = decoded;
+        if (!spans.length || spans[spans.length - 1][1] !== index || startsWithSpace(added)) spans.push([index, index + 1]);
+        else spans[spans.length - 1][1] = index + 1;
+      });
+      return spans.map(([start, end]) => ({
+        start: times[start],
+        end: end < tokens.length ? times[end] : times[end - 1],
+        text: strip(this.decodeIds(tokens.slice(start, end).filter((_, k) => isText[start + k]))),
+      }));
+    }
+
+    // Every window's words, in order.
+    async words(features, windows, content, options) {
+      const times = await this.windowTimes(features, windows, content, options);
+      return windows.flatMap((w, i) => this.wordsOf(w.tokens.slice(0, w.kept), times[i], options));
+    }
+
     // One sentence: { text, tokens, score, attention: [[src weights] per output token] | null }.
     // Options left out take the export's defaults (this.defaults).
     async translate(text, options = {}) {
@@ -744,5 +893,5 @@
     }
   }
 
-  return { Translator, split, resolve, splitWindow, wholeWindow, seekWindows, HFDecoder, topOf };
+  return { Translator, split, resolve, splitWindow, wholeWindow, seekWindows, HFDecoder, topOf, strip, dtw, tokenTimes };
 });
