@@ -15,6 +15,9 @@ in one headless Chromium for the whole module (examples/web/drive.js's ``calls``
   test allows 1e-9 s for float64 rounding in the last step, and finds 0);
 - the page as a user drives it: the clip uploaded with the boxes ticked shows the same text and segments,
   and its player highlights the word whose [start, end) holds the time it is sought to (karaoke).
+
+Under Node alone (no export, no browser; the fast tier): search.js's reading of a byte-level tokenizer.json
+(real Whisper's decoder) equals ``tokenizers``' own decode, and its strip is Python's.
 """
 
 from __future__ import annotations
@@ -29,12 +32,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
 from s2s_deploy.cli import main
 
-pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
 WEB_DIR = ROOT / "examples" / "web"
 DIST = WEB_DIR / "node_modules" / "onnxruntime-web" / "dist"
@@ -135,6 +138,7 @@ def _page_segments(row: dict[str, Any]) -> list[tuple[float, float, str]]:
     return [(s["start"], s["end"], s["text"]) for s in row["segments"]]
 
 
+@pytest.mark.slow
 def test_page_seeks_by_timestamps_as_transcribe(run: dict[str, Any]) -> None:
     """Segments and text of ``transcribe --timestamps``, and plain ``transcribe``'s text, greedy and beam 4,
     on clips of one window and of three (the clips must really seek: several windows, several segments)."""
@@ -153,6 +157,7 @@ def test_page_seeks_by_timestamps_as_transcribe(run: dict[str, Any]) -> None:
     assert any(s[2] for w in page[0] for s in _page_segments(w))  # text, not only timestamps
 
 
+@pytest.mark.slow
 def test_page_vad_reads_the_speech_as_transcribe_vad(run: dict[str, Any]) -> None:
     """Silero through onnxruntime-web: the same speech chunks (samples) as frontends/vad.py, and the same
     text and segments as ``transcribe --vad``, at two option sets; beam 4's text too."""
@@ -186,6 +191,7 @@ def _same_words(row: dict[str, Any], want: Any) -> None:
         assert abs(h["start"] - w.start) <= WORD_BOUND and abs(h["end"] - w.end) <= WORD_BOUND, (h, w)
 
 
+@pytest.mark.slow
 def test_page_word_times_are_transcribes(run: dict[str, Any]) -> None:
     """``transcribe --word-timestamps``'s words and times: plain greedy (the short clips one search, the
     long ones sought), beam 4 with timestamps, and greedy through VAD (times mapped back to the clip)."""
@@ -204,6 +210,7 @@ def test_page_word_times_are_transcribes(run: dict[str, Any]) -> None:
     _same_words(vad, want)
 
 
+@pytest.mark.slow
 def test_page_shows_what_a_user_uploads(run: dict[str, Any]) -> None:
     """The upload with "timestamps", "voice activity detection" and "word timestamps" ticked: one row, the
     clip's text, each segment's line, and a karaoke line whose highlight follows the player: sought to the
@@ -216,3 +223,40 @@ def test_page_shows_what_a_user_uploads(run: dict[str, Any]) -> None:
     expected = [next(i for i, w in enumerate(want.words) if w.start <= t < w.end) for t in run["seek"]]
     assert len(expected) >= 3 and run["page"]["karaoke"] == expected
     assert run["shot"].stat().st_size > 10_000
+
+
+DECODE = """
+const { HFDecoder, strip } = require(process.argv[1]);
+const job = JSON.parse(require('fs').readFileSync(0, 'utf8'));
+const decoder = new HFDecoder(job.tokenizer);
+console.log(JSON.stringify({ texts: job.ids.map((ids) => decoder.decode(ids)), stripped: job.strip.map(strip) }));
+"""
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="Node.js is not installed")
+def test_byte_level_tokenizer_reads_back_as_tokenizers_reads_it() -> None:
+    """A byte-level BPE (Whisper's decoder) trained on text with two- to four-byte characters: random id runs,
+    which cut characters apart, decode as ``Tokenizer.decode(ids, skip_special_tokens=True)`` decodes them
+    (broken UTF-8 as U+FFFD); and strip removes Python's whitespace, not JavaScript's."""
+    tokenizers = pytest.importorskip("tokenizers")
+    from tokenizers import decoders, models, pre_tokenizers, trainers
+
+    tokenizer = tokenizers.Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator(["héllo wörld ça va", "日本語 テキスト", "emoji 🎉 ok"] * 5, trainer)
+    rng = np.random.default_rng(0)
+    ids = [rng.integers(0, tokenizer.get_vocab_size(), int(rng.integers(1, 12))).tolist() for _ in range(200)]
+    ids.append(tokenizer.encode("emoji 🎉 ça 日本語").ids)
+    spaces = ["\x1c a \x1f", "\x85b\x85", "\ufeffc\ufeff", "\u3000 d\t\n", " e\u2028"]
+    job = {"tokenizer": json.loads(tokenizer.to_str()), "ids": ids, "strip": spaces}
+    done = subprocess.run(["node", "-e", DECODE, str(ROOT / "s2s_deploy" / "web" / "search.js")],
+                          input=json.dumps(job), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout)
+    want = [tokenizer.decode(run, skip_special_tokens=True) for run in ids]
+    assert found["texts"] == want
+    assert any("\ufffd" in text for text in want) and want[-1] == "emoji 🎉 ça 日本語"
+    assert found["stripped"] == [text.strip() for text in spaces]
