@@ -260,3 +260,23 @@ def test_byte_level_tokenizer_reads_back_as_tokenizers_reads_it() -> None:
     assert found["texts"] == want
     assert any("\ufffd" in text for text in want) and want[-1] == "emoji 🎉 ça 日本語"
     assert found["stripped"] == [text.strip() for text in spaces]
+
+
+def test_web_vad_refuses_an_export_without_16khz_audio(exports, tmp_path: Path) -> None:
+    """``web --vad`` on a text export: one line, nothing written; without ``--vad`` page.json says no VAD."""
+    from s2s_deploy.web.bundle import ORT_FILES, PAGE_JSON
+
+    _, manifest = exports.get("gru")
+    dist = tmp_path / "dist"
+    dist.mkdir()
+    for name in ORT_FILES:
+        (dist / name).write_bytes(name.encode())
+    folder = tmp_path / "gru"
+    shutil.copytree(manifest.directory, folder)
+    result = CliRunner().invoke(main, ["web", str(folder), "--ort-web", str(dist), "--vad"])
+    assert result.exit_code == 1 and result.output.count("\n") == 1
+    assert result.output.startswith("error: ") and "--vad reads audio at 16000 Hz" in result.output
+    assert not (folder / "index.html").exists()
+    result = CliRunner().invoke(main, ["web", str(folder), "--ort-web", str(dist)])
+    assert result.exit_code == 0, result.output
+    assert json.loads((folder / PAGE_JSON).read_text()) == {"vad": None}

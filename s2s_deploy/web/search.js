@@ -44,8 +44,9 @@
   // Decoding options as docs/manifest.md's "Resolving the options" has them (s2s_deploy/runtime/decoding.py):
   // the caller's value, else the manifest's search value (by its name, else an older key of ALIASES), else the
   // built-in default; max_len's is limits.max_target_length, else 256; a manifest min_len yields to a
-  // shorter max_len. This module runs beam, alpha and the length limits: an export whose search block
-  // turns on any other option is refused, never decoded without it.
+  // shorter max_len. This module runs beam, alpha, the length limits, the decoder prompt, the suppress lists
+  // and Whisper's timestamps: an export whose search block turns on any other option is refused, never
+  // decoded without it.
   // BEGIN generated from s2s_deploy/format/decoding.py by `python -m s2s_deploy.web.defaults`: do not edit
   const BUILT_IN = {
     beam_size: 1,
@@ -351,7 +352,7 @@
     if (stored.min_len !== undefined && given.min_len === undefined) options.min_len = Math.min(stored.min_len, options.max_len);
     for (const [name, value] of Object.entries(options)) {
       if (!RUN_HERE.has(name) && JSON.stringify(value) !== JSON.stringify(BUILT_IN[name])) {
-        throw new Error(`search.${name} is set, which this search module does not run (beam, alpha and length limits only)`);
+        throw new Error(`search.${name} is set, which this search module does not run (beam, alpha, length limits, decoder prompt, suppress lists and timestamps only)`);
       }
     }
     if (!Number.isInteger(options.beam_size) || options.beam_size < 1) throw new Error(`beam_size must be a whole number >= 1, not ${options.beam_size}`);
