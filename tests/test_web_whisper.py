@@ -13,6 +13,8 @@ in one headless Chromium for the whole module (examples/web/drive.js's ``calls``
   page's words and their times equal ``transcribe --word-timestamps``'s, with and without timestamps and
   VAD; the float32 steps are numpy's operation for operation, so the times are equal, not close (the
   test allows 1e-9 s for float64 rounding in the last step, and finds 0);
+- the same Whisper with its language left open (detected on the first window, kept for the rest):
+  segments, text and language equal ``transcribe``'s, greedy and beam 4;
 - the page as a user drives it: the clip uploaded with the boxes ticked shows the same text and segments,
   and its player highlights the word whose [start, end) holds the time it is sought to (karaoke).
 
@@ -105,7 +107,18 @@ def run(served: tuple[Path, str], tmp_path_factory: pytest.TempPathFactory) -> d
     speech, _ = speech_clip(root)
     wav = root / "speech.wav"
     soundfile.write(wav, speech, RATE, subtype="FLOAT")
-    calls: list[list[Any]] = []
+    detect_hf, detect = root / "detect-hf", site / "detect"
+    shutil.copytree(root / "hf", detect_hf)
+    raw = json.loads((detect_hf / "generation_config.json").read_text())
+    raw.update(language=None, task=None)  # the decoder prompt's language slot left open
+    (detect_hf / "generation_config.json").write_text(json.dumps(raw))
+    for command in (["export", "--hf", str(detect_hf), "--out", str(detect)],
+                    ["web", str(detect), "--ort-web", str(DIST)]):
+        result = CliRunner().invoke(main, command)
+        assert result.exit_code == 0, result.output
+    calls: list[list[Any]] = [["goto", f"{url}/detect/index.html"]]
+    calls += [["transcribe", [c.tolist() for c in timed], beam, {"timestamps": True}] for beam in BEAMS]
+    calls.append(["goto", f"{url}/whisper/index.html"])
     for beam in BEAMS:
         calls += [["transcribe", [c.tolist() for c in timed], beam, {"timestamps": True}],
                   ["transcribe", [c.tolist() for c in timed], beam, {}]]
@@ -125,9 +138,11 @@ def run(served: tuple[Path, str], tmp_path_factory: pytest.TempPathFactory) -> d
                           env={"CHROMIUM": CHROMIUM or "", "PATH": "/usr/bin:/bin"})
     assert done.returncode == 0, done.stderr
     page = json.loads(done.stdout)
+    page["detected"] = page["results"][1: 1 + len(BEAMS)]
+    page["results"] = page["results"][2 + len(BEAMS):]
     return {"transcriber": transcriber, "window": window, "short": short, "long": long, "timed": timed,
             "speech": speech, "page": page, "shot": shot, "folder": folder, "rate": RATE, "uploaded": uploaded,
-            "seek": seek}
+            "seek": seek, "detect": Transcriber(detect, device="cpu"), "detect_dir": detect}
 
 
 def _segments(found: Any) -> list[tuple[float, float, str]]:
@@ -155,6 +170,18 @@ def test_page_seeks_by_timestamps_as_transcribe(run: dict[str, Any]) -> None:
         assert sum(len(w.segments) for w in want[2:]) > 2 * len(want[2:])  # the long clips were cut in segments
         assert all(r["ms"] > 0 for r in with_times)
     assert any(s[2] for w in page[0] for s in _page_segments(w))  # text, not only timestamps
+
+
+@pytest.mark.slow
+def test_page_detects_the_language_as_transcribe(run: dict[str, Any]) -> None:
+    """An open language slot: chosen on each clip's first window by the best language log-prob and kept."""
+    detect, timed = run["detect"], run["timed"]
+    assert -1 in json.loads((run["detect_dir"] / "manifest.json").read_text())["search"]["decoder_prompt"]
+    for beam, rows in zip(BEAMS, run["page"]["detected"], strict=True):
+        want = detect(timed, beam=beam, timestamps=True)
+        assert [_page_segments(r) for r in rows] == [_segments(w) for w in want], beam
+        assert [(r["text"], r.get("language")) for r in rows] == [(w.text, w.language) for w in want], beam
+        assert all(w.language for w in want)
 
 
 @pytest.mark.slow
@@ -217,7 +244,7 @@ def test_page_shows_what_a_user_uploads(run: dict[str, Any]) -> None:
     middle of a word, that word (by ``transcribe``'s times) is the one highlighted."""
     [row] = run["page"]["table"]
     want = run["uploaded"]
-    assert row[0] == "speech.wav" and row[1].startswith(want.text)
+    assert row[0] == f"speech.wav [{want.language}]" and row[1].startswith(want.text)
     for segment in want.segments:
         assert f"[{segment.start:.2f} → {segment.end:.2f}] {segment.text}" in run["page"]["html"]
     expected = [next(i for i, w in enumerate(want.words) if w.start <= t < w.end) for t in run["seek"]]

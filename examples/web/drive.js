@@ -10,7 +10,7 @@
 //  "upload": [[source, text, ms] per table row after uploading PATH through the file input],
 //  "record": the same after recording 3 s from a fake microphone that plays WAV (Chromium's flags)}.
 // A JOB of {"calls": [[name, ...args], ...]} (one browser for many checks) prints each
-// window.s2s[name](...args)'s result in order, then uploads "upload" (a path, optional) through the file
+// window.s2s[name](...args)'s result in order (["goto", URL]: the page at URL from then on), then uploads "upload" (a path, optional) through the file
 // input with the boxes of "boxes" ({id: checked}) set, and adds "table": the table's rows as a user sees them,
 // "html": the table's markup, and "karaoke": for each time of "seek" (seconds), the index of the word the
 // first row's player highlights once sought there (-1: none).
@@ -63,7 +63,15 @@ async function audioPage(page, { clips, beams, frontends, files, upload, record 
 
 async function calls(page, { calls: list, upload, boxes, seek }) {
   const results = [];
-  for (const [name, ...args] of list) results.push(await page.evaluate((n, a) => window.s2s[n](...a), name, args));
+  for (const [name, ...args] of list) {
+    if (name === 'goto') { // another page (another export): what follows runs there
+      await page.goto(args[0], { waitUntil: 'load' });
+      await page.evaluate(() => window.s2s.ready.then(() => null));
+      results.push(null);
+    } else {
+      results.push(await page.evaluate((n, a) => window.s2s[n](...a), name, args));
+    }
+  }
   if (!upload) return { results };
   for (const [id, checked] of Object.entries(boxes || {})) await page.$eval(`#${id}`, (box, on) => { box.checked = on; }, checked);
   await (await page.$('#files')).uploadFile(upload);

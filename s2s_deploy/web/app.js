@@ -94,8 +94,8 @@ async function transcribeAll(translator, clips, beam, timestamps = false, vad = 
     const samples = Float32Array.from(clip.samples);
     const found = vad ? await transcribeSpeech(translator, samples, beam, timestamps, vad === true ? {} : vad, words)
       : await transcribeSamples(translator, samples, beam, timestamps, words);
-    const { text, segments, chunks } = found;
-    results.push({ source: clip.source, text, segments, chunks, words: found.words, audio: clip.audio, ms: performance.now() - start, attention: null });
+    const { text, segments, chunks, language } = found;
+    results.push({ source: clip.source, text, segments, chunks, language, words: found.words, audio: clip.audio, ms: performance.now() - start, attention: null });
   }
   return results;
 }
@@ -128,9 +128,11 @@ async function transcribeSpeech(translator, samples, beam, timestamps, given, wo
   const texts = [];
   const segments = [];
   const timed = [];
+  let language = null; // the first window's that names one
   for (const window of S2SVad.windows(chunks, rate, seconds)) {
     const found = await transcribeSamples(translator, S2SVad.windowAudio(window, samples), beam, timestamps, words);
     const stripped = S2SSearch.strip(found.text);
+    if (language === null) language = found.language;
     if (stripped) texts.push(stripped);
     const duration = S2SVad.duration(window);
     if (timestamps) {
@@ -143,7 +145,7 @@ async function transcribeSpeech(translator, samples, beam, timestamps, given, wo
       timed.push({ start: S2SVad.original(window, Math.min(word.start, duration), false, span), end: S2SVad.original(window, Math.min(word.end, duration), true, span), text: word.text });
     }
   }
-  return { text: texts.join(' '), segments, chunks, words: words ? timed : undefined };
+  return { text: texts.join(' '), segments, chunks, language, words: words ? timed : undefined };
 }
 
 // One clip's uncut features ({ data, dims }, frames last) as `transcribe` reads them
@@ -160,17 +162,18 @@ async function transcribeWindows(translator, features, beam, timestamps) {
   const seekable = window && shape[shape.length - 1] === 'frames';
   if (timestamps && !seekable) throw new Error("timestamps: this encoder's input has no frames axis last to seek along");
   if (timestamps || (seekable && frames > window && (manifest.search || {}).timestamp_begin >= 1)) {
-    const { text, segments, windows } = await translator.seek(features, window, translator.options({ beam, timestamps: true }));
-    return { text, segments, windows };
+    const { text, segments, windows, language } = await translator.seek(features, window, translator.options({ beam, timestamps: true }));
+    return { text, segments, windows, language };
   }
   if (!seekable || frames <= window) {
     const found = await translator.transcribe(features, { beam });
     const n = translator.featureSource(features).length;
-    return { text: found.text, segments: [], windows: [{ seek: 0, frames: n, width: n, tokens: found.tokens, finished: found.finished, prompt: found.prompt, kept: found.tokens.length }] };
+    const windows = [{ seek: 0, frames: n, width: n, tokens: found.tokens, finished: found.finished, prompt: found.prompt, kept: found.tokens.length }];
+    return { text: found.text, segments: [], windows, language: translator.languageOf(found.prompt) };
   }
-  const { segments, windows } = await translator.seek(features, window, translator.options({ beam }));
+  const { segments, windows, language } = await translator.seek(features, window, translator.options({ beam }));
   const text = segments.map((s) => S2SSearch.strip(s.text)).filter((t) => t).join(' ');
-  return { text, segments: [], windows };
+  return { text, segments: [], windows, language };
 }
 
 // Translates texts in order; each result has its text and milliseconds.
@@ -268,7 +271,7 @@ function show(results) {
   body.textContent = '';
   results.forEach((r, i) => {
     const row = body.insertRow();
-    row.insertCell().textContent = r.source;
+    row.insertCell().textContent = r.language ? `${r.source} [${r.language}]` : r.source; // the language its prompt held
     const text = row.insertCell();
     text.textContent = r.text;
     if (r.segments && r.segments.length) text.append(segmentList(r.segments));
@@ -286,7 +289,7 @@ function show(results) {
 }
 
 const ready = load();
-const plain = (results) => results.map(({ text, ms, segments, chunks, words }) => ({ text, ms, ...(segments ? { segments } : {}), ...(chunks ? { chunks } : {}), ...(words ? { words } : {}) }));
+const plain = (results) => results.map(({ text, ms, segments, chunks, words, language }) => ({ text, ms, ...(segments ? { segments } : {}), ...(chunks ? { chunks } : {}), ...(words ? { words } : {}), ...(language ? { language } : {}) }));
 window.s2s = {
   ready,
   // For scripts and tests: plain data, no DOM.

@@ -707,7 +707,18 @@
       const sought = await seekWindows((part, windowOptions) => this.search(this.featureSource(part), { options: windowOptions }),
         features, window, options);
       const tokens = sought.pieces.flatMap((piece) => piece.tokens);
-      return { ...sought, tokens, text: this.decodeIds(tokens), segments: sought.pieces.map((p) => ({ start: p.start, end: p.end, text: this.decodeIds(p.tokens) })) };
+      const segments = sought.pieces.map((p) => ({ start: p.start, end: p.end, text: this.decodeIds(p.tokens) }));
+      return { ...sought, tokens, text: this.decodeIds(tokens), segments, language: this.languageOf(sought.prompt) };
+    }
+
+    // The code of the language token a decoder prompt holds (format/vocab.py's code_of: `<|fr|>` is `fr`),
+    // null without one.
+    languageOf(prompt) {
+      const languages = new Set(this.tgt.languages || []);
+      const id = prompt.find((token) => languages.has(token));
+      if (id === undefined) return null;
+      const token = this.tgt.tokens[id];
+      return token.replace(/^[^A-Za-z0-9]*|[^A-Za-z0-9]*$/g, '') || token;
     }
 
     // Each window's kept tokens' times in seconds from the clip's start (runtime/words.py's window_times for
