@@ -79,8 +79,9 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str
 
 
 @pytest.fixture(scope="module")
-def run(served: tuple[Path, str], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """The export, its page (``web --vad``), the clips, and what the page answered for each call."""
+def run(served: tuple[Path, str], tmp_path_factory: pytest.TempPathFactory, hf_exports: Any) -> dict[str, Any]:
+    """The exports (conftest's shared ``hf_exports``, copied: the page is written into the folder), their
+    pages (``web --vad``), the clips, and what the pages answered for each call."""
     if _missing() is not None:
         pytest.skip(_missing() or "")
     pytest.importorskip("transformers")
@@ -95,8 +96,7 @@ def run(served: tuple[Path, str], tmp_path_factory: pytest.TempPathFactory) -> d
     save_timestamp_whisper(root / "hf", 0.55, keep=0.5)
     site, url = served
     folder = site / "whisper"
-    result = CliRunner().invoke(main, ["export", "--hf", str(root / "hf"), "--word-timestamps", "--out", str(folder)])
-    assert result.exit_code == 0, result.output
+    shutil.copytree(hf_exports.get(root / "hf", "--word-timestamps"), folder)
     result = CliRunner().invoke(main, ["web", str(folder), "--ort-web", str(DIST), "--vad"])
     assert result.exit_code == 0, result.output
     transcriber = Transcriber(folder, device="cpu")
@@ -112,10 +112,9 @@ def run(served: tuple[Path, str], tmp_path_factory: pytest.TempPathFactory) -> d
     raw = json.loads((detect_hf / "generation_config.json").read_text())
     raw.update(language=None, task=None)  # the decoder prompt's language slot left open
     (detect_hf / "generation_config.json").write_text(json.dumps(raw))
-    for command in (["export", "--hf", str(detect_hf), "--out", str(detect)],
-                    ["web", str(detect), "--ort-web", str(DIST)]):
-        result = CliRunner().invoke(main, command)
-        assert result.exit_code == 0, result.output
+    shutil.copytree(hf_exports.get(detect_hf), detect)
+    result = CliRunner().invoke(main, ["web", str(detect), "--ort-web", str(DIST)])
+    assert result.exit_code == 0, result.output
     calls: list[list[Any]] = [["goto", f"{url}/detect/index.html"]]
     calls += [["transcribe", [c.tolist() for c in timed], beam, {"timestamps": True}] for beam in BEAMS]
     calls.append(["goto", f"{url}/whisper/index.html"])
