@@ -207,7 +207,8 @@ NODE_DIR = Path(__file__).resolve().parents[1] / "examples" / "node"
 @pytest.mark.skipif(shutil.which("node") is None, reason="Node.js is not installed")
 def test_node_search_module_knows_every_option() -> None:
     """web/search.js's built-in defaults are the table's, so an export's inert settings (a Whisper
-    export's timestamp_begin, ...) pass, and an option it does not run, turned on, is refused."""
+    export's timestamp_begin, ...) and the options it runs (timestamps, suppress lists) pass, and an option
+    it does not run, turned on, is refused."""
     import subprocess
 
     script = ("const S = require(process.argv[1]); const m = JSON.parse(process.argv[2]);"
@@ -227,8 +228,10 @@ def test_node_search_module_knows_every_option() -> None:
     assert run({"forced_bos": 5}).startswith("refused: search.forced_bos is set")
     whisper = {"timestamp_begin": 128, "max_initial_timestamp": 10, "time_precision": 0.02, "timestamp_frames": 2}
     assert not run(whisper).startswith("refused")
-    assert run({**whisper, "timestamps": True}) == ("refused: search.timestamps is set, which this search module "
-                                                    "does not run (beam, alpha and length limits only)")
+    assert not run({**whisper, "timestamps": True, "suppress_tokens": [1]}).startswith("refused")  # the page runs them
+    assert run({**whisper, "temperature": [0.0, 0.2]}) == (
+        "refused: search.temperature is set, which this search module does not run (beam, alpha, length limits, "
+        "decoder prompt, suppress lists and timestamps only)")
 
 
 @pytest.mark.skipif(shutil.which("node") is None, reason="Node.js is not installed")

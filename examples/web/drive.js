@@ -9,6 +9,11 @@
 //  "garbage": the error decoding three bytes that are no audio file,
 //  "upload": [[source, text, ms] per table row after uploading PATH through the file input],
 //  "record": the same after recording 3 s from a fake microphone that plays WAV (Chromium's flags)}.
+// A JOB of {"calls": [[name, ...args], ...]} (one browser for many checks) prints each
+// window.s2s[name](...args)'s result in order (["goto", URL]: the page at URL from then on), then uploads "upload" (a path, optional) through the file
+// input with the boxes of "boxes" ({id: checked}) set, and adds "table": the table's rows as a user sees them,
+// "html": the table's markup, and "karaoke": for each time of "seek" (seconds), the index of the word the
+// first row's player highlights once sought there (-1: none).
 'use strict';
 const puppeteer = require('puppeteer-core');
 
@@ -56,6 +61,40 @@ async function audioPage(page, { clips, beams, frontends, files, upload, record 
   return results;
 }
 
+async function calls(page, { calls: list, upload, boxes, seek }) {
+  const results = [];
+  for (const [name, ...args] of list) {
+    if (name === 'goto') { // another page (another export): what follows runs there
+      await page.goto(args[0], { waitUntil: 'load' });
+      await page.evaluate(() => window.s2s.ready.then(() => null));
+      results.push(null);
+    } else {
+      results.push(await page.evaluate((n, a) => window.s2s[n](...a), name, args));
+    }
+  }
+  if (!upload) return { results };
+  for (const [id, checked] of Object.entries(boxes || {})) await page.$eval(`#${id}`, (box, on) => { box.checked = on; }, checked);
+  await (await page.$('#files')).uploadFile(upload);
+  await page.waitForFunction(() => /ms each|error/.test(document.getElementById('status').textContent), { timeout: 120000 });
+  const karaoke = [];
+  for (const time of seek || []) {
+    karaoke.push(await page.$eval('#results audio', (player, t) => new Promise((resolve, reject) => {
+      const sought = () => {
+        player.removeEventListener('seeked', sought);
+        setTimeout(() => { // after the page's own seeked listener
+          const now = player.parentElement.querySelector('span.now');
+          resolve(now ? Number(now.dataset.index) : -1);
+        }, 50);
+      };
+      player.addEventListener('seeked', sought);
+      player.addEventListener('error', () => reject(new Error('the player cannot load the clip')));
+      const go = () => { player.currentTime = t; };
+      if (player.readyState >= 1) go(); else player.addEventListener('loadedmetadata', go, { once: true });
+    }), time));
+  }
+  return { results, table: await tableRows(page), html: await page.$eval('#results', (el) => el.innerHTML), karaoke };
+}
+
 // All of stdin: readFileSync(0) fails with EAGAIN on a pipe that is still filling (an audio job's samples).
 async function readStdin() {
   const chunks = [];
@@ -80,7 +119,7 @@ async function main() {
     await page.setViewport({ width: 1000, height: 900 });
     await page.goto(url, { waitUntil: 'load' });
     await page.evaluate(() => window.s2s.ready.then(() => null));
-    const results = job.clips ? await audioPage(page, job) : await textPage(page, job);
+    const results = job.calls ? await calls(page, job) : job.clips ? await audioPage(page, job) : await textPage(page, job);
     await page.waitForFunction(() => /ms each|error/.test(document.getElementById('status').textContent), { timeout: 120000 });
     await page.screenshot({ path: screenshot, fullPage: true });
     const status = await page.$eval('#status', (el) => el.textContent);

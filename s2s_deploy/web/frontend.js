@@ -219,5 +219,11 @@
     return frontend.kind === 'whisper_log_mel' ? Math.floor((frontend.chunk_length * frontend.sampling_rate) / frontend.hop_length) : null;
   }
 
-  return { compute, mono, windowFrames, kinds: Object.keys(FRONT_ENDS) };
+  // The frames that hold the clip itself, not the padding the front end adds (word timestamps align tokens
+  // to these only): Whisper's attention mask, ceil(samples / hop_length); null (every frame) for the others.
+  function contentFrames(frontend, samples) {
+    return frontend.kind === 'whisper_log_mel' ? Math.ceil(samples.length / frontend.hop_length) : null;
+  }
+
+  return { compute, mono, windowFrames, contentFrames, kinds: Object.keys(FRONT_ENDS) };
 });
