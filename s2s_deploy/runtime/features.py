@@ -22,6 +22,7 @@ import numpy as np
 
 from s2s_deploy.errors import S2SError
 from s2s_deploy.format.source import SourceSpec
+from s2s_deploy.frontends.frames import StreamedFeatures
 from s2s_deploy.frontends.media import Medium
 from s2s_deploy.frontends.source import checked_features, featurise, frontend_for, use_instead
 from s2s_deploy.runtime.decoding import SearchConfig, window_options_on, with_timestamps
@@ -151,14 +152,20 @@ class FeatureReader:
         is read whole (``load``)."""
         return None
 
-    def features(self, item: Any, label: str | None = None, whole: bool = False) -> np.ndarray:
+    def features(self, item: Any, label: str | None = None, whole: bool = False) -> np.ndarray | StreamedFeatures:
         """One input's encoder input: the front end's features, checked against the declared shape;
         ``whole``: uncut, for window-by-window decoding (what ``__call__`` and ``serve`` read), made
-        block by block from what ``stream`` opens, where it opens one."""
+        block by block from what ``stream`` opens, where it opens one. An input longer than the window
+        whose frames come last is then ``StreamedFeatures`` where the front end makes them window by
+        window: the decoder reads each window as it is made, and memory does not grow with duration."""
         label = label or self.label
         opened = self.stream(item, label) if whole else None
         if opened is not None:
-            return checked_features(self.source, self.frontend.stream(opened, label, opened.expected), label)
+            frames_last = self.source.length_axis == len(self.source.shape)
+            window = self.manifest.max_source_length or self.frontend.window if frames_last else None
+            made = self.frontend.frames(opened, label, window) if frames_last else \
+                self.frontend.stream(opened, label, opened.expected)
+            return checked_features(self.source, made, label)
         return featurise(self.source, self.load(item, label), label, whole, self.frontend)
 
     def __call__(self, items: Any, beam: int | None = None, n_best: int | None = None, max_len: int | None = None,
