@@ -241,7 +241,8 @@ def create_app(config: ServeConfig) -> Starlette:
         except S2SError as exc:
             return _refusal(exc)
         timed = {"segments": [s.row() for s in result.segments]} if search.timestamps else {}
-        return JSONResponse({"transcriptions": [{**_hypotheses(result), "language": result.language, **timed}]})
+        return JSONResponse({"transcriptions": [{**_hypotheses(result), **result.row(search),
+                                                 "language": result.language, **timed}]})
 
     async def health(request: Request) -> JSONResponse:
         batcher: Batcher = state["batcher"]
