@@ -455,7 +455,7 @@ def test_a_clip_longer_than_the_window_is_read_window_by_window(whisper: dict[st
     path = tmp_path / "long.wav"
     soundfile.write(path, audio[0], RATE)
     result = CliRunner().invoke(main, ["transcribe", str(whisper["out"]), str(path), "--quiet"])
-    assert result.exit_code == 0 and result.output.split() == ours[0].text.split(), result.output
+    assert result.exit_code == 0 and result.stdout.split() == ours[0].text.split(), result.output
     result = CliRunner().invoke(main, ["transcribe", str(whisper["out"]), str(path), "--beam", "2", "--n-best", "2"])
     assert result.exit_code == 1 and len(result.output.splitlines()) == 1, result.output
     assert result.output.startswith(f"error: {path} is longer than the encoder's window of 100 frames")
