@@ -13,6 +13,7 @@ import pytest
 from s2s_deploy.errors import S2SError
 from s2s_deploy.frontends import KaldiFbank, WhisperLogMel
 from s2s_deploy.frontends.audio import BLOCK_FRAMES, AudioFile, AudioTooLongError, load_audio
+from s2s_deploy.frontends.frames import StreamedFeatures
 
 soundfile = pytest.importorskip("soundfile")
 soxr = pytest.importorskip("soxr")
@@ -136,3 +137,43 @@ def test_audio_far_outside_full_scale_or_clipped_gets_one_warning(scale: float, 
     lines: list[str] = []
     list(AudioFile(buffer.getvalue(), "upload", 16000, warn=lines.append))
     assert lines == ([warning] if warning else [])
+
+
+@pytest.mark.parametrize(("seconds", "rate", "kind", "chunk"), [
+    (150.0, 44100, "FLAC", 8),   # minutes, resampled, the bundled speech model's 8-s window
+    (95.0, 16000, "WAV", 30),    # Whisper's 30-s window, no resampler
+])
+def test_windows_made_as_the_decoder_reads_them_equal_the_whole_clips(tmp_path: Path, seconds: float, rate: int,
+                                                                      kind: str, chunk: int) -> None:
+    """Two passes (the loudest frame first, then the windows as asked) give ``whole``'s features bit
+    for bit, read forward in overlapping windows as the seek loop reads them, and again from the start."""
+    path = tmp_path / f"clip.{kind.lower()}"
+    soundfile.write(str(path), synthetic(seconds, rate, seed=3), rate, format=kind)
+    frontend = WhisperLogMel(chunk_length=chunk)
+    expected = frontend.whole(one_shot(path, 16000))
+    streamed = frontend.frames(AudioFile(path, "clip", 16000), "clip", frontend.window)
+    assert isinstance(streamed, StreamedFeatures)
+    assert streamed.shape == expected.shape
+    seek, window = 0, frontend.window
+    while seek < expected.shape[-1]:  # windows that overlap, as a seek back to a timestamp makes them
+        got = streamed[..., seek: seek + window]
+        assert np.array_equal(got, expected[..., seek: seek + window])
+        seek += window - 137
+    assert np.array_equal(streamed[..., 5: 5 + window], expected[..., 5: 5 + window])  # back to the start
+    held = streamed[..., expected.shape[-1] - 3: expected.shape[-1] + 50]
+    assert np.array_equal(held, expected[..., -3:])
+
+
+def test_a_clip_within_one_window_is_an_array_and_streaming_holds_no_whole_clip(tmp_path: Path) -> None:
+    path = tmp_path / "clip.wav"
+    soundfile.write(str(path), synthetic(40.0, 16000), 16000)
+    opened = AudioFile(path, "clip", 16000)
+    expected = WhisperLogMel(chunk_length=8).stream(opened, "clip", opened.expected)
+    within = WhisperLogMel(chunk_length=8).frames(AudioFile(path, "clip", 16000), "clip", window=None)
+    assert isinstance(within, np.ndarray) and np.array_equal(within, expected)
+    within = WhisperLogMel(chunk_length=8).frames(AudioFile(path, "clip", 16000), "clip", window=4000)
+    assert isinstance(within, np.ndarray) and np.array_equal(within, expected)
+    streamed = WhisperLogMel(chunk_length=8).frames(AudioFile(path, "clip", 16000), "clip", window=800)
+    assert isinstance(streamed, StreamedFeatures)
+    streamed[..., 3000:3800]
+    assert streamed._held.shape[-1] < 3800  # a window and a piece held, never the clip's 4000 frames

@@ -262,3 +262,55 @@ def test_the_manifest_form_refuses_what_it_does_not_know() -> None:
         KaldiFbank.from_json(WhisperLogMel().to_json())
     with pytest.raises(S2SError, match="hop_length must be positive"):
         frontend_from_json({**WhisperLogMel().to_json(), "hop_length": 0})
+
+
+@pytest.mark.parametrize("orientation", range(1, 9))
+@pytest.mark.parametrize("kind", ["JPEG", "PNG"])
+def test_exif_orientation_is_applied_as_transformers_load_image_applies_it(tmp_path: Path, orientation: int,
+                                                                           kind: str) -> None:
+    """Cameras store pixels as the sensor saw them and say in EXIF how to turn them; transformers'
+    ``load_image`` turns them (``ImageOps.exif_transpose``), so the file gives its features, not the raw pixels'."""
+    transformers = needs("transformers", "the reference for reading image files")
+    from PIL import Image
+
+    from s2s_deploy.frontends import load_image
+
+    path = tmp_path / f"photo.{kind.lower()}"
+    exif = Image.Exif()
+    exif[0x0112] = orientation  # Orientation
+    picture(160, 90).save(path, format=kind, exif=exif)
+    reference = transformers.ViTImageProcessorPil(do_convert_rgb=True)
+    expected = reference(transformers.image_utils.load_image(str(path)), return_tensors="np").pixel_values[0]
+    ours = frontend_from_preprocessor_config(reference.to_dict())
+    image = load_image(path)
+    assert image.size == ((90, 160) if orientation >= 5 else (160, 90))  # 5-8 turn it a quarter
+    assert np.abs(ours(image) - expected).max() <= IMAGE_ATOL
+    if orientation != 1:  # the raw pixels would have given other features
+        with Image.open(path) as raw:
+            assert np.abs(ours(raw.convert("RGB")) - expected).max() > 0.1
+
+
+@pytest.mark.parametrize(("mode", "pixels", "fragment"), [
+    ("I;16", (np.arange(64 * 48).reshape(48, 64) * 20).astype(np.uint16), "16-bit (Pillow mode I;16)"),
+    ("F", np.linspace(0, 1, 64 * 48, dtype=np.float32).reshape(48, 64), "32-bit float (Pillow mode F)"),
+    ("I", (np.arange(64 * 48).reshape(48, 64) * 1000).astype(np.int32), "32-bit integer (Pillow mode I)"),
+])
+def test_images_of_more_than_8_bits_are_refused_in_one_line(tmp_path: Path, mode: str, pixels: np.ndarray,
+                                                            fragment: str) -> None:
+    """Pillow's RGB conversion clips them to 0-255, and so does transformers' ``load_image`` (checked here):
+    a 16-bit grey image comes out nearly all white, a float one all black. Nothing scales them: refused."""
+    transformers = needs("transformers", "the reference for reading image files")
+    from PIL import Image
+
+    from s2s_deploy.frontends import load_image
+
+    path = tmp_path / ("wide.png" if mode == "I;16" else "wide.tiff")
+    Image.fromarray(pixels).save(path)
+    with Image.open(path) as opened:
+        assert opened.mode == mode
+    clipped = np.asarray(transformers.image_utils.load_image(str(path)))
+    assert clipped.dtype == np.uint8 and (np.mean(clipped == 255) > 0.9 or clipped.max() <= 1)
+    with pytest.raises(S2SError) as refused:
+        load_image(path)
+    assert fragment in str(refused.value) and "convert it to 8-bit first" in str(refused.value)
+    assert "\n" not in str(refused.value)

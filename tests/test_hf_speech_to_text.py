@@ -213,7 +213,7 @@ def test_transcribe_prints_what_the_transcriber_returns(s2t: dict[str, Any], tmp
     result = CliRunner().invoke(main, ["transcribe", str(s2t["out"]), *map(str, paths), "--quiet"])
     assert result.exit_code == 0, result.output
     wanted = s2t["transcriber"]([str(p) for p in paths])
-    assert result.output.splitlines() == [t.text for t in wanted]
+    assert result.stdout.splitlines() == [t.text for t in wanted]
     assert all(t.text.split()[0] == "<lang:fr>" or t.text.split()[0].startswith("w") for t in wanted)
 
 

@@ -267,7 +267,7 @@ def test_transcribe_takes_language_and_task_codes(whisper: dict[str, Any], tmp_p
     features = whisper["transcriber"].features(str(path))[None]
     result = CliRunner().invoke(main, ["transcribe", str(whisper["out"]), str(path), "--quiet"])
     assert result.exit_code == 0, result.output
-    assert result.output.split() == [f"w{i}" for i in generated(whisper["model"], features, 1)[0]]
+    assert result.stdout.split() == [f"w{i}" for i in generated(whisper["model"], features, 1)[0]]
     out = tmp_path / "out.json"
     result = CliRunner().invoke(main, ["transcribe", str(whisper["out"]), str(path), "--quiet", "--language", "en",
                                        "--task", "translate", "--output", str(out)])
@@ -401,7 +401,7 @@ def test_transcribe_takes_a_prompt(whisper: dict[str, Any], tmp_path: Path) -> N
     want = [f"w{i}" for i in generated(whisper["model"], features, 1, prompt_ids=prompt_ids())[0]]
     result = CliRunner().invoke(main, ["transcribe", str(whisper["out"]), str(path), "--quiet", "--prompt", PROMPT])
     assert result.exit_code == 0, result.output
-    assert result.output.split() == want
+    assert result.stdout.split() == want
     prompted = Transcriber(whisper["out"], device="cpu", prompt=PROMPT)
     assert prompted([str(path)])[0].text.split() == want
     assert prompted([str(path)], prompt="")[0].text == whisper["transcriber"]([str(path)])[0].text
@@ -455,7 +455,7 @@ def test_a_clip_longer_than_the_window_is_read_window_by_window(whisper: dict[st
     path = tmp_path / "long.wav"
     soundfile.write(path, audio[0], RATE)
     result = CliRunner().invoke(main, ["transcribe", str(whisper["out"]), str(path), "--quiet"])
-    assert result.exit_code == 0 and result.output.split() == ours[0].text.split(), result.output
+    assert result.exit_code == 0 and result.stdout.split() == ours[0].text.split(), result.output
     result = CliRunner().invoke(main, ["transcribe", str(whisper["out"]), str(path), "--beam", "2", "--n-best", "2"])
     assert result.exit_code == 1 and len(result.output.splitlines()) == 1, result.output
     assert result.output.startswith(f"error: {path} is longer than the encoder's window of 100 frames")

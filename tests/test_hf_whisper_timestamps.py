@@ -201,9 +201,9 @@ def test_transcribe_writes_timed_segments(whisper: dict[str, Any], tmp_path: Pat
     assert want.segments and want.text
     if suffix == ".json":  # and on the terminal: one line per segment
         shown = CliRunner().invoke(main, ["transcribe", str(whisper["out"]), str(path), "--quiet", "--timestamps"])
-        assert shown.exit_code == 0 and len(shown.output.splitlines()) == len(want.segments), shown.output
+        assert shown.exit_code == 0 and len(shown.stdout.splitlines()) == len(want.segments), shown.output
         first = want.segments[0]
-        assert shown.output.startswith(f"[{clock(first.start, '.')} --> {clock(first.end, '.')}] {first.text}\n")
+        assert shown.stdout.startswith(f"[{clock(first.start, '.')} --> {clock(first.end, '.')}] {first.text}\n")
     written = out.read_text()
     if suffix == ".json":
         [row] = json.loads(written)

@@ -43,6 +43,12 @@ def run(*args: str) -> tuple[int, str, str]:
     return result.exit_code, result.stdout, result.stderr
 
 
+def doubtless(err: str) -> str:
+    """stderr without the doubt warnings that a tiny export's random weights earn on every text
+    (tests/test_honest_output.py)."""
+    return "".join(line for line in err.splitlines(keepends=True) if ": low confidence (mean log-prob" not in line)
+
+
 def one_line(code: int, stderr: str, fragment: str = "") -> str:
     """The contract of every refusal: exit 1, one error line, last on stderr (after any progress
     notice such as "exporting ..."), no trace."""
@@ -641,11 +647,11 @@ def test_a_truncated_wav_warns_once_and_reads_what_it_holds(speech: Path, tmp_pa
     half.write_bytes(_wav(16000, 16000, tone[: len(tone) // 2]))
     (tmp_path / "half-as-such.wav").write_bytes(_wav(8000, 16000, tone[: len(tone) // 2]))
     code, out, err = run("transcribe", str(speech), str(half), "--max-len", "4", "--quiet")
-    assert code == 0 and err == (f"warning: audio {half} is truncated: its header promises 32000 bytes of audio, "
-                                 "the file holds 16000; reading what it holds\n")
-    honest = run("transcribe", str(speech), str(tmp_path / "half-as-such.wav"), "--max-len", "4", "--quiet")
-    assert honest == (0, out, "")  # the half it holds, read as a file that says so
-    assert run("transcribe", str(speech), str(whole), "--max-len", "4", "--quiet")[2] == ""
+    assert code == 0 and doubtless(err) == (f"warning: audio {half} is truncated: its header promises 32000 bytes of "
+                                            "audio, the file holds 16000; reading what it holds\n")
+    code, honest, err = run("transcribe", str(speech), str(tmp_path / "half-as-such.wav"), "--max-len", "4", "--quiet")
+    assert (code, honest, doubtless(err)) == (0, out, "")  # the half it holds, read as a file that says so
+    assert doubtless(run("transcribe", str(speech), str(whole), "--max-len", "4", "--quiet")[2]) == ""
 
 
 def test_an_image_bomb_is_one_line(tmp_path: Path) -> None:

@@ -41,6 +41,12 @@ def run(*args: str) -> tuple[int, str, str]:
     return result.exit_code, result.stdout, result.stderr
 
 
+def doubtless(err: str) -> str:
+    """stderr without the doubt warnings that a tiny export's random weights earn on every text
+    (tests/test_honest_output.py)."""
+    return "".join(line for line in err.splitlines(keepends=True) if ": low confidence (mean log-prob" not in line)
+
+
 def wav_header(frames: int, rate: int, body: bytes) -> bytes:
     """A 16-bit mono PCM WAV whose header says ``frames`` at ``rate`` and holds ``body``."""
     size = 2 * frames
@@ -56,7 +62,7 @@ def test_a_batch_names_each_bad_file_prints_the_good_ones_and_fails_at_the_end(s
     alone = [run("transcribe", str(speech), clip, "--max-len", "8", "--quiet")[1] for clip in CLIPS[:2]]
     assert code == 1
     assert out == "".join(alone)  # the good files, in order, as each prints alone
-    assert err.splitlines() == [
+    assert doubtless(err).splitlines() == [
         f"error: audio file not found: {tmp_path / 'missing.wav'}",
         f"error: {tmp_path} is a directory, not an audio file",
         f"error: cannot read audio {broken}: Format not recognised.",
@@ -100,8 +106,8 @@ def test_max_duration_is_judged_from_the_header(speech: Path, tmp_path: Path) ->
     assert run("transcribe", str(speech), str(lengthy), "--max-duration", "12", "--max-len", "4")[0] == 0
     code, out, err = run("transcribe", str(speech), str(claims), "--max-len", "4", "--quiet")
     assert code == 0 and out.count("\n") == 1
-    assert err == (f"warning: audio {claims} is truncated: its header promises 115200000 bytes of audio, the file "
-                   f"holds 4000; reading what it holds\n")
+    assert doubtless(err) == (f"warning: audio {claims} is truncated: its header promises 115200000 bytes of audio, "
+                              f"the file holds 4000; reading what it holds\n")
 
 
 def test_serve_refuses_by_the_header_reads_multipart_and_shows_no_repr(speech: Path, tmp_path: Path) -> None:

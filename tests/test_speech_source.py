@@ -124,7 +124,7 @@ def test_transcribe_command_lines_json_and_one_line_errors(speech, tmp_path: Pat
     result = runner.invoke(main, ["transcribe", str(out), *CLIPS, "--max-len", "8", "--quiet"])
     assert result.exit_code == 0, result.output
     assert len(resolved) == 1 and resolved[0][1]["max_len"] == 8
-    lines = result.output.splitlines()
+    lines = result.stdout.splitlines()  # stderr: the random weights' doubt warnings
     assert len(lines) == len(CLIPS)
     target = tmp_path / "out.json"
     result = runner.invoke(main, ["transcribe", str(out), *CLIPS, "--max-len", "8", "--quiet", "--output", str(target)])

@@ -48,12 +48,14 @@ def file_options(medium: str) -> Callable[[F], F]:
 def decode_files(reader_type: type, export_dir: str, files: tuple[str, ...], what: str, batch_size: int,
                  scores: bool, output_path: str | None, quiet: bool, device: str, threads: int | None,
                  decoding: dict[str, Any], reader_options: dict[str, Any] | None = None,
-                 reading: dict[str, Any] | None = None) -> None:
+                 reading: dict[str, Any] | None = None, doubtful: str | None = None) -> None:
     """Every check before any work (the folder, --output's kind, the options), then ``reader_type``
     (``Transcriber``, ``Captioner``, given ``reader_options``) over ``files``; ``what`` names a file in
     messages; ``reading``: options of the reader's call that are not decoding options (``vad``,
     ``word_timestamps``). A file that cannot be read (missing, a directory, broken) is one ``error:`` line on
-    stderr as it is met; the others are decoded and printed, and the command fails at the end."""
+    stderr as it is met; the others are decoded and printed, and the command fails at the end.
+    ``doubtful`` (``flag`` or ``suppress``): a result whose text falls under the confidence thresholds
+    (``Decoded.doubt``) gets one ``warning:`` line on stderr, and with ``suppress`` its text is left empty."""
     from s2s_deploy.errors import S2SError
     from s2s_deploy.format.files import write_atomically
     from s2s_deploy.format.manifest import not_an_export
@@ -96,6 +98,8 @@ def decode_files(reader_type: type, export_dir: str, files: tuple[str, ...], wha
              if readable else [])
     if not found:
         _fail_if(failed, len(files), what)
+    if doubtful is not None:
+        found = [_judged(t, config, doubtful == "suppress") for t in found]
     grouped = len(files) > 1 and config.n_best > 1  # n-best over several files: each line names its file
     lines = [(f"{t.source}\t" if grouped else "") + (f"{score:.4f}\t{text}" if scores else text)
              for t in found for text, score in t.hypotheses]
@@ -109,7 +113,7 @@ def decode_files(reader_type: type, export_dir: str, files: tuple[str, ...], wha
         _fail_if(failed, len(files), what)
         return
     if suffix == ".json":
-        rows = [{"file": t.source, "text": t.text, "score": t.score, "language": t.language,
+        rows = [{"file": t.source, **t.row(config), "language": t.language,
                  "hypotheses": [{"text": text, "score": score} for text, score in t.hypotheses]}
                 | ({"segments": [s.row() for s in t.segments]} if config.timestamps else {})
                 | ({"words": [{"start": w.start, "end": w.end, "word": w.text} for w in t.words]} if words else {})
@@ -124,6 +128,21 @@ def decode_files(reader_type: type, export_dir: str, files: tuple[str, ...], wha
     except OSError as exc:
         raise S2SError(f"cannot write {output_path}: {exc.strerror}") from exc
     _fail_if(failed, len(files), what)
+
+
+def _judged(result: Any, config: Any, suppress: bool) -> Any:
+    """``result``, told in one warning line when its text is doubtful, and emptied with ``suppress``."""
+    from dataclasses import replace
+
+    reason = result.doubt(config)
+    if reason is None:
+        return result
+    click.echo(f"warning: {result.source}: {reason}: the text "
+               + ("is left empty (--doubtful suppress)" if suppress else "may be wrong"), err=True)
+    if not suppress:
+        return result
+    return replace(result, text="", hypotheses=tuple(("", score) for _, score in result.hypotheses),
+                   segments=(), words=())
 
 
 def _fail_if(failed: list[str], count: int, what: str) -> None:

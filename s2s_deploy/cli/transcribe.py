@@ -18,6 +18,10 @@ from s2s_deploy.frontends.media import AUDIO
 @click.option("--max-duration", type=click.FloatRange(0, min_open=True), default=None,
               help="Refuse a file longer than this many seconds, judged from its header before it is decoded "
                    "[default: no limit; memory holds 32 KB of features per second at 80 mels].")
+@click.option("--doubtful", type=click.Choice(["flag", "suppress"]), default="flag", show_default=True,
+              help="A file whose text falls under the confidence thresholds (mean log-prob per token under "
+                   "--log-prob-threshold, else -1; or no speech: no-speech probability over --no-speech-threshold, "
+                   "else 0.6, with that log-prob) gets a warning line on stderr; suppress: its text is left empty.")
 @click.option("--vad", is_flag=True, help="Decode only speech: Silero voice activity detection (the vad extra), "
               "speech merged into windows as faster-whisper's batched pipeline merges it.")
 @click.option("--vad-threshold", type=float, default=None, help="Speech probability that starts speech [0.5].")
@@ -38,7 +42,7 @@ def transcribe_command(export_dir: str, audio: tuple[str, ...], batch_size: int,
                        vad_threshold: float | None, vad_neg_threshold: float | None, vad_min_speech_ms: int | None,
                        vad_min_silence_ms: int | None, vad_speech_pad_ms: int | None, vad_max_speech_s: float | None,
                        vad_model: str | None, word_timestamps: bool, max_duration: float | None,
-                       **decoding: object) -> None:
+                       doubtful: str, **decoding: object) -> None:
     """Transcribe audio files with an export that reads audio.
 
     The export names the task (transcription or speech translation) and the front end.
@@ -63,4 +67,4 @@ def transcribe_command(export_dir: str, audio: tuple[str, ...], batch_size: int,
     if word_timestamps:
         reading["word_timestamps"] = True
     decode_files(Transcriber, export_dir, audio, "audio", batch_size, scores, output_path, quiet, device, threads,
-                 decoding, {"max_duration": max_duration}, reading)
+                 decoding, {"max_duration": max_duration}, reading, doubtful)

@@ -27,6 +27,7 @@ import numpy as np
 
 from s2s_deploy.errors import S2SError
 from s2s_deploy.frontends.config import FrontEndConfig, expect_type, positive
+from s2s_deploy.frontends.frames import StreamedFeatures
 from s2s_deploy.frontends.optional import optional_module
 
 WHISPER_MAX_FREQUENCY = 8000.0
@@ -51,6 +52,13 @@ class AudioFrontEnd(FrontEndConfig):
         """``whole``'s features of the clip ``blocks`` make up (``expected``: its length, if known). This
         default joins the blocks first; a front end that can work block by block overrides it."""
         return self.whole(read_audio(blocks, label))  # type: ignore[attr-defined]
+
+    def frames(self, opened: AudioFile, label: str, window: int | None) -> np.ndarray | StreamedFeatures:
+        """A file's uncut features (``whole``'s) for window-by-window reading: ``StreamedFeatures`` where
+        the front end can make them window by window and the clip is longer than ``window`` frames, so
+        memory holds a window, not the clip; else the array. This default makes the array (a front end
+        that normalises by statistics of the whole utterance needs them all)."""
+        return self.stream(opened, label, opened.expected)
 
     @property
     def frame_seconds(self) -> float:
@@ -169,7 +177,7 @@ class AudioFile:
     def __init__(self, source: str | Path | bytes, label: str, sampling_rate: int, max_duration: float | None = None,
                  warn: Callable[[str], None] | None = None) -> None:
         soundfile = optional_module("soundfile", "reading audio")
-        self.label, self.sampling_rate, self.warn = label, sampling_rate, warn
+        self.source, self.label, self.sampling_rate, self.warn = source, label, sampling_rate, warn
         try:
             self.file = soundfile.SoundFile(io.BytesIO(source) if isinstance(source, bytes) else str(source))
         except (RuntimeError, OSError, TypeError) as exc:  # soundfile.LibsndfileError is a RuntimeError
@@ -184,6 +192,11 @@ class AudioFile:
         self.expected = math.ceil(int(self.file.frames) * sampling_rate / self.rate)
         self.samples = 0
         """Samples at ``sampling_rate`` read so far (all of them once the blocks are read)."""
+
+    def again(self) -> AudioFile:
+        """The same file opened afresh, for a second pass over its blocks: its header was judged and its
+        warnings given on the first, so this one gives none."""
+        return AudioFile(self.source, self.label, self.sampling_rate)
 
     def __iter__(self) -> Iterator[np.ndarray]:
         """The blocks, resampled in a stream (equal to one-shot ``resample`` of the whole); NaN refused."""
@@ -369,14 +382,56 @@ class WhisperLogMel(AudioFrontEnd):
         clip's loudest is applied at the end. Rounding to float32 never reverses an order, so
         ``max(float32(x), float32(floor))`` equals ``float32(max(x, floor))``: no float64 spectrum of
         the whole clip is ever held. A clip no longer than the window is made in one go, as ``whole``."""
+        out = _Growing(self.n_mels, (expected or 0) // self.hop_length)
+        peak = -np.inf
+        for columns, piece_peak in self._pieces(blocks, label):
+            if piece_peak is None:  # the one-shot path: ``whole``'s features
+                return columns
+            peak = max(peak, out.add((columns, piece_peak)))
+        features = out.result()
+        return np.maximum(features, self._floor(peak), out=features)
+
+    def frames(self, opened: AudioFile, label: str, window: int | None) -> np.ndarray | StreamedFeatures:
+        """``stream``'s features, bit for bit, in two passes over the file when it is longer than ``window``
+        frames: the first finds the clip's loudest log-mel (the floor every frame is held to) and counts
+        the frames, keeping none beyond the first ``window``; the second, run as the decoder reads
+        windows (``StreamedFeatures``), makes the same pieces again and floors each as it comes."""
+        kept: list[np.ndarray] | None = []
+        peak, count = -np.inf, 0
+        for columns, piece_peak in self._pieces(opened, label):
+            if piece_peak is None:
+                return columns
+            peak, count = max(peak, piece_peak), count + columns.shape[1]
+            if kept is not None and (window is None or count <= window):
+                kept.append(columns)
+            else:
+                kept = None
+        floor = self._floor(peak)
+        if kept is not None:  # within one window: the array, as ``stream`` makes it
+            features = np.concatenate(kept, axis=1) if len(kept) > 1 else kept[0]
+            return np.maximum(features, floor, out=features)
+
+        def pieces() -> Iterator[np.ndarray]:
+            for columns, _ in self._pieces(opened.again(), label):
+                yield np.maximum(columns, floor, out=columns)
+
+        return StreamedFeatures(pieces, (self.n_mels, count))
+
+    @staticmethod
+    def _floor(peak: float) -> np.float32:
+        """The scaled floor 8 below the loudest log-mel: ``((peak - 8) + 4) / 4`` as float32."""
+        return np.float32((peak - 8.0 + 4.0) / 4.0)
+
+    def _pieces(self, blocks: Iterable[np.ndarray], label: str) -> Iterator[tuple[np.ndarray, float | None]]:
+        """The clip's frames in order as ``(n_mels, frames)`` float32 pieces of ``(log-mel + 4) / 4``, not yet
+        floored, each with its largest log-mel; a clip no longer than the gathered stretch is one piece,
+        ``whole``'s features (floored), with None. The pieces are the same whichever pass makes them."""
         half, hop = self.n_fft // 2, self.hop_length
         gather = max(self.n_samples, STREAM_SAMPLES) + self.n_fft  # beyond the window: no zero padding
         pending: list[np.ndarray] = []
         held = 0
         padded: np.ndarray | None = None  # the reflect-padded clip from padded index ``base``
         base = done = 0
-        out = _Growing(self.n_mels, (expected or 0) // hop)
-        peak = -np.inf
         for block in blocks:
             pending.append(np.asarray(block, dtype=np.float32))
             held += len(block)
@@ -386,19 +441,18 @@ class WhisperLogMel(AudioFrontEnd):
             pending, held = [], 0
             padded = np.concatenate([clip[half:0:-1] if padded is None else padded, clip])
             count = (base + len(padded) - self.n_fft) // hop + 1 - done  # frames whose window is all here
-            peak = max(peak, out.add(self._scaled_log_mel(padded[done * hop - base:], count)))
+            yield self._scaled_log_mel(padded[done * hop - base:], count)
             done += count
             keep = min(done * hop, base + len(padded) - self.n_fft)  # the rest, and the tail to reflect
             padded, base = padded[keep - base:], keep
         if padded is None:  # never beyond the window: the one-shot path
-            return self.whole(read_audio(pending, label))
+            yield self.whole(read_audio(pending, label)), None
+            return
         clip = mono(np.concatenate([np.zeros(0, dtype=np.float32), *pending]))
         padded = np.concatenate([padded, clip])
         padded = np.concatenate([padded, padded[-2: -half - 2: -1]])
         total = base + len(padded) - 2 * half  # the clip's samples
-        peak = max(peak, out.add(self._scaled_log_mel(padded[done * hop - base:], total // hop - done)))
-        features = out.result()
-        return np.maximum(features, np.float32((peak - 8.0 + 4.0) / 4.0), out=features)
+        yield self._scaled_log_mel(padded[done * hop - base:], total // hop - done)
 
     def _scaled_log_mel(self, padded: np.ndarray, count: int) -> tuple[np.ndarray, float]:
         """``count`` frames from the start of ``padded`` as ``(log-mel + 4) / 4`` in float32, (n_mels,

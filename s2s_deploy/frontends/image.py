@@ -50,9 +50,18 @@ decoded, since a few kilobytes of PNG can hold an image of gigabytes. Downscalin
 image is refused in one line rather than approximated."""
 
 
+WIDE_MODES = {"I;16": "16-bit", "I;16B": "16-bit", "I;16L": "16-bit", "I;16N": "16-bit", "I": "32-bit integer",
+              "F": "32-bit float"}
+"""Pillow's modes of more than 8 bits a channel. Converting them to RGB clips every value to 0-255 (a
+16-bit grey image comes out nearly all white, a float one in [0, 1] all black), and so does transformers'
+``load_image`` and its processors' ``convert_to_rgb``; nothing scales them, so they are refused."""
+
+
 def load_image(path: str | Path, max_pixels: int = MAX_PIXELS) -> Any:
-    """A file's image as an RGB Pillow image (palette, grey and alpha images converted by ``to_rgb``);
-    one over ``max_pixels`` is refused from its header, before its pixels are decoded."""
+    """A file's image as an RGB Pillow image, as transformers' ``load_image`` reads one: turned upright by
+    its EXIF orientation (``ImageOps.exif_transpose``), then palette, grey and alpha images converted by
+    ``to_rgb``. One over ``max_pixels`` is refused from its header, before its pixels are decoded; one of
+    more than 8 bits a channel (``WIDE_MODES``) is refused in one line."""
     image_module = optional_module("PIL.Image", "reading images")
     path = Path(path)
     if path.is_dir():
@@ -68,7 +77,12 @@ def load_image(path: str | Path, max_pixels: int = MAX_PIXELS) -> Any:
             if width * height > max_pixels:
                 raise S2SError(f"image {path} is {width}x{height} pixels, over the budget of {max_pixels} "
                                f"({width * height / 1e6:.0f} > {max_pixels / 1e6:.0f} megapixels): scale it down")
-            return to_rgb(image.copy())  # loaded: the file closes here
+            if image.mode in WIDE_MODES:
+                raise S2SError(f"image {path} is {WIDE_MODES[image.mode]} (Pillow mode {image.mode}), which would be "
+                               "clipped to 0-255 as transformers' load_image clips it: convert it to 8-bit first")
+            image_ops = optional_module("PIL.ImageOps", "reading images")
+            upright = image_ops.exif_transpose(image)  # a copy, loaded: the file closes here
+            return to_rgb(upright)
     except image_module.DecompressionBombError as exc:  # over twice Pillow's own limit: refused at open
         raise S2SError(f"image {path} is over the budget of {max_pixels} pixels: scale it down "
                        f"({exc})") from exc

@@ -9,6 +9,7 @@ import numpy as np
 from s2s_deploy.errors import S2SError
 from s2s_deploy.format.source import SourceSpec
 from s2s_deploy.frontends import FrontEnd, frontend_from_json
+from s2s_deploy.frontends.frames import StreamedFeatures
 from s2s_deploy.frontends.media import Medium, medium_of
 
 
@@ -31,9 +32,10 @@ def frontend_for(source: SourceSpec) -> FrontEnd:
     return frontend_from_json(source.frontend)
 
 
-def checked_features(source: SourceSpec, features: np.ndarray, label: str) -> np.ndarray:
+def checked_features(source: SourceSpec, features: np.ndarray | StreamedFeatures,
+                     label: str) -> np.ndarray | StreamedFeatures:
     """``features`` as the encoder's dtype, refused in one line unless every axis but the frames
-    has the size the source declares."""
+    has the size the source declares (streamed features: cast piece by piece as they are made)."""
     want = source.item_shape(0)
     frames = None if source.length_axis is None else source.length_axis - 1
     shape = tuple(features.shape)
@@ -42,6 +44,8 @@ def checked_features(source: SourceSpec, features: np.ndarray, label: str) -> np
         raise S2SError(f"{label}: the front end made features of shape {shape}, the encoder reads ({shown})")
     if frames is not None and shape[frames] == 0:
         raise S2SError(f"{label}: too short to make a single frame of features")
+    if isinstance(features, StreamedFeatures):
+        return features.astype(source.dtype)
     return np.ascontiguousarray(features, dtype=source.dtype)
 
 

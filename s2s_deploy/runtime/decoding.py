@@ -118,6 +118,12 @@ def check(config: Any) -> None:
                             "no_speech_token), so no window's no-speech probability is known")
 
 
+LOG_PROB_THRESHOLD = -1.0
+NO_SPEECH_THRESHOLD = 0.6
+"""faster-whisper's defaults for ``log_prob_threshold`` and ``no_speech_threshold``: its preset's, and the
+lines under which ``transcribe`` calls a text doubtful where the caller set neither."""
+
+
 def window_options_on(config: Any) -> bool:
     """Whether an option that only window-by-window reading of audio applies is on (the temperature
     fallback, its thresholds, carried text, an initial prompt): runtime/fallback.py's, never text's."""
@@ -138,12 +144,12 @@ def preset_values(name: str, values: Mapping[str, Any], vocab: Vocabulary) -> di
         return {}
     found: dict[str, Any] = {
         "beam_size": 5, "n_best": 1, "best_of": 5, "alpha": 1.0, "temperature": (0.0, 0.2, 0.4, 0.6, 0.8, 1.0),
-        "compression_ratio_threshold": 2.4, "log_prob_threshold": -1.0, "prompt_reset_on_temperature": 0.5,
-        "suppress_blank": True}
+        "compression_ratio_threshold": 2.4, "log_prob_threshold": LOG_PROB_THRESHOLD,
+        "prompt_reset_on_temperature": 0.5, "suppress_blank": True}
     if values["prompt_start"] >= 0:
         found["condition_on_previous_text"] = True
     if values["no_speech_token"] >= 0:
-        found["no_speech_threshold"] = 0.6
+        found["no_speech_threshold"] = NO_SPEECH_THRESHOLD
     if values["timestamp_begin"] >= 1:
         found["timestamps"] = True
         found["max_initial_timestamp"] = round(1.0 / values["time_precision"])

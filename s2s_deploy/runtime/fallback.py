@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from s2s_deploy.runtime.decoding import SearchConfig
+from s2s_deploy.runtime.decoding import LOG_PROB_THRESHOLD, NO_SPEECH_THRESHOLD, SearchConfig
 from s2s_deploy.runtime.search import Hypothesis
 
 if TYPE_CHECKING:
@@ -94,10 +94,59 @@ def needs_fallback(attempt: Attempt, config: SearchConfig) -> bool:
 def is_silence(attempt: Attempt, config: SearchConfig) -> bool:
     """Whether the kept attempt's window is skipped: its no-speech probability is above the threshold
     and its log-prob does not clear ``log_prob_threshold`` (``generate_segments``' rule)."""
-    no_speech = attempt.no_speech_prob
-    if config.no_speech_threshold is None or no_speech is None or no_speech <= config.no_speech_threshold:
+    return silent(attempt.avg_log_prob, attempt.no_speech_prob, config.log_prob_threshold, config.no_speech_threshold)
+
+
+def silent(avg_log_prob: float, no_speech_prob: float | None, log_prob_threshold: float | None,
+           no_speech_threshold: float | None) -> bool:
+    """faster-whisper's silence rule: a no-speech probability above ``no_speech_threshold`` and an
+    average log-prob that does not clear ``log_prob_threshold`` (a window skipped, a file doubted)."""
+    if no_speech_threshold is None or no_speech_prob is None or no_speech_prob <= no_speech_threshold:
         return False
-    return not (config.log_prob_threshold is not None and attempt.avg_log_prob > config.log_prob_threshold)
+    return not (log_prob_threshold is not None and avg_log_prob > log_prob_threshold)
+
+
+@dataclass(frozen=True)
+class Confidence:
+    """How sure the model was of one input's text, as openai-whisper measures a window: the log-probs of
+    the tokens of each decoded window's best hypothesis, EOS included (``log_prob``), over its tokens
+    plus one (``count``), summed over the windows; and each window's no-speech probability, where the
+    export names a no-speech token (Whisper's ``<|nospeech|>``)."""
+
+    log_prob: float
+    count: int
+    no_speech_probs: tuple[float, ...] = ()
+
+    @classmethod
+    def of(cls, hypotheses: Sequence[Hypothesis]) -> Confidence:
+        """The confidence of an input decoded as these windows' best hypotheses."""
+        return cls(sum(h.log_prob for h in hypotheses), sum(len(h.tokens) + 1 for h in hypotheses),
+                   tuple(h.no_speech_prob for h in hypotheses if h.no_speech_prob is not None))
+
+    def __add__(self, other: Confidence) -> Confidence:
+        return Confidence(self.log_prob + other.log_prob, self.count + other.count,
+                          self.no_speech_probs + other.no_speech_probs)
+
+    @property
+    def avg_log_prob(self) -> float:
+        """The mean log-prob per token (``average_log_prob`` over the whole input); 0.0 for no window."""
+        return self.log_prob / self.count if self.count else 0.0
+
+    @property
+    def no_speech_prob(self) -> float | None:
+        """The windows' mean no-speech probability; None where the export has no no-speech token."""
+        return float(np.mean(self.no_speech_probs)) if self.no_speech_probs else None
+
+    def doubt(self, log_prob_threshold: float = LOG_PROB_THRESHOLD,
+              no_speech_threshold: float = NO_SPEECH_THRESHOLD) -> str | None:
+        """Why the text is doubtful, in a few words, or None: ``no speech`` by ``silent``'s rule, else ``low
+        confidence`` where the mean log-prob per token is below ``log_prob_threshold`` (faster-whisper's
+        defaults: -1 and 0.6)."""
+        if silent(self.avg_log_prob, self.no_speech_prob, log_prob_threshold, no_speech_threshold):
+            return f"no speech (no-speech probability {self.no_speech_prob:.2f} over {no_speech_threshold:g})"
+        if self.avg_log_prob < log_prob_threshold:
+            return f"low confidence (mean log-prob {self.avg_log_prob:.2f} per token, under {log_prob_threshold:g})"
+        return None
 
 
 def sampling_seed(seed: int, temperature_index: int, candidate: int) -> int:

@@ -22,10 +22,17 @@ import numpy as np
 
 from s2s_deploy.errors import S2SError
 from s2s_deploy.format.source import SourceSpec
+from s2s_deploy.frontends.frames import StreamedFeatures
 from s2s_deploy.frontends.media import Medium
 from s2s_deploy.frontends.source import checked_features, featurise, frontend_for, use_instead
-from s2s_deploy.runtime.decoding import SearchConfig, window_options_on, with_timestamps
-from s2s_deploy.runtime.fallback import Windows
+from s2s_deploy.runtime.decoding import (
+    LOG_PROB_THRESHOLD,
+    NO_SPEECH_THRESHOLD,
+    SearchConfig,
+    window_options_on,
+    with_timestamps,
+)
+from s2s_deploy.runtime.fallback import Confidence, Windows
 from s2s_deploy.runtime.search import Hypothesis
 from s2s_deploy.runtime.timestamps import Piece, Sought, Window, seek_windows
 from s2s_deploy.runtime.translator import Translator
@@ -47,6 +54,35 @@ class Decoded:
     """With ``timestamps``: the timed segments, in order (the text is theirs joined); else empty."""
     words: tuple[Word, ...] = ()
     """With word timestamps: every word, timed, in order; else empty."""
+    confidence: Confidence | None = None
+    """How sure the model was (runtime/fallback.py): the mean log-prob per token over the windows
+    decoded, and the no-speech probability where the export has one; ``confidence.doubt()`` says
+    whether the text falls under faster-whisper's thresholds. None only for an input with no window."""
+
+    @property
+    def avg_log_prob(self) -> float | None:
+        return None if self.confidence is None else self.confidence.avg_log_prob
+
+    @property
+    def no_speech_prob(self) -> float | None:
+        return None if self.confidence is None else self.confidence.no_speech_prob
+
+    def doubt(self, config: SearchConfig | None = None) -> str | None:
+        """Why the text is doubtful (``Confidence.doubt``), under ``config``'s ``log_prob_threshold`` and
+        ``no_speech_threshold`` where it sets them, else faster-whisper's defaults (-1, 0.6); None: not."""
+        if self.confidence is None:
+            return None
+        log_prob = config.log_prob_threshold if config is not None else None
+        no_speech = config.no_speech_threshold if config is not None else None
+        return self.confidence.doubt(LOG_PROB_THRESHOLD if log_prob is None else log_prob,
+                                     NO_SPEECH_THRESHOLD if no_speech is None else no_speech)
+
+    def row(self, config: SearchConfig | None = None) -> dict[str, Any]:
+        """The fields every JSON result carries (``--output x.json``, ``serve``): text, score, the mean
+        log-prob per token, the no-speech probability (null where the export has no such token) and
+        ``doubt`` (null, or why the text falls under the thresholds ``doubt`` reads)."""
+        return {"text": self.text, "score": self.score, "avg_log_prob": self.avg_log_prob,
+                "no_speech_prob": self.no_speech_prob, "doubt": self.doubt(config)}
 
 
 @dataclass(frozen=True)
@@ -156,14 +192,20 @@ class FeatureReader:
         is read whole (``load``)."""
         return None
 
-    def features(self, item: Any, label: str | None = None, whole: bool = False) -> np.ndarray:
+    def features(self, item: Any, label: str | None = None, whole: bool = False) -> np.ndarray | StreamedFeatures:
         """One input's encoder input: the front end's features, checked against the declared shape;
         ``whole``: uncut, for window-by-window decoding (what ``__call__`` and ``serve`` read), made
-        block by block from what ``stream`` opens, where it opens one."""
+        block by block from what ``stream`` opens, where it opens one. An input longer than the window
+        whose frames come last is then ``StreamedFeatures`` where the front end makes them window by
+        window: the decoder reads each window as it is made, and memory does not grow with duration."""
         label = label or self.label
         opened = self.stream(item, label) if whole else None
         if opened is not None:
-            return checked_features(self.source, self.frontend.stream(opened, label, opened.expected), label)
+            frames_last = self.source.length_axis == len(self.source.shape)
+            window = self.manifest.max_source_length or self.frontend.window if frames_last else None
+            made = self.frontend.frames(opened, label, window) if frames_last else \
+                self.frontend.stream(opened, label, opened.expected)
+            return checked_features(self.source, made, label)
         return featurise(self.source, self.load(item, label), label, whole, self.frontend)
 
     def __call__(self, items: Any, beam: int | None = None, n_best: int | None = None, max_len: int | None = None,
@@ -303,10 +345,12 @@ class FeatureReader:
             text = vocab.decode(sought.tokens)
         score = float(np.mean(sought.scores)) if sought.scores else 0.0
         language = next((vocab.code_of(i) for i in sought.prompt if i in vocab.languages), None)
-        return Decoded(label, text, score, ((text, score),), language, segments if timed else ())
+        confidence = Confidence.of([window.best for window in sought.windows])
+        return Decoded(label, text, score, ((text, score),), language, segments if timed else (),
+                       confidence=confidence)
 
     def _decoded(self, label: str, hyps: list[Hypothesis]) -> Decoded:
         vocab = self.manifest.tgt_vocab
         texts = tuple((vocab.decode(h.tokens), h.score) for h in hyps)
         language = next((vocab.code_of(i) for i in hyps[0].prompt if i in vocab.languages), None)
-        return Decoded(label, texts[0][0], texts[0][1], texts, language)
+        return Decoded(label, texts[0][0], texts[0][1], texts, language, confidence=Confidence.of(hyps[:1]))

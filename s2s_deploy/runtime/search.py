@@ -214,7 +214,10 @@ class PromptedRun(DecodeRun):
 def prompted(run: DecodeRun, backend: Backend, config: SearchConfig) -> DecodeRun:
     """``run`` itself without a prompt, a decoder prompt or a no-speech probability to read (the
     common case costs nothing), else a ``PromptedRun``."""
-    no_speech = config.no_speech_token if config.no_speech_token >= 0 and window_options_on(config) else -1
+    # The no-speech probability is read wherever the export names the token and a decoder prompt is fed
+    # (each result reports it; reading it while a prompt token is fed changes no choice), or the fallback asks.
+    reads = window_options_on(config) or bool(config.decoder_prompt)
+    no_speech = config.no_speech_token if config.no_speech_token >= 0 and reads else -1
     if not config.decoder_prompt and not config.prompt and no_speech < 0:
         return run
     context = (config.prompt_start, *config.prompt) if config.prompt else ()

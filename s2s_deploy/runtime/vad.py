@@ -95,4 +95,6 @@ def joined(label: str, windows: list[tuple[SpeechWindow, Decoded]], timed: bool)
                                                                                         end=True, span=span), word.text)
                   for w, d in windows for word in d.words
                   for span in (w.span_of(min((word.start + word.end) / 2, w.duration)),))
-    return Decoded(label, text, score, ((text, score),), language, segments, words)
+    confidences = [d.confidence for _, d in windows if d.confidence is not None]
+    confidence = sum(confidences[1:], confidences[0]) if confidences else None
+    return Decoded(label, text, score, ((text, score),), language, segments, words, confidence)

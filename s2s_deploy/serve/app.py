@@ -234,7 +234,8 @@ def transcription_body(clip: Clip, search: SearchConfig, reading: Reading) -> di
     result = clip.result
     timed = {"segments": [s.row() for s in result.segments]} if search.timestamps else {}
     words = {"words": [{"start": w.start, "end": w.end, "word": w.text} for w in result.words]} if reading.words else {}
-    return {"transcriptions": [{**_hypotheses(result), "language": result.language, **timed, **words}]}
+    return {"transcriptions": [{**_hypotheses(result), **result.row(search), "language": result.language, **timed,
+                                **words}]}
 
 
 def _log_to_stderr(level: str) -> None:
