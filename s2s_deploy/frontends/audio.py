@@ -360,8 +360,10 @@ class WhisperLogMel(AudioFrontEnd):
         return self.hop_length / self.sampling_rate
 
     def content_frames(self, audio: np.ndarray) -> int | None:
-        """Frames starting inside the clip: the sum of ``WhisperFeatureExtractor``'s attention mask."""
-        return -(-len(audio) // self.hop_length)
+        """Frames starting inside the clip: the sum of ``WhisperFeatureExtractor``'s attention mask, which
+        has one entry per frame of the padded input (the STFT's last frame dropped): a clip longer than the
+        window, not padded, has ``samples // hop_length`` frames, so its partial last hop is not counted."""
+        return min(-(-len(audio) // self.hop_length), max(len(audio), self.n_samples) // self.hop_length)
 
     def __call__(self, audio: np.ndarray) -> np.ndarray:
         """(n_mels, n_frames) float32 features of one clip at ``sampling_rate``."""

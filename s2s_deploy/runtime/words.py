@@ -75,7 +75,13 @@ def token_times(weights: np.ndarray, positions: int, precision: float) -> np.nda
     """One time per row of ``weights`` ``(heads, rows, source)``: the alignment of ``positions``
     source positions (at most), ``precision`` seconds each."""
     w = weights[..., :positions].astype(np.float32)
-    w = (w - w.mean(axis=-2, keepdims=True)) / w.std(axis=-2, keepdims=True)
+    # torch's float32 std (unbiased=False) accumulates in float64 (Welford): so does this one, or a row
+    # normalised to 0.99999994 instead of 1 breaks the exact ties of a short output's matrix (two rows:
+    # every value is +-1, and the heads' mean is 0 or not) the other way, moving a token by many frames
+    mean = w.sum(axis=-2, keepdims=True) / np.float32(w.shape[-2])
+    std = w.astype(np.float64).std(axis=-2, keepdims=True).astype(np.float32)
+    with np.errstate(invalid="ignore", divide="ignore"):  # one row: 0 / 0, NaN as in transformers
+        w = (w - mean) / std
     matrix = median_filter(w, MEDIAN_WIDTH).mean(axis=0)
     text, time = dtw(-matrix.astype(np.float64))
     jumps = np.pad(np.diff(text), (1, 0), constant_values=1).astype(bool)
