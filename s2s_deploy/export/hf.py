@@ -303,7 +303,8 @@ def sentencepiece_vocabularies(directory: Path, files: tuple[str, str, str], siz
     return (Vocabulary(tokens, SENTENCEPIECE, tokenizer=TokenizerFile.read(source), **special,
                        **{k: v for k, v in framing.items() if k != "hidden"}),
             Vocabulary(tokens, SENTENCEPIECE, tokenizer=TokenizerFile.read(target), **special,
-                       **{k: v for k, v in framing.items() if k == "hidden"}))
+                       **{k: v for k, v in framing.items() if k == "hidden"},
+                       upper_case=slow is not None and slow.upper_case))
 
 
 def moses_vocabularies(directory: Path, files: tuple[str, str, str], weights: HFWeights,

@@ -124,7 +124,7 @@
     // ort: the onnxruntime module; encoder, decoder: its InferenceSessions over the export's graphs.
     constructor(ort, manifest, encoder, decoder) {
       if (!['s2s-deploy-manifest/2', 's2s-deploy-manifest/3', 's2s-deploy-manifest/4', 's2s-deploy-manifest/5',
-        's2s-deploy-manifest/6', 's2s-deploy-manifest/7'].includes(manifest.format)) {
+        's2s-deploy-manifest/6', 's2s-deploy-manifest/7', 's2s-deploy-manifest/8'].includes(manifest.format)) {
         throw new Error(`unsupported manifest format ${manifest.format}`);
       }
       const input = manifest.encoder_input || { kind: 'tokens' }; // formats 2 and 3 read token ids
@@ -138,6 +138,7 @@
       for (const side of sides) { // subword levels need a JS tokenizer
         if (!['char', 'word', undefined].includes(side.level)) throw new Error(`a ${side.level} vocabulary needs its tokenizer library, which this search module does not run: char and word only (docs/manifest.md)`);
       }
+      if (manifest.vocab.target.upper_case) throw new Error('vocab.target.upper_case is set, which this search module does not run');
       this.ort = ort;
       this.manifest = manifest;
       this.encoder = encoder;
