@@ -164,3 +164,30 @@ def test_an_unknown_level_is_refused_in_one_line(exports, tmp_path):
     ours = _run([sys.executable, str(CLIENT), str(copy), texts[0], "--threads", "1"])
     assert ours.returncode == 1 and ours.stdout == ""
     assert ours.stderr.strip().splitlines() == ["error: vocab level 'bytes' is not known"]
+
+
+NODE_DIR = Path(__file__).resolve().parents[1] / "examples" / "node"
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="Node.js is not installed")
+@pytest.mark.skipif(not (NODE_DIR / "node_modules" / "onnxruntime-node").is_dir(),
+                    reason="run `npm install --ignore-scripts` in examples/node first (.ci/run does)")
+def test_node_client_refuses_format_8_vocabularies_in_one_line(exports, tmp_path):
+    """examples/node/translate.js (the browser page's search module) reads format 8, and refuses its
+    `moses` level and `upper_case`, which it does not run, in one line each (docs/manifest.md)."""
+    folder, texts = _folder(exports, "gru")
+    plain = subprocess.run(["node", "translate.js", str(folder), texts[0]], cwd=NODE_DIR, capture_output=True,
+                           text=True, timeout=120)
+    assert plain.returncode == 0 and plain.stdout.strip(), plain.stderr
+    for name, change, line in (
+            ("moses", lambda v: v["source"].update(level="moses"), "a moses vocabulary needs its tokenizer library"),
+            ("upper", lambda v: v["target"].update(upper_case=True), "vocab.target.upper_case is set")):
+        copy = tmp_path / name
+        shutil.copytree(folder, copy)
+        manifest = json.loads((copy / "manifest.json").read_text(encoding="utf-8"))
+        change(manifest["vocab"])
+        (copy / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
+        result = subprocess.run(["node", "translate.js", str(copy), texts[0]], cwd=NODE_DIR, capture_output=True,
+                                text=True, timeout=120)
+        assert result.returncode != 0 and result.stdout == ""
+        assert line in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
