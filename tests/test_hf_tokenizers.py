@@ -78,9 +78,10 @@ def m2m100_files(folder: Path) -> None:
 MUSTC = ("pt", "fr", "ru", "nl", "ro", "it", "es", "de")
 
 
-def speech_to_text_files(folder: Path) -> None:
+def speech_to_text_files(folder: Path, **config: Any) -> None:
     """Speech2Text's target side: ``sentencepiece.bpe.model`` holding MuST-C's ``<lang:xx>`` pieces,
-    ``vocab.json`` mapping pieces to ids, the target language named in ``tokenizer_config.json``."""
+    ``vocab.json`` mapping pieces to ids, the target language named in ``tokenizer_config.json``
+    (with ``config``'s settings: ``do_upper_case``, as LibriSpeech's folders set it)."""
     model = spm("unigram", 120, user_defined_symbols=[f"<lang:{code}>" for code in MUSTC])
     (folder / "sentencepiece.bpe.model").write_bytes(model)
     processor = sentencepiece.SentencePieceProcessor(model_proto=model)
@@ -88,7 +89,7 @@ def speech_to_text_files(folder: Path) -> None:
     table = ["<s>", "<pad>", "</s>", "<unk>", *(p for p in pieces if p not in ("<s>", "</s>", "<unk>"))]
     (folder / "vocab.json").write_text(json.dumps({p: i for i, p in enumerate(table)}))
     (folder / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "Speech2TextTokenizer",
-                                                               "lang_codes": "mustc", "tgt_lang": "fr"}))
+                                                               "lang_codes": "mustc", "tgt_lang": "fr", **config}))
 
 
 def opus_mt(folder: Path) -> None:
@@ -205,6 +206,8 @@ FOLDERS: tuple[Folder, ...] = (
     Folder("m2m_100", m2m100_files, BART_IDS, 256, level="sentencepiece"),
     Folder("speech_to_text", speech_to_text_files, {"bos": 0, "pad": 1, "eos": 2, "decoder_start": 2}, 256,
            level="sentencepiece"),
+    Folder("speech_to_text", lambda f: speech_to_text_files(f, do_upper_case=True, do_lower_case=True),
+           {"bos": 0, "pad": 1, "eos": 2, "decoder_start": 2}, 256, level="sentencepiece", variant="cased"),
     Folder("marian", opus_mt, {"pad": 255, "eos": 0, "decoder_start": 255}, 256, level="sentencepiece"),
     Folder("bart", byte_bpe_files, BART_IDS, 360),
     Folder("led", byte_bpe_files, BART_IDS, 360),
@@ -273,6 +276,23 @@ def test_language_tokens_come_from_the_slow_tokenizer(tmp_path: Path) -> None:
     assert source.prefix == (tokenizer.convert_tokens_to_ids("__en__"),) and source.suffix == (tokenizer.eos_token_id,)
     assert target.tokens[french] == "__fr__"
     assert target.decode([french, 10, 11]) == tokenizer.decode([french, 10, 11], skip_special_tokens=True)
+
+
+def test_speech_to_text_cases_text_as_its_tokenizer(tmp_path: Path) -> None:
+    """Speech2Text's ``do_upper_case`` upper-cases what ``decode`` writes (Python's ``str.upper``:
+    ``ß`` becomes ``SS``): the target vocabulary's ``upper_case``, written to the manifest. Its
+    ``do_lower_case`` changes nothing transformers 5 tokenises (4.x lower-cased the text; 5 lower-cases
+    only tokens added later), so the export lower-cases nothing either: "Hello" keeps its ``H``."""
+    folder = next(f for f in FOLDERS if f.variant == "cased")
+    path = folder.write(tmp_path / "hf")
+    source, target = vocabularies(folder, path)
+    tokenizer = load_auto_tokenizer(path)
+    assert tokenizer.do_upper_case and tokenizer.do_lower_case
+    assert target.upper_case and target.to_dict()["upper_case"] is True and not source.upper_case
+    text = "Hello straße"
+    assert source.encode(text) == tokenizer(text)["input_ids"] != tokenizer(text.lower())["input_ids"]
+    ids = tokenizer("hello straße", add_special_tokens=False)["input_ids"]
+    assert target.decode(ids) == tokenizer.decode(ids, skip_special_tokens=True) == "HELLO STRASSE"
 
 
 def test_a_broken_tokenizer_fails_with_the_text_and_both_id_sequences(tmp_path: Path) -> None:
