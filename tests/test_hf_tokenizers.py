@@ -483,3 +483,47 @@ def test_a_tokenizer_json_gets_the_cleanup_its_config_turns_on(tmp_path: Path) -
     assert report.passed, "\n".join(m.line() for m in report.mismatches)
     ids = tokenizer("Hello , world . Isn 't it ?", add_special_tokens=False)["input_ids"]
     assert target.decode(ids) == cleaning.decode(ids, skip_special_tokens=True) != tokenizer.decode(ids)
+
+
+def blenderbot_small_files(folder: Path) -> None:
+    """BlenderbotSmall's ``vocab.json`` and ``merges.txt``: its own BPE, a word's inner pieces ending ``@@``."""
+    (folder / "vocab.json").write_text(json.dumps({"__null__": 0, "__start__": 1, "__end__": 2, "__unk__": 3,
+                                                   "h@@": 4, "e@@": 5, "he@@": 6, "llo": 7, "l@@": 8, "o": 9}))
+    (folder / "merges.txt").write_text("#version: 0.2\nh e\nl l\nll o</w>\n")
+
+
+@pytest.mark.parametrize("model_type", ["blenderbot-small", "xlm-prophetnet"])
+def test_a_family_no_level_holds_exports_ids_only_and_says_why(model_type: str, tmp_path: Path) -> None:
+    """BlenderbotSmall's ``@@`` BPE and XLM-ProphetNet's SentencePiece (whose tokenizer transformers 5
+    no longer ships) are ids only, by the plugin's ``hf_ids_only``; the export's one ``exporting ... from``
+    line names why (docs/families.md has the detail)."""
+    from s2s_deploy.export.sources import load_source
+
+    path = tmp_path / "hf"
+    path.mkdir()
+    torch.manual_seed(0)
+    if model_type == "blenderbot-small":
+        config = transformers.BlenderbotSmallConfig(vocab_size=64, d_model=16, encoder_layers=1, decoder_layers=1,
+                                                    encoder_attention_heads=2, decoder_attention_heads=2,
+                                                    encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=32)
+        transformers.BlenderbotSmallForConditionalGeneration(config).save_pretrained(path)
+        blenderbot_small_files(path)
+        tokenizer = load_auto_tokenizer(path)
+        assert tokenizer is not None and tokenizer.tokenize("hello") == ["he@@", "llo"]  # what it would read
+        reason = "'@@' suffix"
+    else:
+        config = transformers.ProphetNetConfig(vocab_size=64, hidden_size=16, encoder_ffn_dim=32, decoder_ffn_dim=32,
+                                               num_encoder_layers=1, num_decoder_layers=1,
+                                               num_encoder_attention_heads=2, num_decoder_attention_heads=2,
+                                               max_position_embeddings=32, ngram=2, pad_token_id=0)
+        transformers.ProphetNetForConditionalGeneration(config).save_pretrained(path)
+        saved = json.loads((path / "config.json").read_text())
+        (path / "config.json").write_text(json.dumps(saved | {"model_type": "xlm-prophetnet"}))
+        (path / "sentencepiece.bpe.model").write_bytes(spm("bpe", 120))
+        assert not hasattr(transformers, "XLMProphetNetTokenizer")
+        reason = "no XLMProphetNetTokenizer"
+    plugin = plugin_for(json.loads((path / "config.json").read_text()))
+    source = load_source(plugin, path, workdir=tmp_path)
+    assert source.src_vocab.tokenizer is None and source.tgt_vocab.tokenizer is None
+    assert f"({model_type}; ids only: " in source.description and reason in source.description
+    assert "\n" not in source.description
