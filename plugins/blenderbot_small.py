@@ -28,8 +28,8 @@ class BlenderbotSmallPlugin(EncoderDecoderPlugin):
     default_preset = "tiny"
     hf_model_types = ("blenderbot-small",)
     hf_ids_only: ClassVar[dict[str, str]] = {"blenderbot-small": (
-        "its BPE writes a word's inner pieces with a '@@' suffix, which no tokenizers model holds, and "
-        "transformers has no converter for it (docs/families.md)")}
+        "transformers has no converter for its '@@' BPE to a tokenizer.json, and s2s-deploy writes none of "
+        "its own (docs/families.md)")}
 
     def config_from_hf(self, hf: Mapping[str, Any]) -> EncoderDecoderConfig:
         return hf_encoder_decoder_config(hf, **FAMILY)

@@ -494,9 +494,9 @@ def blenderbot_small_files(folder: Path) -> None:
 
 @pytest.mark.parametrize("model_type", ["blenderbot-small", "xlm-prophetnet"])
 def test_a_family_no_level_holds_exports_ids_only_and_says_why(model_type: str, tmp_path: Path) -> None:
-    """BlenderbotSmall's ``@@`` BPE and XLM-ProphetNet's SentencePiece (whose tokenizer transformers 5
-    no longer ships) are ids only, by the plugin's ``hf_ids_only``; the export's one ``exporting ... from``
-    line names why (docs/families.md has the detail)."""
+    """BlenderbotSmall's ``@@`` BPE (transformers has no converter for it) and XLM-ProphetNet's
+    SentencePiece (whose tokenizer transformers 5 no longer ships) are ids only, by the plugin's
+    ``hf_ids_only``; the export's one ``exporting ... from`` line names why (docs/families.md has the detail)."""
     from s2s_deploy.export.sources import load_source
 
     path = tmp_path / "hf"
@@ -510,7 +510,7 @@ def test_a_family_no_level_holds_exports_ids_only_and_says_why(model_type: str, 
         blenderbot_small_files(path)
         tokenizer = load_auto_tokenizer(path)
         assert tokenizer is not None and tokenizer.tokenize("hello") == ["he@@", "llo"]  # what it would read
-        reason = "'@@' suffix"
+        reason = "no converter for its '@@' BPE"
     else:
         config = transformers.ProphetNetConfig(vocab_size=64, hidden_size=16, encoder_ffn_dim=32, decoder_ffn_dim=32,
                                                num_encoder_layers=1, num_decoder_layers=1,
