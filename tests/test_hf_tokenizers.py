@@ -431,6 +431,17 @@ def test_export_from_slow_files_translates_as_generate_and_decode(key: tuple[str
             theirs.append(tokenizer.decode(ids[0], skip_special_tokens=True))
         assert ours == theirs
         assert len(set(theirs)) >= 3 and sum(bool(t.strip()) for t in theirs) >= TRANSLATED // 2
+    if folder.level == "moses":  # the client written from docs/manifest.md alone, on a real moses export
+        import subprocess
+        import sys
+
+        client = Path(__file__).resolve().parents[1] / "examples" / "python" / "manifest_client.py"
+        cli = subprocess.run([sys.executable, "-m", "s2s_deploy", "translate", str(out), *texts, "--quiet", "--threads",
+                              "1", "--beam", "1"], capture_output=True, text=True, timeout=600)
+        docs = subprocess.run([sys.executable, str(client), str(out), *texts, "--threads", "1", "--beam", "1"],
+                              capture_output=True, text=True, timeout=600)
+        assert cli.returncode == 0 and docs.returncode == 0, cli.stderr + docs.stderr
+        assert docs.stdout.splitlines() == cli.stdout.splitlines() and len(cli.stdout.splitlines()) == TRANSLATED
 
 
 @pytest.mark.parametrize("n", [1, 2, 3])
