@@ -27,6 +27,9 @@ class BlenderbotSmallPlugin(EncoderDecoderPlugin):
     presets: ClassVar[dict[str, EncoderDecoderConfig]] = {"tiny": EncoderDecoderConfig(**FAMILY)}
     default_preset = "tiny"
     hf_model_types = ("blenderbot-small",)
+    hf_ids_only: ClassVar[dict[str, str]] = {"blenderbot-small": (
+        "transformers has no converter for its '@@' BPE to a tokenizer.json, and s2s-deploy writes none of "
+        "its own (docs/families.md)")}
 
     def config_from_hf(self, hf: Mapping[str, Any]) -> EncoderDecoderConfig:
         return hf_encoder_decoder_config(hf, **FAMILY)

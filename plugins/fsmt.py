@@ -10,6 +10,13 @@ tensor2tensor sinusoidal positions counted from ``pad_token_id + 1``, embeddings
 One difference is left: at a decoder step whose input token is the padding id, fairseq's
 positions give row ``pad + step`` and these give the zero row; a search never feeds padding
 to a live hypothesis.
+
+``parity --reference`` steps transformers' model with its own cache, as ``generate`` does
+(``hf_step_cache``): ``FSMTModel.forward`` builds the decoder's causal mask only when it is given
+``input_ids``, and a reference that passes the encoder's states instead (as every uncached step
+does) lets each earlier position of the prefix attend to the later ones, so from the second
+layer on the last position's logits are not ``generate``'s (up to 5.7 apart in log-prob on a
+tiny model while the tokens, from the cached ``generate``, agreed).
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ class FSMTPlugin(EncoderDecoderPlugin):
     hf_model_types = ("fsmt",)
     hf_moses_files = ("vocab-src.json", "vocab-tgt.json", "merges.txt")  # what FSMTTokenizer reads
     hf_renames: ClassVar[dict[str, str]] = {"decoder.output_projection.weight": "lm_head.weight"}
+    hf_step_cache = True  # its uncached forward, fed encoder states, has no causal mask (above)
 
     def config_from_hf(self, hf: Mapping[str, Any]) -> EncoderDecoderConfig:
         return hf_encoder_decoder_config(hf, **FAMILY, pad_token_id=int(hf.get("pad_token_id", 1)),

@@ -77,6 +77,9 @@ class ProphetNetPlugin(ArchitecturePlugin):
     has_attention = True
     hf_model_types = ("prophetnet", "xlm-prophetnet")
     hf_tokenizer_converter = "BertConverter"  # ProphetNetTokenizer is BERT's WordPiece, run in Python
+    hf_ids_only: ClassVar[dict[str, str]] = {"xlm-prophetnet": (
+        "transformers 5 ships no XLMProphetNetTokenizer to read its sentencepiece.bpe.model with or to check "
+        "an export against (docs/families.md)")}
     hf_step_cache = True
 
     def memory_specs(self, config: ProphetNetConfig) -> tuple[MemorySpec, ...]:

@@ -92,7 +92,7 @@ def test_a_format_6_export_keeps_its_length_penalty_key(gru: Path, tmp_path: Pat
 
     folder = copy_of(gru, tmp_path)
     raw = json.loads((folder / MANIFEST_NAME).read_text())
-    assert raw["format"] == FORMAT == "s2s-deploy-manifest/7" and "length_penalty_alpha" not in raw["search"]
+    assert raw["format"] == FORMAT == "s2s-deploy-manifest/8" and "length_penalty_alpha" not in raw["search"]
     raw["search"].pop("alpha")
     (folder / MANIFEST_NAME).write_text(json.dumps(raw))
     with pytest.raises(ManifestError, match="key search: 'alpha' is a required property"):
@@ -369,3 +369,20 @@ def test_parity_on_a_modified_checkpoint_is_one_line(gru: Path, tmp_path: Path) 
     (folder / "checkpoint.safetensors").unlink()
     one_line(*run("parity", str(folder))[::2], "checkpoint.safetensors is missing")
     assert sha256_of(gru / "checkpoint.safetensors") == load_manifest(gru).checkpoint.sha256
+
+
+def test_format_8_keys_are_refused_in_an_older_format(gru: Path, tmp_path: Path) -> None:
+    """Format 8 added the ``moses`` level and a vocabulary's ``upper_case``: an export that says format 7
+    may hold neither (a format-7 reader would misread it), and format 8 reads ``upper_case``."""
+    folder = copy_of(gru, tmp_path)
+    raw = json.loads((folder / MANIFEST_NAME).read_text())
+    assert raw["format"] == "s2s-deploy-manifest/8"
+    upper = {**raw, "vocab": {**raw["vocab"], "target": {**raw["vocab"]["target"], "upper_case": True}}}
+    (folder / MANIFEST_NAME).write_text(json.dumps(upper))
+    assert load_manifest(folder).tgt_vocab.upper_case
+    for changed in (upper, {**raw, "vocab": {**raw["vocab"], "source": {**raw["vocab"]["source"], "level": "moses"}}}):
+        (folder / MANIFEST_NAME).write_text(json.dumps({**changed, "format": "s2s-deploy-manifest/7"}))
+        with pytest.raises(ManifestError, match="key vocab"):
+            load_manifest(folder)
+    (folder / MANIFEST_NAME).write_text(json.dumps({**raw, "format": "s2s-deploy-manifest/7"}))
+    assert not load_manifest(folder).tgt_vocab.upper_case  # a format-7 export without them still loads

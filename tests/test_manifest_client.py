@@ -103,15 +103,91 @@ def test_forced_eos_on_a_min_len_step(exports):
         _both(folder, texts[:2], ["--scores", "--beam", beam, "--forced-eos", "--max-len", "9", "--min-len", "9"])
 
 
-def test_moses_level_is_refused_in_one_line(exports, tmp_path):
-    """docs/manifest.md's `moses` level (FSMT's Moses + BPE, run with sacremoses) is one this client does not
-    run: it refuses the export in one `error:` line, as the Node and browser clients refuse every subword level."""
+def _as_moses(spec: dict, folder: Path, side: str, texts: list[str]) -> None:
+    """A char vocabulary rewritten as docs/manifest.md's `moses` level over the same ids: every other
+    ordinary letter ends a word (`x</w>`), and four other letters become the two-letter pieces that
+    `merges` build from the texts' commonest inner pairs, so the client's Moses steps, BPE and `</w>`
+    detokenising all meet the text."""
+    import collections
+
+    special = {v for v in spec["special"].values() if v is not None}
+    letters = [i for i, t in enumerate(spec["tokens"]) if i not in special and t.isalpha() and t.isascii()]
+    tokens = list(spec["tokens"])
+    for i in letters[::2]:
+        tokens[i] = tokens[i] + "</w>"
+    plain = {spec["tokens"][i] for i in letters[1::2]}
+    pairs = collections.Counter((w[k], w[k + 1]) for text in texts for w in text.lower().split()
+                                for k in range(len(w) - 2) if w[k] in plain and w[k + 1] in plain)
+    merges = [list(pair) for pair, _ in pairs.most_common(4)]
+    spare = [i for i in letters[1::2] if not any(tokens[i] in pair for pair in merges)]
+    for i, (a, b) in zip(spare, merges, strict=False):
+        tokens[i] = a + b
+    data = json.dumps({"lang": "en", "lower_case": side == "source", "merges": merges}).encode()
+    name = f"moses-{side}.json"
+    (folder / name).write_bytes(data)
+    spec |= {"level": "moses", "tokens": tokens,
+             "tokenizer": {"file": name, "sha256": __import__("hashlib").sha256(data).hexdigest()}}
+
+
+def test_moses_level_and_upper_case_match_translate(exports, tmp_path):
+    """docs/manifest.md's format-8 additions, run by the client from the docs alone: the `moses` level
+    (Moses normalisation and tokenisation with sacremoses, BPE, `</w>` detokenising) and `upper_case`."""
+    pytest.importorskip("sacremoses")
     folder, texts = _folder(exports, "gru")
     copy = tmp_path / "gru-moses"
     shutil.copytree(folder, copy)
     manifest = json.loads((copy / "manifest.json").read_text(encoding="utf-8"))
-    manifest["vocab"]["source"]["level"] = "moses"
+    assert manifest["format"] == "s2s-deploy-manifest/8"
+    mixed = [*texts, "Hello -- \"quoted\" world's end…", "  tabs\tand   spaces  "]
+    for side in ("source", "target"):
+        _as_moses(manifest["vocab"][side], copy, side, mixed)
+    manifest["vocab"]["target"]["upper_case"] = True
+    (copy / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
+    from s2s_deploy.format.manifest import load_manifest
+
+    source = load_manifest(copy).src_vocab
+    pieces = {source.tokens[i] for text in mixed for i in source.encode(text)}
+    assert any(p.endswith("</w>") for p in pieces) and any(len(p) == 2 for p in pieces)  # both kinds met
+    _both(copy, mixed, ["--scores"])
+    cli = _run([sys.executable, "-m", "s2s_deploy", "translate", str(copy), *mixed, "--quiet"])
+    assert any(c.isupper() for c in cli.stdout) and not any(c.islower() for c in cli.stdout)
+
+
+def test_an_unknown_level_is_refused_in_one_line(exports, tmp_path):
+    """A level this client does not know (a newer format's) is refused in one `error:` line."""
+    folder, texts = _folder(exports, "gru")
+    copy = tmp_path / "gru-unknown"
+    shutil.copytree(folder, copy)
+    manifest = json.loads((copy / "manifest.json").read_text(encoding="utf-8"))
+    manifest["vocab"]["source"]["level"] = "bytes"
     (copy / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
     ours = _run([sys.executable, str(CLIENT), str(copy), texts[0], "--threads", "1"])
     assert ours.returncode == 1 and ours.stdout == ""
-    assert ours.stderr.strip().splitlines() == ["error: vocab level 'moses' is not known"]
+    assert ours.stderr.strip().splitlines() == ["error: vocab level 'bytes' is not known"]
+
+
+NODE_DIR = Path(__file__).resolve().parents[1] / "examples" / "node"
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="Node.js is not installed")
+@pytest.mark.skipif(not (NODE_DIR / "node_modules" / "onnxruntime-node").is_dir(),
+                    reason="run `npm install --ignore-scripts` in examples/node first (.ci/run does)")
+def test_node_client_refuses_format_8_vocabularies_in_one_line(exports, tmp_path):
+    """examples/node/translate.js (the browser page's search module) reads format 8, and refuses its
+    `moses` level and `upper_case`, which it does not run, in one line each (docs/manifest.md)."""
+    folder, texts = _folder(exports, "gru")
+    plain = subprocess.run(["node", "translate.js", str(folder), texts[0]], cwd=NODE_DIR, capture_output=True,
+                           text=True, timeout=120)
+    assert plain.returncode == 0 and plain.stdout.strip(), plain.stderr
+    for name, change, line in (
+            ("moses", lambda v: v["source"].update(level="moses"), "a moses vocabulary needs its tokenizer library"),
+            ("upper", lambda v: v["target"].update(upper_case=True), "vocab.target.upper_case is set")):
+        copy = tmp_path / name
+        shutil.copytree(folder, copy)
+        manifest = json.loads((copy / "manifest.json").read_text(encoding="utf-8"))
+        change(manifest["vocab"])
+        (copy / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
+        result = subprocess.run(["node", "translate.js", str(copy), texts[0]], cwd=NODE_DIR, capture_output=True,
+                                text=True, timeout=120)
+        assert result.returncode != 0 and result.stdout == ""
+        assert line in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -26,7 +27,8 @@ import numpy as np
 import onnxruntime as ort
 
 KNOWN_FORMATS = {"s2s-deploy-manifest/2", "s2s-deploy-manifest/3", "s2s-deploy-manifest/4",
-                 "s2s-deploy-manifest/5", "s2s-deploy-manifest/6", "s2s-deploy-manifest/7"}
+                 "s2s-deploy-manifest/5", "s2s-deploy-manifest/6", "s2s-deploy-manifest/7",
+                 "s2s-deploy-manifest/8"}
 NEG_INF = float("-inf")
 HARD_MAX = 65536
 
@@ -71,6 +73,47 @@ def _verified(folder: str, name: str, sha: str, what: str) -> str:
 WORD_RE = re.compile(r"\w+|[^\w\s]")
 
 
+class Moses:
+    """The `moses` level's steps, as docs/manifest.md lists them (sacremoses, imported only for this level)."""
+
+    def __init__(self, spec: dict):
+        import sacremoses
+
+        self.lang, self.lower_case = spec["lang"], bool(spec.get("lower_case", False))
+        self.ranks = {(a, b): rank for rank, (a, b) in enumerate(spec["merges"])}
+        self.normalizer = sacremoses.MosesPunctNormalizer(lang=self.lang, pre_replace_unicode_punct=True,
+                                                          post_remove_control_chars=True)
+        self.tokenizer = sacremoses.MosesTokenizer(lang=self.lang)
+        self.detokenizer = sacremoses.MosesDetokenizer(lang=self.lang)
+
+    def pieces(self, text: str) -> list[str]:
+        if self.lower_case:
+            text = text.lower()
+        words = self.tokenizer.tokenize(self.normalizer.normalize(text), aggressive_dash_splits=True,
+                                        return_str=False, escape=True)
+        return [piece for word in words if word for piece in self.bpe(word)]
+
+    def bpe(self, word: str) -> list[str]:
+        parts = [*word[:-1], word[-1] + "</w>"]
+        while True:
+            ranked = [self.ranks[pair] for pair in itertools.pairwise(parts) if pair in self.ranks]
+            if not ranked:
+                return parts
+            best = min(ranked)
+            out, i = [], 0
+            while i < len(parts):
+                if i + 1 < len(parts) and self.ranks.get((parts[i], parts[i + 1])) == best:
+                    out.append(parts[i] + parts[i + 1])
+                    i += 2
+                else:
+                    out.append(parts[i])
+                    i += 1
+            parts = out
+
+    def text(self, pieces: list[str]) -> str:
+        return self.detokenizer.detokenize("".join(p.replace(" ", "").replace("</w>", " ") for p in pieces).split())
+
+
 class Vocab:
     def __init__(self, spec: dict, folder: str, fallback_special: dict | None):
         self.level = spec["level"]
@@ -83,9 +126,15 @@ class Vocab:
         self.prefix = list(spec.get("prefix", []))
         self.suffix = list(spec.get("suffix", [special["eos"]]))
         self.hidden = set(spec.get("hidden", []))
+        self.upper_case = bool(spec.get("upper_case", False))  # format 8
         self._sp = None
         self._hf = None
-        if self.level in ("sentencepiece", "hf"):
+        self._moses = None
+        if self.level == "moses":
+            tok = spec["tokenizer"]
+            with open(_verified(folder, tok["file"], tok["sha256"], "tokenizer"), encoding="utf-8") as f:
+                self._moses = Moses(json.load(f))
+        elif self.level in ("sentencepiece", "hf"):
             tok = spec["tokenizer"]
             path = _verified(folder, tok["file"], tok["sha256"], "tokenizer")
             if self.level == "sentencepiece":
@@ -116,12 +165,18 @@ class Vocab:
             return [self._lookup(w) for w in WORD_RE.findall(text)]
         if self.level == "sentencepiece":
             return [self._lookup(p) for p in self._sp.encode(text, out_type=str)]
+        if self.level == "moses":
+            return [self._lookup(p) for p in self._moses.pieces(text)]
         return list(self._hf.encode(text, add_special_tokens=False).ids)
 
     def row(self, text: str) -> list[int]:
         return self.prefix + self.ids(text) + self.suffix
 
     def detokenise(self, ids: list[int]) -> str:
+        text = self._detokenise(ids)
+        return text.upper() if self.upper_case else text
+
+    def _detokenise(self, ids: list[int]) -> str:
         sp = self.special
         eos = sp["eos"]
         if eos in ids:
@@ -140,6 +195,8 @@ class Vocab:
             return "".join(self.tokens[i] for i in kept)
         if self.level == "word":
             return " ".join(self.tokens[i] for i in kept)
+        if self.level == "moses":
+            return self._moses.text([self.tokens[i] for i in kept])
         return self._sp.decode_pieces([self.tokens[i] for i in kept])  # sentencepiece
 
 

@@ -89,6 +89,10 @@ class ArchitecturePlugin(ABC):
     """The family's Moses + BPE files (FSMT's): (source vocabulary JSON, target vocabulary JSON, the
     ranked merges), exported as ``moses`` vocabularies where transformers loads the folder's tokenizer
     (its ``src_lang``, ``tgt_lang`` and ``do_lower_case``)."""
+    hf_ids_only: ClassVar[dict[str, str]] = {}
+    """``model_type`` -> why that family's own tokenizer files are not read (a tokenization that no
+    vocabulary level holds, or that transformers can no longer load to check against): such a folder
+    exports ids only, and the export says why in its one ``exporting ... from`` line."""
     hf_tokenizer_converter: ClassVar[str | None] = None
     """A class of ``transformers.convert_slow_tokenizer`` that turns the family's tokenizer, where
     transformers runs it in Python, into a ``tokenizer.json`` at export (ProphetNet's WordPiece:

@@ -303,7 +303,8 @@ def sentencepiece_vocabularies(directory: Path, files: tuple[str, str, str], siz
     return (Vocabulary(tokens, SENTENCEPIECE, tokenizer=TokenizerFile.read(source), **special,
                        **{k: v for k, v in framing.items() if k != "hidden"}),
             Vocabulary(tokens, SENTENCEPIECE, tokenizer=TokenizerFile.read(target), **special,
-                       **{k: v for k, v in framing.items() if k == "hidden"}))
+                       **{k: v for k, v in framing.items() if k == "hidden"},
+                       upper_case=slow is not None and slow.upper_case))
 
 
 def moses_vocabularies(directory: Path, files: tuple[str, str, str], weights: HFWeights,
@@ -395,6 +396,8 @@ class HFSource:
     search: dict[str, Any]
     samples: tuple[str, ...]
     alignment_heads: tuple[tuple[int, int], ...] = ()
+    ids_only: str | None = None
+    """Why the folder's own tokenizer files were not read (the plugin's ``hf_ids_only``), where they were not."""
 
 
 def load_hf(plugin: ArchitecturePlugin, directory: str | Path) -> HFSource:
@@ -428,8 +431,9 @@ def load_hf(plugin: ArchitecturePlugin, directory: str | Path) -> HFSource:
     info = {"hf_model_type": model_type, "hf_folder": Path(directory).name}
     checkpoint = Checkpoint(plugin.name, plugin.version, weights.config, src_vocab, tgt_vocab, weights.tensors, info)
     model = build_model(checkpoint, plugin)
+    ids_only = None if src_vocab.tokenizer or tgt_vocab.tokenizer else plugin.hf_ids_only.get(str(model_type))
     return HFSource(checkpoint, model, search, sample_texts(src_vocab),
-                    plugin.hf_alignment_heads(folder.config, folder.generation))
+                    plugin.hf_alignment_heads(folder.config, folder.generation), ids_only)
 
 
 def save_hf_checkpoint(source: HFSource, plugin: ArchitecturePlugin, path: Path) -> Path:

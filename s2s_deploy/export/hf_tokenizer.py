@@ -36,13 +36,15 @@ class SlowTokenizer:
     ``vocab``: token to id, added tokens included (M2M100's ``__fr__`` follow ``vocab.json``);
     ``prefix``/``suffix``: the ids it frames a sentence with; ``special``: the ids
     ``decode(skip_special_tokens=True)`` drops; ``tokenizer_json``: a ``tokenizer.json`` that
-    tokenises as it does (None where transformers has no converter for it)."""
+    tokenises as it does (None where transformers has no converter for it); ``upper_case``: its
+    ``decode`` upper-cases the text (``do_upper_case``, Speech2Text's LibriSpeech folders)."""
 
     vocab: dict[str, int]
     prefix: tuple[int, ...]
     suffix: tuple[int, ...]
     special: tuple[int, ...]
     tokenizer_json: str | None
+    upper_case: bool = False
 
 
 def load_auto_tokenizer(directory: Path) -> Any | None:
@@ -160,8 +162,8 @@ def read_slow_tokenizer(directory: Path, size: int, converter: str | None = None
             continue
         if token is not None and token != unk:
             vocab.setdefault(str(token), i)
-    found = SlowTokenizer(vocab, prefix, suffix,
-                          tuple(sorted(set(tokenizer.all_special_ids))), None)
+    found = SlowTokenizer(vocab, prefix, suffix, tuple(sorted(set(tokenizer.all_special_ids))), None,
+                          bool(getattr(tokenizer, "do_upper_case", False)))
     text = None
     if backend is not None:
         text = backend.to_str()

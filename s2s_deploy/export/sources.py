@@ -77,7 +77,8 @@ def _hf_source(plugin: ArchitecturePlugin, directory: Path, workdir: Path) -> Mo
     path = save_hf_checkpoint(hf, plugin, workdir / f"{plugin.name}-hf.safetensors")
     c = hf.checkpoint
     return ModelSource(plugin, c.config, hf.model, c.src_vocab, c.tgt_vocab, path,
-                       f"Hugging Face folder {directory} ({c.info['hf_model_type']})", hf.samples, trained=True,
+                       f"Hugging Face folder {directory} ({c.info['hf_model_type']}"
+                       f"{f'; ids only: {hf.ids_only}' if hf.ids_only else ''})", hf.samples, trained=True,
                        info=c.info, search=hf.search, alignment_heads=hf.alignment_heads)
 
 

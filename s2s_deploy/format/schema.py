@@ -22,13 +22,16 @@ from s2s_deploy.format.decoding import search_schema
 from s2s_deploy.format.files import inside
 from s2s_deploy.format.specs import DTYPES
 
-FORMAT = "s2s-deploy-manifest/7"
+FORMAT = "s2s-deploy-manifest/8"
 FORMATS = ("s2s-deploy-manifest/2", "s2s-deploy-manifest/3", "s2s-deploy-manifest/4", "s2s-deploy-manifest/5",
-           "s2s-deploy-manifest/6", FORMAT)
+           "s2s-deploy-manifest/6", "s2s-deploy-manifest/7", FORMAT)
 """Formats this code reads, the one it writes last (docs/manifest.md, Compatibility)."""
 ALPHA_KEY_FORMATS = FORMATS[:5]
 """Formats 2 to 6 require the length penalty as ``search.length_penalty_alpha``, which format 7 names
 ``alpha``, as the option table does; the older key is still read as ``alpha``'s alias."""
+PRE_MOSES_FORMATS = FORMATS[:6]
+"""Formats 2 to 7 know neither the ``moses`` vocabulary level nor a vocabulary's ``upper_case``, which
+format 8 added: a reader of those would misread such a vocabulary, so an older format may not hold them."""
 MAX_MANIFEST_BYTES = 64 << 20  # a vocabulary of a million tokens fits; a crafted 1 GB file does not
 MAX_DEPTH = 32
 MAX_VOCAB = 10_000_000
@@ -65,9 +68,11 @@ _VOCAB = {
                                "properties": {"pad": _ID, "bos": _ID_OR_NULL, "eos": _ID, "unk": _ID_OR_NULL,
                                               "decoder_start": _ID_OR_NULL}},
                    "prefix": _IDS, "suffix": _IDS, "hidden": _IDS, "languages": _IDS, "tasks": _IDS,
+                   "upper_case": {"type": "boolean"},
                    "tokenizer": {"type": "object", "required": ["file", "sha256"],
                                  "properties": {"file": _FILE, "sha256": _SHA}}},
 }
+_PRE_MOSES_VOCAB = {"properties": {"level": {"not": {"const": "moses"}}, "upper_case": False}}
 _LIMIT = {"anyOf": [{"type": "integer", "minimum": 1, "maximum": 1 << 20}, {"type": "null"}]}
 _DTYPE = {"enum": list(DTYPES)}
 _NUMBER_OR_NULL = {"anyOf": [{"type": "number"}, {"type": "null"}]}
@@ -132,9 +137,14 @@ SCHEMA: dict[str, Any] = {
     "type": "object",
     "required": ["format", "plugin", "graphs", "memory", "state", "special_tokens", "vocab", "search"],
     "properties": PROPERTIES,
-    "if": {"properties": {"format": {"enum": list(ALPHA_KEY_FORMATS)}}},
-    "then": {"properties": {"search": {"required": ["length_penalty_alpha"]}}},
-    "else": {"properties": {"search": {"required": ["alpha"]}}},
+    "allOf": [
+        {"if": {"properties": {"format": {"enum": list(ALPHA_KEY_FORMATS)}}},
+         "then": {"properties": {"search": {"required": ["length_penalty_alpha"]}}},
+         "else": {"properties": {"search": {"required": ["alpha"]}}}},
+        {"if": {"properties": {"format": {"enum": list(PRE_MOSES_FORMATS)}}},
+         "then": {"properties": {"vocab": {"properties": {"source": _PRE_MOSES_VOCAB,
+                                                          "target": _PRE_MOSES_VOCAB}}}}},
+    ],
 }
 
 

@@ -57,7 +57,9 @@ class Vocabulary:
     ``languages``: the ids whose tokens name a target language, for a model told which language to
     write by a forced first token or a decoder prompt (``target_lang`` turns a code into its id);
     ``tasks``: likewise the ids whose tokens name a task (Whisper's ``<|translate|>``, for ``task``).
-    A code names a listed token by ``code_ids``' rule.
+    A code names a listed token by ``code_ids``' rule. ``upper_case``: the decoded text is
+    upper-cased (Python's ``str.upper``), as Speech2Text's tokenizer does with ``do_upper_case``
+    (LibriSpeech's models write lower-case pieces); manifest format 8.
     """
 
     tokens: tuple[str, ...]
@@ -73,6 +75,7 @@ class Vocabulary:
     tokenizer: TokenizerFile | None = None
     languages: tuple[int, ...] = ()
     tasks: tuple[int, ...] = ()
+    upper_case: bool = False
     _index: dict[str, int] = field(init=False, repr=False, compare=False)
     _skip: frozenset[int] = field(init=False, repr=False, compare=False)
     _model: SentencePieceModel | HFTokenizer | MosesBPE | None = field(init=False, repr=False, compare=False)
@@ -171,11 +174,12 @@ class Vocabulary:
             elif i not in self._skip:
                 kept.append(i)
         if isinstance(self._model, HFTokenizer):
-            return "".join(self._model.text(run) for run in (*runs, kept) if run)
-        words = [self.tokens[i] if 0 <= i < len(self.tokens) else UNK for i in kept]
-        if self._model is not None:
-            return self._model.text(words)
-        return ("" if self.level == "char" else " ").join(words)
+            text = "".join(self._model.text(run) for run in (*runs, kept) if run)
+        else:
+            words = [self.tokens[i] if 0 <= i < len(self.tokens) else UNK for i in kept]
+            text = self._model.text(words) if self._model is not None else (
+                ("" if self.level == "char" else " ").join(words))
+        return text.upper() if self.upper_case else text
 
     def to_dict(self) -> dict[str, Any]:
         data = {"level": self.level, "tokens": list(self.tokens), "special": self.special_ids(),
@@ -185,6 +189,8 @@ class Vocabulary:
         for name in ("languages", "tasks"):
             if getattr(self, name):
                 data[name] = list(getattr(self, name))
+        if self.upper_case:  # written only when on: a format-7 reader never meets the key otherwise
+            data["upper_case"] = True
         return data
 
     def code_ids(self, code: str, listed: Iterable[int]) -> tuple[int, ...]:
@@ -230,6 +236,7 @@ class Vocabulary:
             prefix=tuple(data.get("prefix", ())), suffix=_optional_ids(data.get("suffix")),
             hidden=tuple(data.get("hidden", ())), tokenizer=_tokenizer_file(data.get("tokenizer"), read_file),
             languages=tuple(data.get("languages", ())), tasks=tuple(data.get("tasks", ())),
+            upper_case=bool(data.get("upper_case", False)),
         )
 
     @classmethod

@@ -577,7 +577,7 @@
     // tokenizer: the target's tokenizer.json, parsed, for an `hf` vocabulary (decoded only, never encoded).
     constructor(ort, manifest, encoder, decoder, tokenizer = null) {
       if (!['s2s-deploy-manifest/2', 's2s-deploy-manifest/3', 's2s-deploy-manifest/4', 's2s-deploy-manifest/5',
-        's2s-deploy-manifest/6', 's2s-deploy-manifest/7'].includes(manifest.format)) {
+        's2s-deploy-manifest/6', 's2s-deploy-manifest/7', 's2s-deploy-manifest/8'].includes(manifest.format)) {
         throw new Error(`unsupported manifest format ${manifest.format}`);
       }
       const input = manifest.encoder_input || { kind: 'tokens' }; // formats 2 and 3 read token ids
@@ -593,6 +593,7 @@
         if (!['char', 'word', undefined].includes(side.level) && !decodable) throw new Error(`a ${side.level} vocabulary needs its tokenizer library, which this search module does not run: char and word only, and an hf target read back from audio (docs/manifest.md)`);
       }
       this.hf = manifest.vocab.target.level === 'hf' ? new HFDecoder(tokenizer) : null;
+      if (manifest.vocab.target.upper_case) throw new Error('vocab.target.upper_case is set, which this search module does not run');
       this.ort = ort;
       this.manifest = manifest;
       this.encoder = encoder;
