@@ -7,7 +7,7 @@ imported only when one is built."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from s2s_deploy.architecture.declaration import (
     MemorySpec,
@@ -77,6 +77,11 @@ class SpeechPlugin(EncoderDecoderPlugin):
                              attention_heads=2, ffn_dim=64, max_target_positions=32, dropout=0.0),
     }
     default_preset = "small"
+
+    def search_defaults(self, config: SpeechConfig) -> dict[str, Any]:
+        """No timestamp tokens say where a window's text ends, and it was trained on whole utterances:
+        long audio is read in windows that end at pauses, so no word is split between two."""
+        return {"window_cut": "pause"}
 
     def source_spec(self, config: SpeechConfig) -> SourceSpec:
         """``(n_mels, frames)`` log-mel features; padding frames are masked, so their value is moot."""

@@ -7,8 +7,9 @@ front end's input; nothing here names a model.
 
 An input longer than the encoder's window is never cut: it is read window by window
 (runtime/timestamps.py), with timestamps on inside where the export has timestamp tokens, as
-``generate`` does for long-form input without ``return_timestamps``, else one whole window after
-another; its result is then the text alone, unless the caller asked for ``timestamps``.
+``generate`` does for long-form input without ``return_timestamps``, else one window after another,
+each ending at a pause where ``window_cut`` says so (runtime/pauses.py); its result is then the text
+alone, unless the caller asked for ``timestamps``.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from s2s_deploy.frontends.media import Medium
 from s2s_deploy.frontends.source import checked_features, featurise, frontend_for, use_instead
 from s2s_deploy.runtime.decoding import SearchConfig, window_options_on, with_timestamps
 from s2s_deploy.runtime.fallback import Windows
+from s2s_deploy.runtime.pauses import pause_windows
 from s2s_deploy.runtime.search import Hypothesis
 from s2s_deploy.runtime.timestamps import Piece, Sought, Window, seek_windows
 from s2s_deploy.runtime.translator import Translator
@@ -255,9 +257,12 @@ class FeatureReader:
                            f"is read window by window, which gives one hypothesis: n_best must be 1, not "
                            f"{config.n_best}")
         windows = self._windows(config)
+        window = self.window(features)
         if config.timestamp_begin >= 1:
             config = with_timestamps(config, len(self.manifest.tgt_vocab))
-        return seek_windows(features, self.window(features), self.translator.engine.search, config, windows)
+            return seek_windows(features, window, self.translator.engine.search, config, windows)
+        ends = [pause_windows(f, window) for f in features] if config.window_cut == "pause" else None
+        return seek_windows(features, window, self.translator.engine.search, config, windows, ends)
 
     def _with_segments(self, label: str, sought: Sought, timed: bool, whole_windows: bool = False) -> Decoded:
         """``sought`` as text, with its segments when the caller asked for ``timestamps`` (``timed``).

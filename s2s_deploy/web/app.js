@@ -81,9 +81,35 @@ async function transcribeAll(translator, clips, beam) {
   return results;
 }
 
+// Where each window of a long clip ends when the manifest's search says window_cut "pause"
+// (docs/manifest.md, "Timestamps, window by window"; runtime/pauses.py): at the quietest frame of
+// its last 40%, loudness being the mean over the rows averaged over 15 frames, the latest of equals.
+function pauseEnds(data, rows, frames, window) {
+  const mean = new Float64Array(frames);
+  for (let r = 0; r < rows; r += 1) for (let t = 0; t < frames; t += 1) mean[t] += data[r * frames + t];
+  for (let t = 0; t < frames; t += 1) mean[t] /= rows;
+  const level = new Float64Array(frames);
+  for (let t = 0; t < frames; t += 1) {
+    let sum = 0;
+    const first = Math.max(0, t - 7);
+    const last = Math.min(frames - 1, t + 7);
+    for (let k = first; k <= last; k += 1) sum += mean[k];
+    level[t] = sum / (last - first + 1);
+  }
+  const ends = [];
+  for (let start = 0; frames - start > window; start = ends[ends.length - 1]) {
+    let end = start + window;
+    for (let t = end - 1; t >= start + Math.max(1, Math.floor(window * 0.6)); t -= 1) if (level[t] < level[end]) end = t;
+    ends.push(end);
+  }
+  ends.push(frames);
+  return ends;
+}
+
 // One clip's uncut features ({ data, dims }, frames last) as `transcribe` reads them
 // (docs/manifest.md, "Timestamps, window by window"): within the window, one search; longer, one
-// whole window after another, each zero-padded, the texts stripped and joined by one space. An
+// window after another, the texts stripped and joined by one space: whole windows zero-padded, or
+// with window_cut "pause" windows ending at pauses, padded with the clip's lowest value. An
 // export with timestamp tokens seeks by them instead, which this page does not do: refused.
 async function transcribeWindows(translator, features, beam) {
   const { manifest } = translator;
@@ -92,16 +118,24 @@ async function transcribeWindows(translator, features, beam) {
   const frames = features.dims[features.dims.length - 1];
   if (!window || shape[shape.length - 1] !== 'frames' || frames <= window) return (await translator.transcribe(features, { beam })).text;
   const rows = features.data.length / frames;
-  if ((manifest.search || {}).timestamp_begin >= 1) {
+  const search = manifest.search || {};
+  if (search.timestamp_begin >= 1) {
     throw new Error(`the clip is longer than the model's window of ${window} frames, and this export seeks through long clips by its timestamps, which this page does not: use s2s-deploy transcribe`);
   }
+  const pauses = search.window_cut === 'pause';
+  const ends = [];
+  if (pauses) ends.push(...pauseEnds(features.data, rows, frames, window));
+  else for (let end = window; ; end += window) { ends.push(Math.min(end, frames)); if (end >= frames) break; }
+  let floor = 0;
+  if (pauses) { floor = Infinity; for (const value of features.data) floor = Math.min(floor, value); }
   const texts = [];
-  for (let first = 0; first < frames; first += window) {
-    const part = new Float32Array(rows * window);
-    const width = Math.min(window, frames - first);
-    for (let r = 0; r < rows; r += 1) part.set(features.data.subarray(r * frames + first, r * frames + first + width), r * window);
+  let first = 0;
+  for (const end of ends) {
+    const part = new Float32Array(rows * window).fill(floor);
+    for (let r = 0; r < rows; r += 1) part.set(features.data.subarray(r * frames + first, r * frames + end), r * window);
     const text = (await translator.transcribe({ data: part, dims: [...features.dims.slice(0, -1), window] }, { beam })).text.trim();
     if (text) texts.push(text);
+    first = end;
   }
   return texts.join(' ');
 }

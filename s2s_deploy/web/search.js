@@ -80,6 +80,7 @@
     max_initial_timestamp: -1,
     time_precision: 0.02,
     timestamp_frames: 2,
+    window_cut: "fixed",
     preset: "",
     temperature: [],
     best_of: 1,
@@ -96,10 +97,11 @@
     alpha: ["length_penalty_alpha"],
   };
   // END generated
-  // prompt_start and the timestamp parameters change nothing while prompt and timestamps are off (refused when on)
+  // prompt_start and the timestamp parameters change nothing while prompt and timestamps are off (refused when on);
+  // window_cut is app.js's, where it cuts a long clip's windows
   const RUN_HERE = new Set(['beam_size', 'n_best', 'alpha', 'max_len', 'max_len_a', 'max_len_b', 'seed', 'early_stopping',
     'prompt_start', 'timestamp_begin', 'max_initial_timestamp', 'time_precision', 'timestamp_frames', 'no_speech_token',
-    'best_of', 'prompt_reset_on_temperature']);
+    'best_of', 'prompt_reset_on_temperature', 'window_cut']);
 
   function resolve(manifest, given = {}) {
     const stored = manifest.search || {};
