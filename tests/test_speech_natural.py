@@ -100,3 +100,24 @@ def test_a_fine_tune_keeps_the_starts_vocabularies_and_refuses_a_target_it_canno
     assert "é" in tgt.tokens and "," in src.tokens
     with pytest.raises(S2SError, match="'Sß', which its target vocabulary lacks"):
         _vocabularies_of(start, ["3 mars 2021", "Straße"])
+
+
+def test_a_joined_clip_keeps_the_sentences_that_fit_its_window_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two or three sentences read in turn with pauses between; those past the window are left out of
+    the audio and the target alike, so a target never names what the clip does not hold."""
+    from s2s_deploy.frontends import WhisperLogMel
+
+    seconds = {"one": 3.0, "two": 2.5, "three": 4.0}
+    monkeypatch.setattr(speech_data, "synthesise", lambda u, rate: np.full(int(seconds[u.source] * rate), 0.1,
+                                                                               dtype=np.float32))
+    frontend = WhisperLogMel(chunk_length=8)
+    utterance = speech_data.Utterance(speech_data.JOIN.join(seconds), speech_data.JOIN.join(["un", "deux", "trois"]),
+                                      "en-us", "m1", 175, 50)
+    audio, held = speech_data.render(utterance, frontend)
+    assert (held.source, held.target) == ("one | two", "un deux")
+    gap = len(audio) - int(5.5 * 16000)
+    assert 0.2 * 16000 <= gap <= 0.8 * 16000 and not audio[48000:48000 + gap].any()
+    again, _ = speech_data.render(utterance, frontend)
+    np.testing.assert_array_equal(audio, again)
+    alone = speech_data.Utterance("three", "trois", "en-us", "m1", 175, 50)
+    assert speech_data.render(alone, frontend)[1] == alone

@@ -28,6 +28,7 @@ import shutil
 import subprocess
 import sys
 import time
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -287,12 +288,33 @@ def apply_effect(audio: np.ndarray, effect: str, seed: int, rate: int) -> np.nda
     return np.clip(out, -1, 1).astype(np.float32)
 
 
-def render(utterance: Utterance, frontend: WhisperLogMel) -> np.ndarray:
-    """The clip ``utterance`` describes, float32 mono at the front end's rate."""
+JOIN = " | "
+"""Between the sentences of a joined pair (source and target alike): one speaker reads them in turn with
+a pause between, and the target is their targets joined by a space, as a long clip's windows are."""
+
+
+def render(utterance: Utterance, frontend: WhisperLogMel) -> tuple[np.ndarray, Utterance]:
+    """The clip ``utterance`` describes, float32 mono at the front end's rate, and the utterance it holds:
+    a joined one (``JOIN``) keeps as many of its sentences, in order, as fit the window, pauses of
+    0.2-0.8 s between them, its target their targets joined by a space."""
     rate = frontend.sampling_rate
     if utterance.accent == NONSPEECH_ACCENT:
-        return nonspeech(utterance.variant, utterance.seed, rate, frontend.n_samples / rate)
-    return apply_effect(synthesise(utterance, rate), utterance.effect, utterance.seed, rate)
+        return nonspeech(utterance.variant, utterance.seed, rate, frontend.n_samples / rate), utterance
+    if JOIN not in utterance.source:
+        return apply_effect(synthesise(utterance, rate), utterance.effect, utterance.seed, rate), utterance
+    rng = np.random.default_rng(zlib.crc32(utterance.source.encode()))
+    sources, targets = utterance.source.split(JOIN), utterance.target.split(JOIN)
+    pieces: list[np.ndarray] = []
+    kept = 0
+    for source in sources:
+        audio = synthesise(dataclasses.replace(utterance, source=source), rate)
+        gap = np.zeros(int(rate * rng.uniform(0.2, 0.8)) if pieces else 0, dtype=np.float32)
+        if kept and sum(map(len, pieces)) + len(gap) + len(audio) > frontend.n_samples:
+            break
+        pieces += [gap, audio]
+        kept += 1
+    joined = dataclasses.replace(utterance, source=JOIN.join(sources[:kept]), target=" ".join(targets[:kept]))
+    return apply_effect(np.concatenate(pieces), utterance.effect, utterance.seed, rate), joined
 
 
 def plan_split(pairs: Sequence[Pair], split: str, plan: SpeechPlan, seed: int, augment: Augment = Augment()
@@ -337,15 +359,16 @@ def trimmed(features: np.ndarray) -> tuple[np.ndarray, float]:
 def write_shard(path: Path, utterances: Sequence[Utterance], frontend: WhisperLogMel) -> dict[str, Any]:
     """Synthesise and featurise ``utterances`` into one npz (written beside, then moved into place)."""
     started = time.perf_counter()
-    parts, floors, samples = [], [], []
-    for utterance in utterances:
-        audio = render(utterance, frontend)
+    parts, floors, samples, held = [], [], [], []
+    for planned in utterances:
+        audio, utterance = render(planned, frontend)
+        held.append(utterance)
         kept, floor = trimmed(frontend(audio))
         parts.append(kept.T)
         floors.append(floor)
         samples.append(len(audio))
     lengths = np.array([len(part) for part in parts], dtype=np.int64)
-    columns = {name: np.array([getattr(u, name) for u in utterances]) for name in UTTERANCE_FIELDS}
+    columns = {name: np.array([getattr(u, name) for u in held]) for name in UTTERANCE_FIELDS}
     with atomic_path(path) as staging, open(staging, "wb") as handle:  # a handle: np.savez names no .npz
         np.savez(
             handle,
