@@ -12,7 +12,7 @@ from a dataset folder that has them.
 
     python benchmarks/train_speech_gpu.py prepare ...        # writes .speechdebs/task-en-fr/{test,natural}.tsv
     python benchmarks/eval_speech.py --make 200 --data /tmp/speech-heldout          # today's checkpoint
-    python benchmarks/eval_speech.py --data /tmp/speech-heldout --checkpoint gpu-out/speech.safetensors
+    python benchmarks/eval_speech.py --data /tmp/speech-heldout --checkpoint gpu-out/speech.safetensors --long 3
 """
 
 from __future__ import annotations
@@ -76,6 +76,39 @@ def score(export_dir: Path, folder: Path, split: str, limit: int | None) -> dict
     return row
 
 
+def long_clips(export_dir: Path, task: Path, trials: int, sentences: int = 20) -> dict[str, dict[str, float]]:
+    """``trials`` clips of ``sentences`` held-out sentences (test.tsv) read in turn by held-out voices with
+    pauses of 0.3-0.7 s, each transcribed whole with fixed and with pause-cut windows: the share of
+    sentences whose target appears intact, and the WER against the targets joined by a space."""
+    import random
+
+    import numpy as np
+
+    from s2s_deploy.runtime.transcriber import Transcriber
+    from s2s_deploy.train.metrics import error_rate
+    from s2s_deploy.train.speech_data import SpeechPlan, Utterance, synthesise
+    from s2s_deploy.train.tasks import read_tsv
+
+    pairs = read_tsv(task / "test.tsv")[-trials * sentences:]  # the end of the file: the --make sets use the start
+    rng, voices = random.Random(7), SpeechPlan().test
+    transcriber = Transcriber(export_dir, device="cpu")
+    found: dict[str, list[float]] = {"fixed": [0, 0, 0.0], "pause": [0, 0, 0.0]}
+    for trial in range(trials):
+        chosen = pairs[trial * sentences:(trial + 1) * sentences]
+        parts = []
+        for pair in chosen:
+            utterance = Utterance(pair.source, pair.target, rng.choice(voices.accents), rng.choice(voices.variants),
+                                  rng.choice(voices.speeds), rng.randint(20, 80))
+            parts += [synthesise(utterance, 16000), np.zeros(int(16000 * rng.uniform(0.3, 0.7)), np.float32)]
+        audio = np.concatenate(parts)
+        for cut, tally in found.items():
+            text = transcriber(audio, window_cut=cut)[0].text
+            tally[0] += sum(f" {pair.target} " in f" {text} " for pair in chosen)
+            tally[1] += len(chosen)
+            tally[2] += error_rate([text], [" ".join(pair.target for pair in chosen)], "word") / trials
+    return {cut: {"sentences_intact": a / b, "wer": wer, "sentences": b} for cut, (a, b, wer) in found.items()}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--checkpoint", type=Path, default=ROOT / "plugins" / "checkpoints" / "speech.safetensors")
@@ -88,6 +121,9 @@ def main() -> int:
     parser.add_argument("--limit", type=int, default=None, help="score only the first N clips of each split")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    parser.add_argument("--long", type=int, default=0, metavar="TRIALS",
+                        help="also read TRIALS long clips (20 held-out sentences with pauses, about 75 s each) with "
+                             "fixed and with pause-cut windows (fp32)")
     args = parser.parse_args()
     from s2s_deploy.errors import S2SError
 
@@ -98,6 +134,7 @@ def main() -> int:
         results: dict[str, dict[str, dict[str, float]]] = {}
         for precision, directory in exports.items():
             results[precision] = {split: score(directory, args.data, split, args.limit) for split in TARGETS}
+        long = long_clips(exports["fp32"], args.task, args.long) if args.long else {}
     except S2SError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
@@ -115,9 +152,12 @@ def main() -> int:
             for ref, hyp in results[precision][split]["misses"][:3]:
                 print(f"  {precision} {split}: {ref!r} -> {hyp!r}")
     print("all targets met" if met else "targets not all met")
+    for cut, row in long.items():
+        print(f"long clips, {cut} windows: {row['sentences_intact']:.1%} of {row['sentences']} sentences intact, "
+              f"WER {row['wer']:.1%}")
     if args.json:
-        args.json.write_text(json.dumps({"checkpoint": str(args.checkpoint), "results": results}, indent=1,
-                                        ensure_ascii=False) + "\n", encoding="utf-8")
+        figures = {"checkpoint": str(args.checkpoint), "results": results, "long": long}
+        args.json.write_text(json.dumps(figures, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
     return 0
 
 
