@@ -11,7 +11,8 @@ features without the window's trailing padding frames, which all equal one value
 (the clamp at max − 8 of silence), so ``SpeechShard.features`` restores them exactly.
 espeak-ng is needed only here, never at run time.
 
-    python -m s2s_deploy.train.speech_data OUT [--train 20000] [--valid 1000] [--test 1000]
+    python -m s2s_deploy.train.speech_data OUT [--train 20000] [--valid 1000] [--test 1000] [--natural 600]
+        [--nonspeech 2000 100 600] [--effects 0.3]
 """
 
 from __future__ import annotations
@@ -559,6 +560,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     defaults = SpeechDataConfig()
     for split, size in defaults.sizes.items():
         parser.add_argument(f"--{split}", type=int, default=size, help=f"{split} utterances (default {size})")
+    parser.add_argument("--natural", type=int, default=0,
+                        help="held-out natural phrasings read by the held-out voices (train/natural.py)")
+    parser.add_argument("--nonspeech", type=int, nargs=3, default=(0, 0, 0), metavar=("TRAIN", "VALID", "HELD_OUT"),
+                        help="non-speech clips (empty transcript) in train, in valid, and held out")
+    parser.add_argument("--effects", type=float, default=0.0,
+                        help="share of train and valid speech given one effect (gain, noise, 8 kHz band, DC, echo)")
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--workers", type=int, default=1, help="processes synthesising shards side by side")
     parser.add_argument("--shard-size", type=int, default=defaults.shard_size)
@@ -569,8 +576,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="the front end's window in seconds (default %(default)s)",
     )
     args = parser.parse_args(argv)
+    sizes = {split: getattr(args, split) for split in defaults.sizes}
     config = SpeechDataConfig(
-        sizes={split: getattr(args, split) for split in defaults.sizes},
+        sizes={**sizes, "natural": args.natural} if args.natural else sizes,
+        augment=Augment(speech=args.effects, nonspeech=dict(zip(("train", "valid", "nonspeech"), args.nonspeech,
+                                                                strict=True))),
         seed=args.seed,
         shard_size=args.shard_size,
         frontend=WhisperLogMel(chunk_length=args.window),
