@@ -6,7 +6,8 @@ imported only when one is built."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
 from s2s_deploy.architecture.declaration import (
@@ -15,18 +16,22 @@ from s2s_deploy.architecture.declaration import (
     StateSpec,
 )
 from s2s_deploy.architecture.encoder_decoder import EncoderDecoderConfig, EncoderDecoderPlugin
+from s2s_deploy.errors import ContractError
 from s2s_deploy.format.source import FEATURES, FRAMES
 from s2s_deploy.frontends import WhisperLogMel
+
+SMALL_FRONTEND = WhisperLogMel(chunk_length=8)
+"""Whisper's log-mel at 16 kHz, 80 bins, with an 8-s window: clips are cut or padded to it."""
+
+FLAT_FRONTEND_KEYS = ("n_mels", "sampling_rate", "n_fft", "hop_length", "chunk_length")
+"""The front end's parameters as checkpoints before format 7 of the config stored them: beside the
+model's sizes rather than in a ``frontend`` object."""
 
 
 @dataclass(frozen=True)
 class SpeechConfig:
-    n_mels: int = 80
-    sampling_rate: int = 16000
-    n_fft: int = 400
-    hop_length: int = 160
-    chunk_length: int = 8
-    """The front end's window in seconds: clips are cut or padded to it (``WhisperLogMel``)."""
+    frontend: WhisperLogMel = SMALL_FRONTEND
+    """Stated once here: the source spec, the manifest and training's data check all read it."""
     conv1_stride: int = 2
     conv2_stride: int = 2
     d_model: int = 160
@@ -48,9 +53,10 @@ class SpeechConfig:
     factor drawn from ``[1 - warp, 1 + warp]``, so an unseen voice's formants, higher or lower than
     any training voice's, still land where the model looks (0: off)."""
 
-    def frontend(self) -> WhisperLogMel:
-        return WhisperLogMel(sampling_rate=self.sampling_rate, n_mels=self.n_mels, n_fft=self.n_fft,
-                             hop_length=self.hop_length, chunk_length=self.chunk_length)
+    @property
+    def n_mels(self) -> int:
+        """The mel bins the first convolution reads."""
+        return self.frontend.n_mels
 
     def layers(self) -> EncoderDecoderConfig:
         """The shared parts' config: pre-norm layers, final LayerNorms, a learned target table from 0,
@@ -73,8 +79,8 @@ class SpeechPlugin(EncoderDecoderPlugin):
     has_attention = False  # the attention pictures label source tokens; this source is frames
     presets: ClassVar[dict[str, SpeechConfig]] = {
         "small": SpeechConfig(freq_masks=2, time_masks=2, warp=0.1),
-        "tiny": SpeechConfig(n_mels=16, chunk_length=1, d_model=32, encoder_layers=1, decoder_layers=1,
-                             attention_heads=2, ffn_dim=64, max_target_positions=32, dropout=0.0),
+        "tiny": SpeechConfig(frontend=WhisperLogMel(n_mels=16, chunk_length=1), d_model=32, encoder_layers=1,
+                             decoder_layers=1, attention_heads=2, ffn_dim=64, max_target_positions=32, dropout=0.0),
     }
     default_preset = "small"
 
@@ -86,13 +92,23 @@ class SpeechPlugin(EncoderDecoderPlugin):
     def source_spec(self, config: SpeechConfig) -> SourceSpec:
         """``(n_mels, frames)`` log-mel features; padding frames are masked, so their value is moot."""
         return SourceSpec(kind=FEATURES, shape=(config.n_mels, FRAMES), dtype="float32",
-                          frontend=config.frontend().to_json())
+                          frontend=config.frontend.to_json())
 
     def memory_specs(self, config: SpeechConfig) -> tuple[MemorySpec, ...]:  # type: ignore[override]
         return super().memory_specs(config.layers())
 
     def state_specs(self, config: SpeechConfig) -> tuple[StateSpec, ...]:  # type: ignore[override]
         return super().state_specs(config.layers())
+
+    def config_from_dict(self, data: Mapping[str, Any]) -> SpeechConfig:
+        """Also reads the flat layout that the bundled checkpoint stores: the front end's parameters
+        beside the model's sizes, gathered here into ``frontend``."""
+        flat = {key: data[key] for key in FLAT_FRONTEND_KEYS if key in data}
+        if flat:
+            if "frontend" in data:
+                raise ContractError(f"{self.name}: config has both frontend and {', '.join(flat)}")
+            data = {**{k: v for k, v in data.items() if k not in flat}, "frontend": {**asdict(SMALL_FRONTEND), **flat}}
+        return super().config_from_dict(data)
 
     def max_target_length(self, config: SpeechConfig) -> int | None:
         return config.max_target_positions

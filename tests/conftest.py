@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import hashlib
 import multiprocessing
-from collections.abc import Iterator
+import os
+import shutil
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 
 import pytest
 import torch
+from filelock import FileLock
 
 from s2s_deploy.architecture.registry import REGISTRY, get_plugin
 from s2s_deploy.export.exporter import export_model
@@ -45,17 +49,42 @@ def export_in_worker(arch: str, root: Path) -> None:
     export_arch(arch, root)
 
 
-class ExportCache:
-    """One export per architecture per session. The architectures the session's tests name as their
-    ``arch`` parameter (``prefetch``, two or more) are exported ahead in a pool of ``EXPORT_WORKERS``
-    processes, in the order the tests first need them; any other is exported when first asked for."""
+def in_xdist_worker() -> bool:
+    """Whether this session is one of ``pytest -n N``'s workers, which share ``shared_root``."""
+    return "PYTEST_XDIST_WORKER" in os.environ
 
-    def __init__(self, root: Path, prefetch: list[str]) -> None:
-        self.root = root
+
+def shared_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder every ``pytest -n N`` worker of this run sees (the session's own without workers)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if in_xdist_worker() else base
+
+
+def made_once(folder: Path, make: Callable[[Path], object]) -> Path:
+    """``make(folder)`` done by the first worker of the run that asks, under a lock, while any other
+    that asks waits for it; a ``.done`` file beside ``folder`` marks it complete."""
+    done = folder.with_name(folder.name + ".done")
+    with FileLock(f"{folder}.lock"):
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)
+            make(folder)
+            done.touch()
+    return folder
+
+
+class ExportCache:
+    """One export per architecture per run. Alone, a session exports the architectures its tests name
+    as their ``arch`` parameter (``prefetch``, two or more) ahead in a pool of ``EXPORT_WORKERS``
+    processes, in the order the tests first need them; any other when first asked for. Under
+    ``pytest -n N`` the workers are the parallelism: each architecture is exported by the first worker
+    that asks, into ``root`` (shared), and loaded by the others."""
+
+    def __init__(self, root: Path, own: Path, prefetch: list[str]) -> None:
+        self.root, self.own = root, own
         self._done: dict[str, tuple[ModelSource, Manifest]] = {}
         self._pending: dict[str, Future[None]] = {}
         self._pool: ProcessPoolExecutor | None = None
-        if len(prefetch) > 1:
+        if len(prefetch) > 1 and not in_xdist_worker():
             self._pool = ProcessPoolExecutor(EXPORT_WORKERS, mp_context=multiprocessing.get_context("spawn"))
             self._pending = {arch: self._pool.submit(export_in_worker, arch, root) for arch in prefetch}
 
@@ -64,9 +93,12 @@ class ExportCache:
             future = self._pending.pop(arch, None)
             if future is not None and not future.cancel():  # started or done in a worker: wait for it
                 future.result()
-                source = load_source(get_plugin(arch), None, workdir=self.root)  # the model the worker exported
+            elif future is None and in_xdist_worker():
+                made_once(self.root / arch, lambda out: export_in_worker(arch, out.parent))
             else:
-                source = export_arch(arch, self.root)
+                self._done[arch] = (export_arch(arch, self.root), load_manifest(self.root / arch))
+                return self._done[arch]
+            source = load_source(get_plugin(arch), None, workdir=self.own)  # the model another process exported
             self._done[arch] = (source, load_manifest(self.root / arch))
         return self._done[arch]
 
@@ -139,6 +171,40 @@ def named_archs(items: list[pytest.Item]) -> list[str]:
 
 @pytest.fixture(scope="session")
 def exports(tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[ExportCache]:
-    cache = ExportCache(tmp_path_factory.mktemp("exports"), named_archs(request.session.items))
+    root = shared_root(tmp_path_factory) / "exports"
+    root.mkdir(exist_ok=True)
+    cache = ExportCache(root, tmp_path_factory.mktemp("sources"), named_archs(request.session.items))
     yield cache
     cache.close()
+
+
+class HFExports:
+    """``export --hf`` once per folder content and options per run: modules that build the same tiny
+    model (the timestamped Whisper of three modules, say) share one export, which none may change
+    in place (copy it first). Keyed by every file's name and bytes, so a changed folder exports anew."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def get(self, hf_dir: Path, *options: str) -> Path:
+        from click.testing import CliRunner
+
+        from s2s_deploy.cli import main
+
+        digest = hashlib.sha256(repr(options).encode())
+        for path in sorted(p for p in hf_dir.rglob("*") if p.is_file()):
+            digest.update(str(path.relative_to(hf_dir)).encode() + b"\0" + path.read_bytes())
+
+        def export(out: Path) -> None:
+            result = CliRunner().invoke(main, ["export", "--hf", str(hf_dir), "--out", str(out), *options])
+            assert result.exit_code == 0, result.output
+
+        return made_once(self.root / digest.hexdigest()[:20], export)
+
+
+@pytest.fixture(scope="session")
+def hf_exports(tmp_path_factory: pytest.TempPathFactory) -> HFExports:
+    root = shared_root(tmp_path_factory) / "hf-exports"
+    root.mkdir(exist_ok=True)
+    return HFExports(root)
+

@@ -58,18 +58,16 @@ def test_a_no_speech_threshold_needs_the_export_s_token() -> None:
 
 
 @pytest.fixture(scope="module")
-def whisper(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def whisper(tmp_path_factory: pytest.TempPathFactory, hf_exports: Any) -> dict[str, Any]:
     pytest.importorskip("transformers")
     from test_hf_whisper import clips
     from test_hf_whisper_timestamps import save_timestamp_whisper
 
     from s2s_deploy.runtime.transcriber import Transcriber
 
-    root = tmp_path_factory.mktemp("fallback")
-    hf_dir, out = root / "hf", root / "out"
+    hf_dir = tmp_path_factory.mktemp("fallback") / "hf"
     save_timestamp_whisper(hf_dir, 0.55, keep=0.5)
-    result = CliRunner().invoke(main, ["export", "--hf", str(hf_dir), "--out", str(out)])
-    assert result.exit_code == 0, result.output
+    out = hf_exports.get(hf_dir)
     audio = [*clips(6, 1.2, 3.5, seed=1), np.random.default_rng(5).normal(0, 1e-3, 24000).astype(np.float32)]
     return {"hf_dir": hf_dir, "out": out, "transcriber": Transcriber(out, device="cpu"), "audio": audio}
 

@@ -71,20 +71,18 @@ def save_timestamp_whisper(hf_dir: Path, strength: float, keep: float) -> tuple[
 
 
 @pytest.fixture(scope="module")
-def whisper(tmp_path_factory: pytest.TempPathFactory) -> Any:
+def whisper(tmp_path_factory: pytest.TempPathFactory, hf_exports: Any) -> Any:
     from s2s_deploy.runtime.transcriber import Transcriber
 
     root = tmp_path_factory.mktemp("whisper-ts")
-    hf_dir, out = root / "hf", root / "out"
+    hf_dir = root / "hf"
     extractor, short = save_timestamp_whisper(hf_dir, 0.55, keep=0.5)
-    detect_dir, detect_out = root / "detect-hf", root / "detect"
+    detect_dir = root / "detect-hf"
     shutil.copytree(hf_dir, detect_dir)
     raw = json.loads((detect_dir / "generation_config.json").read_text())
     raw.update(language=None, task=None)  # generate detects the language, once per clip
     (detect_dir / "generation_config.json").write_text(json.dumps(raw))
-    for folder, target in ((hf_dir, out), (detect_dir, detect_out)):
-        result = CliRunner().invoke(main, ["export", "--hf", str(folder), "--out", str(target)])
-        assert result.exit_code == 0, result.output
+    out, detect_out = hf_exports.get(hf_dir), hf_exports.get(detect_dir)
     loaded = transformers.WhisperForConditionalGeneration.from_pretrained(hf_dir, local_files_only=True).eval()
     detecting = transformers.WhisperForConditionalGeneration.from_pretrained(detect_dir, local_files_only=True).eval()
     transcriber = Transcriber(out, device="cpu")

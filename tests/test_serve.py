@@ -302,6 +302,40 @@ def test_the_soak_benchmark_runs_clean_for_seconds(gru) -> None:
     assert " 0 wrong;" in result.stdout and "killed at" in result.stdout
 
 
+@pytest.mark.slow
+def test_the_audio_soak_runs_clean_for_seconds(exports) -> None:
+    """benchmarks/serve_soak.py's audio soak in miniature, on the bundled speech export: good, damaged and
+    hostile clips to /transcribe (streamed and not) and /v1/audio/transcriptions from 4 clients; every
+    good answer is transcribe's, every hostile one a one-line 4xx, nothing lost (exit 0)."""
+    speech = exports.get("speech")[1]
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "serve_soak.py"
+    result = subprocess.run([sys.executable, str(script), str(speech.directory), "--clients", "4", "--duration", "8",
+                             "--no-kill", "--sample-every", "1"], capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert " 0 wrong;" in result.stdout and " 0 lost otherwise; 0 unexpected statuses" in result.stdout
+    assert '"hostile /' in result.stdout and '"good /' in result.stdout, result.stdout
+
+
+def test_reading_parameters_are_vad_options_or_one_line() -> None:
+    """/transcribe's vad_* parameters become the VadOptions ``transcribe --vad-*`` makes (VadOptions checks
+    them); a bad one, or one without vad=true, is one line naming it."""
+    from s2s_deploy.frontends.vad import VadOptions
+    from s2s_deploy.serve.app import BadRequestError, parse_reading
+
+    reading, stream = parse_reading({"vad": "true", "vad_threshold": "0.3", "vad_min_silence_ms": "500",
+                                     "vad_max_speech_s": "12.5", "word_timestamps": "true", "stream": "true"})
+    assert reading.vad == VadOptions(threshold=0.3, min_silence_duration_ms=500, max_speech_duration_s=12.5)
+    assert reading.words and stream
+    assert parse_reading({}) == (parse_reading({"vad": "false"})[0], False) and parse_reading({})[0].vad is None
+    for query, message in [({"vad_threshold": "0.3"}, "'vad_threshold': pass vad=true too"),
+                           ({"vad": "true", "vad_speech_pad_ms": "-1"}, "vad speech_pad_ms must be at least 0, not -1"),
+                           ({"vad": "true", "vad_speech_pad_ms": "1.5"}, "'vad_speech_pad_ms' must be a whole number"),
+                           ({"vad": "1"}, "'vad' must be true or false, not \"1\"")]:
+        with pytest.raises(BadRequestError, match=message) as caught:
+            parse_reading(query)
+        assert "\n" not in str(caught.value)
+
+
 SPEECH_CLIPS = sorted((Path(__file__).parent / "data").glob("speech_*hz.flac"))
 
 

@@ -86,7 +86,7 @@ def test_a_speech_run_starts_from_a_checkpoints_weights_and_refuses_one_that_doe
     from s2s_deploy_plugins.speech import PLUGIN
 
     tiny = PLUGIN.preset("tiny")
-    frontend = tiny.frontend()
+    frontend = tiny.frontend
     monkeypatch.setattr(speech_data, "synthesise", lambda utterance, rate: np.random.default_rng(
         len(utterance.source)).standard_normal(rate // 2).astype(np.float32) * 0.1)
     splits = {"train": ["one day", "two days", "three days"], "valid": ["four days", "five days"]}

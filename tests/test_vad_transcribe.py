@@ -31,18 +31,17 @@ TIGHT = VadOptions(speech_pad_ms=0)
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def setup(tmp_path_factory: pytest.TempPathFactory, hf_exports: Any) -> dict[str, Any]:
     soundfile = pytest.importorskip("soundfile")
     from s2s_deploy.runtime.transcriber import Transcriber
 
     root = tmp_path_factory.mktemp("vad-whisper")
     save_timestamp_whisper(root / "hf", 0.55, keep=0.5)
-    result = CliRunner().invoke(main, ["export", "--hf", str(root / "hf"), "--out", str(root / "out")])
-    assert result.exit_code == 0, result.output
+    out = hf_exports.get(root / "hf")
     audio, known = speech_clip(root)
     soundfile.write(root / "clip.wav", audio, RATE, subtype="FLOAT")
-    return {"out": root / "out", "audio": audio, "known": known, "wav": root / "clip.wav", "root": root,
-            "transcriber": Transcriber(root / "out", device="cpu")}
+    return {"out": out, "audio": audio, "known": known, "wav": root / "clip.wav", "root": root,
+            "transcriber": Transcriber(out, device="cpu")}
 
 
 def test_no_segment_in_the_silences(setup: dict[str, Any]) -> None:

@@ -56,9 +56,12 @@ def split_threads(workers: int, threads: int | None, cores: int) -> int:
 @click.option("--max-duration", type=click.FloatRange(0, min_open=True), default=None,
               help="Longest audio upload in seconds, judged from its header before it is decoded; a longer one "
                    "gets 413 [default: serve.app.MAX_AUDIO_SECONDS, 900].")
+@click.option("--log-level", type=click.Choice(["warning", "info", "debug"]), default="warning", show_default=True,
+              help="What goes to stderr; debug also logs each streamed window as it is decoded and each line as it "
+                   "is sent.")
 def serve_command(export_dir: str, host: str, port: int, workers: int, threads: int | None, device: str,
                   window_ms: float, max_batch: int, max_tokens: int, max_queue: int, max_beam: int,
-                  languages: str | None, max_duration: float | None) -> None:
+                  languages: str | None, max_duration: float | None, log_level: str) -> None:
     """Serve an export over HTTP, with dynamic batching.
 
     POST /translate (JSON texts), or POST /transcribe (an audio file) for an export that reads audio;
@@ -98,7 +101,7 @@ def serve_command(export_dir: str, host: str, port: int, workers: int, threads: 
     cores = available_cores()
     per_worker = split_threads(workers, threads, cores)
     config = ServeConfig(str(os.path.abspath(export_dir)), BatchLimits(window_ms, max_batch, max_tokens, max_queue),
-                         device, per_worker, max_beam, languages=languages,
+                         device, per_worker, max_beam, log_level=log_level, languages=languages,
                          **({"max_duration": max_duration} if max_duration is not None else {}))
     os.environ[CONFIG_ENV] = config.to_env()
     click.echo(f"serving {export_dir} on http://{host}:{port} with {workers} worker(s) × {per_worker} thread(s) "
@@ -106,4 +109,4 @@ def serve_command(export_dir: str, host: str, port: int, workers: int, threads: 
     from s2s_deploy.serve.nodelay import NoDelayH11Protocol
 
     uvicorn.run("s2s_deploy.serve.app:app_from_env", factory=True, host=host, port=port, workers=workers,
-                log_level="warning", timeout_graceful_shutdown=30, http=NoDelayH11Protocol)
+                log_level=log_level, timeout_graceful_shutdown=30, http=NoDelayH11Protocol)

@@ -230,6 +230,9 @@ def resolve(manifest: Manifest, given: Mapping[str, Any] | None = None) -> Searc
     if values["beam_size"] >= len(vocab):
         raise DecodingError(f"beam_size {values['beam_size']} must be smaller than the target vocabulary "
                             f"({len(vocab)} tokens)", option="beam_size")
+    if values["encoder_no_repeat_ngram_size"] and manifest.encoder_input.is_features:
+        raise DecodingError("encoder_no_repeat_ngram_size bans n-grams of the source's token ids, and this export's "
+                            "encoder reads features", option="encoder_no_repeat_ngram_size")
     config = SearchConfig(**values)
     for option in OPTIONS:
         if isinstance(option.kind, Ids):

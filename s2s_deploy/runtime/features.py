@@ -85,6 +85,11 @@ class Word:
     text: str
 
 
+Told = Callable[[tuple[Segment, ...]], None]
+"""Told one input's segments of one window as soon as it is decoded, on the thread that decodes
+(``serve`` streams them); an input read as one window is told its whole text as one segment."""
+
+
 def pad_features(items: Sequence[np.ndarray], source: SourceSpec) -> tuple[np.ndarray, np.ndarray]:
     """``src`` ``(batch, *shape)`` right-padded along the frames axis with the source's ``pad_value``, and
     each item's frame count as ``src_len``; fixed-size items are stacked, with ``src_len`` 1 each."""
@@ -192,13 +197,15 @@ class FeatureReader:
         return found
 
     def decode(self, features: Sequence[np.ndarray], config: SearchConfig,
-               labels: Sequence[str] | None = None, windows: list[tuple[Window, ...]] | None = None) -> list[Decoded]:
+               labels: Sequence[str] | None = None, windows: list[tuple[Window, ...]] | None = None,
+               told: Sequence[Told | None] | None = None) -> list[Decoded]:
         """Items from ``features`` decoded as one batch with a resolved ``config`` (``serve`` batches inputs
         from several requests this way). ``windows``: filled with each item's decoded windows (word
-        timestamps feed them again)."""
+        timestamps feed them again). ``told``: per item, None or a ``Told`` given its segments window by
+        window, as they are decoded (the results are the same either way)."""
         labels = labels if labels is not None else [f"{self.label} {i + 1}" for i in range(len(features))]
         if config.timestamps:
-            timed = self.timed(features, config)
+            timed = self.timed(features, config, self._telling(told, range(len(features))))
             if windows is not None:
                 windows[:] = [sought.windows for sought in timed]
             return [self._with_segments(label, sought, True) for label, sought in zip(labels, timed, strict=True)]
@@ -207,8 +214,8 @@ class FeatureReader:
         found: list[Decoded | None] = [None] * len(features)
         read: list[tuple[Window, ...]] = [() for _ in features]
         if long:
-            for i, sought in zip(long, self.long_form([features[i] for i in long], config, [labels[i] for i in long]),
-                                 strict=True):
+            for i, sought in zip(long, self.long_form([features[i] for i in long], config, [labels[i] for i in long],
+                                                      self._telling(told, long)), strict=True):
                 found[i] = self._with_segments(labels[i], sought, False, whole_windows=config.timestamp_begin < 1)
                 read[i] = sought.windows
         short = [i for i in range(len(features)) if found[i] is None]
@@ -216,7 +223,8 @@ class FeatureReader:
             window = self.window(features)
             for i, sought in zip(short, seek_windows([features[i] for i in short], window,
                                                      self.translator.engine.search, config,
-                                                     self._windows(config)), strict=True):
+                                                     self._windows(config), self._telling(told, short)),
+                                      strict=True):
                 found[i] = self._with_segments(labels[i], sought, False)
         elif short:
             src, src_len = pad_features([features[i] for i in short], self.source)
@@ -224,6 +232,8 @@ class FeatureReader:
                                   strict=True):
                 found[i] = self._decoded(labels[i], hyps)
                 read[i] = (Window(0, n, n, hyps[0], len(hyps[0].tokens)),)
+                if told is not None and told[i] is not None:  # one window: its text, over its frames
+                    told[i]((Segment(0.0, n * config.time_precision / config.timestamp_frames, found[i].text),))
         if windows is not None:
             windows[:] = read
         return [decoded for decoded in found if decoded is not None]
@@ -233,12 +243,32 @@ class FeatureReader:
         window, else the longest of ``features``."""
         return self.manifest.max_source_length or self.frontend.window or max(int(f.shape[-1]) for f in features)
 
-    def timed(self, features: Sequence[np.ndarray], config: SearchConfig) -> list[Sought]:
+    def timed(self, features: Sequence[np.ndarray], config: SearchConfig,
+              on_window: Callable[[int, list[Piece]], None] | None = None) -> list[Sought]:
         """Timestamped decoding (runtime/timestamps.py), ``window`` frames at a time."""
         if self.source.length_axis != len(self.source.shape):
             raise S2SError("timestamps: this encoder's input has no frames axis last to seek along")
         return seek_windows(features, self.window(features), self.translator.engine.search, config,
-                            self._windows(config))
+                            self._windows(config), on_window)
+
+    def _telling(self, told: Sequence[Told | None] | None,
+                 inputs: Sequence[int]) -> Callable[[int, list[Piece]], None] | None:
+        """``seek_windows``' hook over the items at ``inputs`` (its i-th input is item ``inputs[i]``),
+        telling each item's ``Told`` its window's segments; None where no item listens."""
+        if told is None or not any(told[j] is not None for j in inputs):
+            return None
+
+        def on_window(i: int, pieces: list[Piece]) -> None:
+            hook = told[inputs[i]]
+            if hook is not None:
+                hook(tuple(self._segment(piece) for piece in pieces))
+
+        return on_window
+
+    def _segment(self, piece: Piece) -> Segment:
+        """A piece as a segment: its text (timestamps are among the vocabulary's hidden ids, the plugin's
+        ``hf_hidden_tokens``) and its window's fallback facts."""
+        return Segment(piece.start, piece.end, self.manifest.tgt_vocab.decode(piece.tokens), *window_facts(piece))
 
     def _windows(self, config: SearchConfig) -> Callable[[int], Windows] | None:
         """The temperature fallback's window decoder for ``count`` inputs where one of its options is
@@ -248,10 +278,11 @@ class FeatureReader:
         engine, manifest = self.translator.engine, self.manifest
         return lambda count: Windows(engine.search, manifest.tgt_vocab, manifest.max_target_length, config, count)
 
-    def long_form(self, features: Sequence[np.ndarray], config: SearchConfig, labels: Sequence[str]) -> list[Sought]:
+    def long_form(self, features: Sequence[np.ndarray], config: SearchConfig, labels: Sequence[str],
+                  on_window: Callable[[int, list[Piece]], None] | None = None) -> list[Sought]:
         """Inputs longer than the window, without ``timestamps`` asked for: read window by window with
         timestamps on where the export has timestamp tokens (``generate`` turns them on for such input),
-        else one whole window after another."""
+        else one window after another, each ending at a pause where ``window_cut`` says ``pause``."""
         if config.n_best != 1:
             raise S2SError(f"{labels[0]} is longer than the encoder's window of {self.window(features)} frames and "
                            f"is read window by window, which gives one hypothesis: n_best must be 1, not "
@@ -260,18 +291,17 @@ class FeatureReader:
         window = self.window(features)
         if config.timestamp_begin >= 1:
             config = with_timestamps(config, len(self.manifest.tgt_vocab))
-            return seek_windows(features, window, self.translator.engine.search, config, windows)
+            return seek_windows(features, window, self.translator.engine.search, config, windows, on_window)
         ends = [pause_windows(f, window) for f in features] if config.window_cut == "pause" else None
-        return seek_windows(features, window, self.translator.engine.search, config, windows, ends)
+        return seek_windows(features, window, self.translator.engine.search, config, windows, on_window, ends)
 
     def _with_segments(self, label: str, sought: Sought, timed: bool, whole_windows: bool = False) -> Decoded:
         """``sought`` as text, with its segments when the caller asked for ``timestamps`` (``timed``).
         ``whole_windows`` (an export without timestamp tokens, read one whole window after another):
         the windows' texts, stripped, joined by one space, since a window may end mid-word and ids
         laid end to end would run two windows' words together."""
-        vocab = self.manifest.tgt_vocab  # timestamps are among its hidden ids (the plugin's hf_hidden_tokens)
-        segments = tuple(Segment(piece.start, piece.end, vocab.decode(piece.tokens), *window_facts(piece))
-                         for piece in sought.pieces)
+        vocab = self.manifest.tgt_vocab
+        segments = tuple(self._segment(piece) for piece in sought.pieces)
         if whole_windows:
             text = " ".join(stripped for segment in segments if (stripped := segment.text.strip()))
         else:

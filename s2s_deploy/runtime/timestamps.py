@@ -106,13 +106,16 @@ def whole_window(tokens: Sequence[int], seek: int, frames: int, config: SearchCo
 
 
 def seek_windows(features: Sequence[np.ndarray], window: int, search: Search, config: SearchConfig,
-                 windows: Callable[[int], Windows] | None = None, ends: Sequence[Sequence[int]] | None = None,
-                 ) -> list[Sought]:
+                 windows: Callable[[int], Windows] | None = None,
+                 on_window: Callable[[int, list[Piece]], None] | None = None,
+                 ends: Sequence[Sequence[int]] | None = None) -> list[Sought]:
     """Every input (features with frames last) decoded window by window, batched across inputs.
     An open language slot is chosen on an input's first window and kept for the rest, as
     ``generate`` detects the language once per input. ``windows`` (given the input count): the
     temperature fallback's decoder (runtime/fallback.py), which also skips silent windows and feeds
     each input's earlier text; inputs then share a batch only where their earlier texts agree.
+    ``on_window(i, pieces)``: told each window's segments of input ``i`` as soon as that window is
+    decoded, before the next one (``serve``'s streamed answers); a silent window it skips is not told.
     ``ends`` (without timestamps only): each input's window ends (runtime/pauses.py), each window
     then padded with its input's lowest value, the silence its front end writes; else windows of
     ``window`` frames padded with zeros."""
@@ -165,6 +168,8 @@ def seek_windows(features: Sequence[np.ndarray], window: int, search: Search, co
                     window_pieces = [replace(piece, window=decoded) for piece in window_pieces]
                     carry.update(i, [(p.start, p.end, p.tokens) for p in window_pieces], decoded)  # type: ignore[union-attr]
                 pieces[i] += window_pieces
+                if on_window is not None:
+                    on_window(i, window_pieces)
                 kept[i].append(Window(seeks[i], n, window, best, sum(len(p.tokens) for p in window_pieces)))
                 scores[i].append(best.score)
                 seeks[i] += advance

@@ -34,25 +34,37 @@ def window_seconds(reader: FeatureReader) -> float:
     return frames * reader.frontend.frame_seconds if frames else math.inf
 
 
+def speech_inputs(reader: FeatureReader, audio: np.ndarray, label: str,
+                  vad: VadOptions) -> list[tuple[SpeechWindow, np.ndarray, int]]:
+    """One clip's speech windows, each with its features and its frames of audio (what word
+    timestamps crop to): what ``decode_speech`` decodes, and ``serve`` queues window by window."""
+    rate, seconds = int(reader.frontend.sampling_rate), window_seconds(reader)
+    found = []
+    for window in speech_windows(speech_spans(audio, rate, vad, seconds), rate, seconds):
+        speech = window.audio(audio)
+        features = reader.features(speech, label, whole=True)
+        found.append((window, features, reader.frontend.content_frames(speech) or features.shape[-1]))
+    return found
+
+
+def check_one_hypothesis(config: SearchConfig) -> None:
+    """--vad reads speech window by window, which gives one hypothesis."""
+    if config.n_best != 1:
+        raise S2SError(f"--vad reads each clip's speech window by window, which gives one hypothesis: n_best must "
+                       f"be 1, not {config.n_best}")
+
+
 def decode_speech(reader: FeatureReader, items: Sequence[Any], labels: Sequence[str], config: SearchConfig,
                   vad: VadOptions, batch_size: int, words: bool = False) -> list[Decoded]:
     """One result per item, in order: only its speech decoded, ``batch_size`` windows at a time;
     ``words``: with word timestamps (runtime/words.py), aligned to each window's audio alone."""
-    if config.n_best != 1:
-        raise S2SError(f"--vad reads each clip's speech window by window, which gives one hypothesis: n_best must "
-                       f"be 1, not {config.n_best}")
-    rate = int(reader.frontend.sampling_rate)
-    seconds = window_seconds(reader)
+    check_one_hypothesis(config)
     found: list[Decoded] = []
     for start in range(0, len(items), batch_size):
         group = range(start, min(start + batch_size, len(items)))
         windows: list[tuple[int, SpeechWindow, np.ndarray, int]] = []
         for i in group:
-            audio = reader.load(items[i], labels[i])
-            for window in speech_windows(speech_spans(audio, rate, vad, seconds), rate, seconds):
-                speech = window.audio(audio)
-                features = reader.features(speech, labels[i], whole=True)
-                windows.append((i, window, features, reader.frontend.content_frames(speech) or features.shape[-1]))
+            windows += [(i, *read) for read in speech_inputs(reader, reader.load(items[i], labels[i]), labels[i], vad)]
         decoded: list[Decoded] = []
         for first in range(0, len(windows), batch_size):
             batch = windows[first: first + batch_size]
@@ -65,6 +77,12 @@ def decode_speech(reader: FeatureReader, items: Sequence[Any], labels: Sequence[
     return found
 
 
+def restored(window: SpeechWindow, segment: Segment) -> Segment:
+    """A segment of one speech window, timed in the original clip (held to the window's speech)."""
+    return Segment(window.original(min(segment.start, window.duration)),
+                   window.original(min(segment.end, window.duration), end=True), segment.text)
+
+
 def joined(label: str, windows: list[tuple[SpeechWindow, Decoded]], timed: bool) -> Decoded:
     """One clip's windows as one result, segment times in the original clip."""
     if not windows:
@@ -72,8 +90,7 @@ def joined(label: str, windows: list[tuple[SpeechWindow, Decoded]], timed: bool)
     text = " ".join(stripped for _, d in windows if (stripped := d.text.strip()))
     score = float(np.mean([d.score for _, d in windows]))
     language = next((d.language for _, d in windows if d.language is not None), None)
-    segments = tuple(Segment(w.original(min(s.start, w.duration)), w.original(min(s.end, w.duration), end=True),
-                             s.text) for w, d in windows for s in d.segments) if timed else ()
+    segments = tuple(restored(w, s) for w, d in windows for s in d.segments) if timed else ()
     words = tuple(Word(w.original(min(word.start, w.duration), span=span), w.original(min(word.end, w.duration),
                                                                                         end=True, span=span), word.text)
                   for w, d in windows for word in d.words

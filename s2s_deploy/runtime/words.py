@@ -28,7 +28,7 @@ from s2s_deploy.errors import S2SError
 from s2s_deploy.format.vocab import Vocabulary
 from s2s_deploy.runtime.backend import Backend
 from s2s_deploy.runtime.decoding import SearchConfig
-from s2s_deploy.runtime.features import Decoded, FeatureReader, Word
+from s2s_deploy.runtime.features import Decoded, FeatureReader, Told, Word
 from s2s_deploy.runtime.timestamps import Window
 
 MEDIAN_WIDTH = 7
@@ -159,8 +159,10 @@ def words_of(vocab: Vocabulary, tokens: Sequence[int], times: np.ndarray, text_i
 
 
 def decode_words(reader: FeatureReader, features: Sequence[np.ndarray], contents: Sequence[int],
-                 config: SearchConfig, labels: Sequence[str]) -> list[Decoded]:
-    """``reader.decode`` with each result's words timed; ``contents``: each input's frames of audio."""
+                 config: SearchConfig, labels: Sequence[str],
+                 told: Sequence[Told | None] | None = None) -> list[Decoded]:
+    """``reader.decode`` with each result's words timed; ``contents``: each input's frames of audio;
+    ``told``: as ``reader.decode``'s (segments as windows are decoded; the words come after)."""
     backend = getattr(reader.translator, "backend", None)
     if not reader.manifest.alignment_heads:
         raise S2SError(f"word timestamps: {reader.manifest.directory} has no alignment heads; export it with "
@@ -168,7 +170,7 @@ def decode_words(reader: FeatureReader, features: Sequence[np.ndarray], contents
     if backend is None:
         raise S2SError("word timestamps read the step decoder's attention: use engine='loop'")
     read: list[tuple[Window, ...]] = []
-    decoded = reader.decode(features, config, labels, read)
+    decoded = reader.decode(features, config, labels, read, told)
     listed = [(i, w) for i, windows in enumerate(read) for w in windows]
     vocab = reader.manifest.tgt_vocab
     hidden = set(vocab.special_ids().values()) | set(vocab.hidden) | set(vocab.languages) | set(vocab.tasks)

@@ -12,9 +12,11 @@ connections on SIGTERM and lets requests in flight finish before the lifespan cl
 
 from __future__ import annotations
 
+import asyncio
 import email.parser
 import email.policy
 import json
+import logging
 import os
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
@@ -24,18 +26,29 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from s2s_deploy.errors import S2SError
-from s2s_deploy.format.decoding import BY_NAME, Real, Switch, Whole, shown
+from s2s_deploy.format.decoding import BY_NAME, Ids, Real, Switch, Whole, shown
+from s2s_deploy.format.decoding import OPTIONS as TABLE
+from s2s_deploy.frontends.vad import VadOptions
 from s2s_deploy.runtime.decoding import DecodingError, SearchConfig
 from s2s_deploy.runtime.transcriber import Transcriber
 from s2s_deploy.runtime.translator import Translator, translate
 from s2s_deploy.serve.batcher import Batcher, BatchLimits, Decode
 from s2s_deploy.serve.libretranslate import libretranslate_routes
 from s2s_deploy.serve.openai_api import openai_routes
-from s2s_deploy.serve.service import refusal_status, transcribe_upload, translate_texts
+from s2s_deploy.serve.service import (
+    LOG,
+    Clip,
+    Reading,
+    Stream,
+    refusal_status,
+    transcribe_upload,
+    translate_texts,
+    upload_decoder,
+)
 
 CONFIG_ENV = "S2S_DEPLOY_SERVE_CONFIG"
 """How ``--workers N`` hands the settings to each worker process (uvicorn imports the factory)."""
@@ -47,7 +60,20 @@ OPTIONS = {"beam": "beam_size", "n_best": "n_best", "alpha": "alpha", "max_len":
                                       "initial_prompt", "prompt_reset_on_temperature", "suppress_blank")}}
 """The options a request may name, as ``Translator`` names them, and the table's option each sets
 (the temperature fallback's by their own names, as ``transcribe`` takes them)."""
-SPELLED = {option: name for name, option in OPTIONS.items()}
+QUERY_OPTIONS = {**OPTIONS, **{option.name: option.name for option in TABLE
+                                if option.cli_flag and option.name not in OPTIONS.values()
+                                and not (isinstance(option.kind, Ids) and option.kind.strings != "text")}}
+"""/transcribe's decoding options (query parameters): every option ``transcribe`` has a flag for, by the
+table's name where a request's JSON has no name of its own, but lists of token ids (``--suppress``)."""
+VAD_PARAMETERS = {"vad_threshold": ("threshold", float), "vad_neg_threshold": ("neg_threshold", float),
+                  "vad_min_speech_ms": ("min_speech_duration_ms", int),
+                  "vad_min_silence_ms": ("min_silence_duration_ms", int),
+                  "vad_speech_pad_ms": ("speech_pad_ms", int), "vad_max_speech_s": ("max_speech_duration_s", float)}
+"""``transcribe``'s ``--vad-*`` flags as query parameters, and the ``VadOptions`` field each sets (which
+checks it). ``--vad-model`` has none: a request does not name files on the server."""
+READING = ("vad", *VAD_PARAMETERS, "word_timestamps", "stream")
+"""/transcribe's parameters that are not decoding options: how the clip is read and answered."""
+SPELLED = {option: name for name, option in QUERY_OPTIONS.items()}
 MAX_BODY_BYTES = 1 << 20
 """A larger JSON body is refused (413) before it is read."""
 MAX_AUDIO_BYTES = 32 << 20
@@ -64,6 +90,8 @@ class ServeConfig:
     device: str = "cpu"
     threads: int | None = None
     max_beam: int = 16
+    log_level: str = "warning"
+    """``--log-level``: ``debug`` logs each streamed window as it is decoded and each line as it is sent."""
     languages: str | None = None
     """``SRC:TGT`` (``--languages``): the pair LibreTranslate requests name, for an export that lists none."""
     max_duration: float | None = MAX_AUDIO_SECONDS
@@ -121,17 +149,48 @@ def parse_request(body: Any, translator: Translator, max_beam: int) -> tuple[lis
 
 
 def parse_query(query: dict[str, str], translator: Translator, max_beam: int) -> SearchConfig:
-    """/transcribe's options, given as query parameters (the body is the audio)."""
-    unknown = sorted(set(query) - set(OPTIONS))
+    """/transcribe's decoding options, given as query parameters (the body is the audio); the
+    parameters of ``READING`` are left to ``parse_reading``."""
+    unknown = sorted(set(query) - set(QUERY_OPTIONS) - set(READING))
     if unknown:
-        raise BadRequestError(f"unknown parameter {unknown[0]!r}; known: {', '.join(OPTIONS)}")
-    fields = {key: _typed(key, text) for key, text in query.items()}
+        raise BadRequestError(f"unknown parameter {unknown[0]!r}; known: {', '.join([*QUERY_OPTIONS, *READING])}")
+    fields = {key: _typed(key, text) for key, text in query.items() if key in QUERY_OPTIONS}
     return parse_options(fields, translator, max_beam)
+
+
+def parse_reading(query: dict[str, str]) -> tuple[Reading, bool]:
+    """/transcribe's ``vad`` (and its ``vad_*`` parameters, checked by ``VadOptions`` as ``transcribe
+    --vad``'s are), ``word_timestamps`` and ``stream`` (NDJSON lines); a ``vad_*`` without ``vad=true`` is
+    refused, as ``--vad-*`` without ``--vad`` is."""
+    switches = {key: _switch(key, query[key]) for key in ("vad", "word_timestamps", "stream") if key in query}
+    given = {key: _number(key, query[key], kind) for key, (_, kind) in VAD_PARAMETERS.items() if key in query}
+    if given and not switches.get("vad"):
+        raise BadRequestError(f"{', '.join(repr(key) for key in given)}: pass vad=true too")
+    try:
+        vad = VadOptions(**{VAD_PARAMETERS[key][0]: value for key, value in given.items()}) \
+            if switches.get("vad") else None
+    except S2SError as exc:
+        raise BadRequestError(str(exc)) from None
+    return Reading(vad, switches.get("word_timestamps", False)), switches.get("stream", False)
+
+
+def _switch(key: str, text: str) -> bool:
+    if text not in ("true", "false"):
+        raise BadRequestError(f"{key!r} must be true or false, not {shown(text)}")
+    return text == "true"
+
+
+def _number(key: str, text: str, kind: type) -> int | float:
+    try:
+        return kind(text)
+    except ValueError:
+        raise BadRequestError(f"{key!r} must be a {'whole ' if kind is int else ''}number, not {shown(text)}") \
+            from None
 
 
 def _typed(key: str, text: str) -> Any:
     """A query parameter's text as the JSON value its option's kind takes (resolve then checks it)."""
-    kind = BY_NAME[OPTIONS[key]].kind
+    kind = BY_NAME[QUERY_OPTIONS[key]].kind
     if isinstance(kind, Switch):
         if text not in ("true", "false"):
             raise BadRequestError(f"{key!r} must be true or false, not {shown(text)}")
@@ -169,6 +228,24 @@ def text_decoder(translator: Translator) -> Decode:
     return decode
 
 
+def transcription_body(clip: Clip, search: SearchConfig, reading: Reading) -> dict[str, Any]:
+    """/transcribe's answer: the text and hypotheses, the language, with ``timestamps`` the segments and
+    with ``word_timestamps`` the words, as ``transcribe --output x.json`` writes them."""
+    result = clip.result
+    timed = {"segments": [s.row() for s in result.segments]} if search.timestamps else {}
+    words = {"words": [{"start": w.start, "end": w.end, "word": w.text} for w in result.words]} if reading.words else {}
+    return {"transcriptions": [{**_hypotheses(result), "language": result.language, **timed, **words}]}
+
+
+def _log_to_stderr(level: str) -> None:
+    """The serve logger's lines on stderr at ``level`` (uvicorn configures only its own loggers)."""
+    if not LOG.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(process)d %(message)s"))
+        LOG.addHandler(handler)
+    LOG.setLevel(level.upper())
+
+
 def _hypotheses(result: Any) -> dict[str, Any]:
     return {"text": result.text, "score": result.score,
             "hypotheses": [{"text": text, "score": score} for text, score in result.hypotheses]}
@@ -196,7 +273,8 @@ def create_app(config: ServeConfig) -> Starlette:
         translator = Translator(config.export_dir, device=config.device, threads=config.threads, spin=False)
         transcriber = (Transcriber(translator, max_duration=config.max_duration)
                        if translator.manifest.encoder_input.is_features else None)
-        batcher = Batcher(transcriber.decode if transcriber else text_decoder(translator), config.limits)
+        batcher = Batcher(upload_decoder(transcriber) if transcriber else text_decoder(translator), config.limits)
+        _log_to_stderr(config.log_level)
         batcher.start()
         # One front-end thread: a burst of uploads waits here for its features, rather than
         # each taking a thread of its own beside the --threads the decoder was given.
@@ -223,8 +301,10 @@ def create_app(config: ServeConfig) -> Starlette:
             return _refusal(exc)
         return JSONResponse({"translations": [{"source": r.source, **_hypotheses(r)} for r in results]})
 
-    async def transcribe_endpoint(request: Request) -> JSONResponse:
-        """The body is one audio file (any format soundfile reads); options are query parameters."""
+    async def transcribe_endpoint(request: Request) -> Response:
+        """The body is one audio file (any format soundfile reads); options are query parameters.
+        ``stream=true``: NDJSON, a ``{"segment": ...}`` line per segment as it is decoded, then the whole
+        answer's line; every refusal before decoding starts is still a status and one line."""
         transcriber, batcher = state["transcriber"], state["batcher"]
         if transcriber is None:
             return _error(400, "this export translates text: POST JSON to /translate")
@@ -234,14 +314,49 @@ def create_app(config: ServeConfig) -> Starlette:
         if not data:
             return _error(400, "the body is empty: send the audio file's bytes")
         try:
-            search = parse_query(dict(request.query_params), transcriber.translator, config.max_beam)
+            query = dict(request.query_params)
+            search = parse_query(query, transcriber.translator, config.max_beam)
+            reading, streamed = parse_reading(query)
             if request.headers.get("content-type", "").startswith("multipart/form-data"):
                 data = multipart_file(request.headers["content-type"], data)
-            result = (await transcribe_upload(transcriber, batcher, state["front_end"], data, search)).result
+            if streamed:
+                return await stream_transcription(transcriber, data, search, reading)
+            clip = await transcribe_upload(transcriber, batcher, state["front_end"], data, search, reading=reading)
         except S2SError as exc:
             return _refusal(exc)
-        timed = {"segments": [s.row() for s in result.segments]} if search.timestamps else {}
-        return JSONResponse({"transcriptions": [{**_hypotheses(result), "language": result.language, **timed}]})
+        return JSONResponse(transcription_body(clip, search, reading))
+
+    async def stream_transcription(transcriber: Transcriber, data: bytes, search: SearchConfig,
+                                   reading: Reading) -> Response:
+        """Decoding starts; once the clip is read and queued the answer is 200 and NDJSON, else the
+        refusal's status and line as unstreamed."""
+        stream, taken = Stream(), asyncio.Event()
+        task = asyncio.ensure_future(transcribe_upload(transcriber, state["batcher"], state["front_end"], data,
+                                                       search, reading=reading, stream=stream, taken=taken.set))
+        task.add_done_callback(stream.finish)
+        waiting = asyncio.ensure_future(taken.wait())
+        await asyncio.wait({task, waiting}, return_when=asyncio.FIRST_COMPLETED)
+        waiting.cancel()
+        if task.done() and task.exception() is not None:
+            raise task.exception()  # type: ignore[misc]
+
+        async def lines() -> AsyncIterator[bytes]:
+            sent = 0
+            try:
+                while (segments := await stream.queue.get()) is not Stream.DONE:
+                    for segment in segments:
+                        yield (json.dumps({"segment": segment.row()}, ensure_ascii=False) + "\n").encode()
+                        sent += 1
+                        LOG.debug("stream %d: line %d sent", stream.number, sent)
+                try:
+                    last = transcription_body(task.result(), search, reading)
+                except S2SError as exc:  # a batch that failed after the answer began
+                    last = {"error": str(exc), "status": refusal_status(exc)}
+                yield (json.dumps(last, ensure_ascii=False) + "\n").encode()
+            finally:
+                task.cancel()  # a client that went away leaves nothing decoding for it
+
+        return StreamingResponse(lines(), media_type="application/x-ndjson")
 
     async def health(request: Request) -> JSONResponse:
         batcher: Batcher = state["batcher"]

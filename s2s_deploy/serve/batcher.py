@@ -96,6 +96,11 @@ class Batcher:
 
     async def submit(self, items: Sequence[Any], lengths: Sequence[int], config: SearchConfig) -> list[Any]:
         """The items' results once their batch ran; ``lengths``: each item's source length."""
+        return await self.enqueue(items, lengths, config)
+
+    def enqueue(self, items: Sequence[Any], lengths: Sequence[int], config: SearchConfig) -> asyncio.Future:
+        """``submit`` in two steps: the items queued (or refused) now, their results in the future
+        returned, so a caller knows they were taken before it answers (a streamed answer's status)."""
         if len(items) > self.limits.max_sentences:
             raise TooLargeError(f"{len(items)} items exceed the batch limit of {self.limits.max_sentences}")
         longest = max(lengths)
@@ -110,7 +115,7 @@ class Batcher:
         self._pending.append(job)
         self._queued += len(items)
         self._wake.set()
-        return await job.future
+        return job.future
 
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()

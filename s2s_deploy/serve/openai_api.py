@@ -3,7 +3,8 @@
 speaks OpenAI's audio API) works against ``serve`` unchanged.
 
 A request is a multipart form (``file``, ``model``, ``language``, ``prompt``, ``response_format``,
-``temperature``, ``timestamp_granularities[]``), parsed by Starlette's ``request.form()``; the clip then
+``temperature``, ``timestamp_granularities[]``: ``segment`` and ``word``, the latter timed as
+``transcribe --word-timestamps`` times them), parsed by Starlette's ``request.form()``; the clip then
 takes the native ``/transcribe``'s path (service.transcribe_upload: the front-end thread, then a batch
 shared with every other request's clips). ``model`` is accepted and ignored: a server serves one export,
 listed by ``/v1/models`` under its folder's name. Errors come in OpenAI's shape,
@@ -29,7 +30,7 @@ from s2s_deploy.format.subtitles import subtitles
 from s2s_deploy.runtime.decoding import SearchConfig
 from s2s_deploy.runtime.features import Segment
 from s2s_deploy.runtime.transcriber import Transcriber
-from s2s_deploy.serve.service import Clip, refusal_status, transcribe_upload
+from s2s_deploy.serve.service import Clip, Reading, refusal_status, transcribe_upload
 
 FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
 """``response_format`` values: OpenAI's for whisper-1."""
@@ -73,6 +74,10 @@ class AudioRequest:
     response_format: str
     temperature: float
     options: dict[str, Any]
+    words: bool = False
+    """``timestamp_granularities[]`` holds ``word``: verbose_json's ``words``, timed as ``--word-timestamps``."""
+    segments: bool = True
+    """verbose_json's ``segments``: left out where only ``word`` granularity was asked for."""
 
 
 def _text(form: FormData, name: str) -> str | None:
@@ -150,15 +155,20 @@ async def read_form(request: Request, endpoint: str, transcriber: Transcriber, m
             raise OpenAIError(f"'response_format' must be one of {', '.join(FORMATS)}, not {response_format!r}",
                               "response_format")
         granularities = form.getlist("timestamp_granularities[]")
-        if any(g != "segment" for g in granularities):
-            raise OpenAIError("only 'segment' timestamp granularities are served (no word timings)",
+        if any(g not in ("segment", "word") for g in granularities):
+            raise OpenAIError(f"'timestamp_granularities[]' must be 'segment' or 'word', not "
+                              f"{next(g for g in granularities if g not in ('segment', 'word'))!r}",
+                              "timestamp_granularities[]")
+        if granularities and response_format != "verbose_json":
+            raise OpenAIError("'timestamp_granularities[]' needs response_format verbose_json",
                               "timestamp_granularities[]")
         if (_text(form, "stream") or "false") != "false":
             raise OpenAIError("streamed answers are not served: leave 'stream' out", "stream")
         temperature = _temperature(_text(form, "temperature"))
         options = decoding_options(transcriber, endpoint, _text(form, "language"), _text(form, "prompt"),
                                    temperature, response_format in TIMED_FORMATS)
-        return AudioRequest(data, response_format, temperature, options)
+        return AudioRequest(data, response_format, temperature, options, "word" in granularities,
+                            not granularities or "segment" in granularities)
     finally:
         await form.close()
 
@@ -194,8 +204,11 @@ def answer(clip: Clip, request: AudioRequest, endpoint: str) -> Response:
     if fmt == "text":
         return PlainTextResponse(result.text + "\n")
     if fmt == "verbose_json":
+        words = ({"words": [{"word": w.text, "start": w.start, "end": w.end} for w in result.words]}
+                 if request.words else {})
+        segments = {"segments": segments_of(clip, request)} if request.segments else {}
         return JSONResponse({"task": TASKS[endpoint], "language": result.language, "duration": clip.duration,
-                             "text": result.text, "segments": segments_of(clip, request)})
+                             "text": result.text, **words, **segments})
     return PlainTextResponse(subtitles(timed(clip, request), f".{fmt}"))
 
 
@@ -222,7 +235,7 @@ def openai_routes(state: dict[str, Any], max_beam: int, max_bytes: int) -> list[
                     raise OpenAIError(f"the export's default beam {search.beam_size} exceeds this server's largest, "
                                       f"{max_beam}")
                 clip = await transcribe_upload(transcriber, state["batcher"], state["front_end"], parsed.data,
-                                               search)
+                                               search, reading=Reading(words=parsed.words))
             except OpenAIError as exc:
                 return error_response(exc.status, str(exc), exc.param, exc.code)
             except S2SError as exc:
