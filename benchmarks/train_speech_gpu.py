@@ -15,6 +15,11 @@ and the log to ``--out``.
     python3 benchmarks/train_speech_gpu.py run --out "$OUT"            # on the device, carry .speechdebs
     python benchmarks/train_speech_gpu.py prepare --copies 2           # each training sentence read twice
     python3 benchmarks/train_speech_gpu.py run --out "$OUT" --init plugins/checkpoints/speech.safetensors
+    python benchmarks/train_speech_gpu.py prepare --utterances 5000 --valid 300 --test 1000 --natural 7000 \\
+        --natural-valid 300 --natural-test 600 --joined 1500          # issue 48: natural phrasings, joined clips
+    python3 benchmarks/train_speech_gpu.py run --out "$OUT" --init plugins/checkpoints/speech.safetensors \\
+        --lr 8e-4 --warmup 150 --shard-size 100 --effects 0.3 --nonspeech-train 2000 --nonspeech-valid 100 \\
+        --nonspeech-test 600 --synthesis-seconds 250 --total-minutes 8.6 --reserve 45   # one ~8.5-min device call
     python benchmarks/train_speech_gpu.py prepare --task /tmp/tiny --utterances 200 --valid 50 --test 50
     python benchmarks/train_speech_gpu.py run --task /tmp/tiny --out /tmp/sp --data /tmp/spdata --epochs 1 \\
         --device cpu --workers 2 --shard-size 50                       # the same path, tiny, on a CPU
