@@ -15,6 +15,11 @@ and the log to ``--out``.
     python3 benchmarks/train_speech_gpu.py run --out "$OUT"            # on the device, carry .speechdebs
     python benchmarks/train_speech_gpu.py prepare --copies 2           # each training sentence read twice
     python3 benchmarks/train_speech_gpu.py run --out "$OUT" --init plugins/checkpoints/speech.safetensors
+    python benchmarks/train_speech_gpu.py prepare --utterances 5000 --valid 300 --test 1000 --natural 7000 \\
+        --natural-valid 300 --natural-test 600 --joined 1500          # issue 48: natural phrasings, joined clips
+    python3 benchmarks/train_speech_gpu.py run --out "$OUT" --init plugins/checkpoints/speech.safetensors \\
+        --lr 8e-4 --warmup 150 --shard-size 100 --effects 0.3 --nonspeech-train 2000 --nonspeech-valid 100 \\
+        --nonspeech-test 600 --synthesis-seconds 250 --total-minutes 8.6 --reserve 45   # one ~8.5-min device call
     python benchmarks/train_speech_gpu.py prepare --task /tmp/tiny --utterances 200 --valid 50 --test 50
     python benchmarks/train_speech_gpu.py run --task /tmp/tiny --out /tmp/sp --data /tmp/spdata --epochs 1 \\
         --device cpu --workers 2 --shard-size 50                       # the same path, tiny, on a CPU
@@ -62,19 +67,27 @@ def prepare(args: argparse.Namespace) -> None:
     train.tsv and valid.tsv mix the generator's six styles with natural phrasings (``train/natural.py``),
     shuffled together; test.tsv is today's held-out set (valid and test are drawn first from the task's
     seeded stream, so ``--test 1000`` gives the same 1,000 pairs whatever the other sizes); natural.tsv
-    holds natural phrasings that no other file holds, read only by the held-out voices."""
+    holds natural phrasings that no other file holds, read only by the held-out voices. ``--joined``
+    adds training clips of two or three training sentences in turn (``speech_data.JOIN``)."""
     import random
 
     from s2s_deploy.train.natural import natural_pairs
-    from s2s_deploy.train.tasks import SplitSizes, load_task
+    from s2s_deploy.train.speech_data import JOIN
+    from s2s_deploy.train.tasks import Pair, SplitSizes, load_task
 
     splits = load_task("en-fr", 0, SplitSizes(train=args.utterances, valid=500, test=args.test))
     generated = [*splits.train, *splits.valid, *splits.test]
     natural = natural_pairs("en-fr", args.natural_valid + args.natural_test + args.natural, 0,
                             exclude=frozenset(pair.source for pair in generated))
     held_valid = args.natural_valid + args.natural_test
+    pool = [*splits.train, *natural[held_valid:]]
+    rng = random.Random("prepare/joined")
+    joined = []
+    for _ in range(args.joined):  # 2-3 sentences read in turn: what a window of a long clip holds
+        parts = rng.sample(pool, rng.choice((2, 2, 3)))
+        joined.append(Pair(JOIN.join(p.source for p in parts), JOIN.join(p.target for p in parts)))
     files = {
-        "train": [pair for pair in splits.train for _ in range(args.copies)] + natural[held_valid:],
+        "train": [pair for pair in splits.train for _ in range(args.copies)] + natural[held_valid:] + joined,
         "valid": list(splits.valid[: args.valid]) + natural[: args.natural_valid],
         "test": list(splits.test),
         "natural": natural[args.natural_valid : held_valid],
@@ -223,6 +236,9 @@ def main() -> None:
     ready.add_argument("--valid", type=int, default=500, help="valid pairs of the generator's styles (at most 500)")
     ready.add_argument("--natural", type=int, default=0, help="training pairs in natural phrasings")
     ready.add_argument("--natural-valid", type=int, default=0, help="valid pairs in natural phrasings")
+    ready.add_argument("--joined", type=int, default=0,
+                       help="training clips of 2-3 training sentences read in turn with pauses between (the windows "
+                            "of a long clip), the target their targets joined by a space")
     ready.add_argument("--natural-test", type=int, default=0,
                        help="held-out natural phrasings (natural.tsv), read only by the held-out voices")
     ready.add_argument("--test", type=int, default=1000, help="held-out-voice utterances scored at the end")

@@ -84,6 +84,11 @@ class SpeechPlugin(EncoderDecoderPlugin):
     }
     default_preset = "small"
 
+    def search_defaults(self, config: SpeechConfig) -> dict[str, Any]:
+        """No timestamp tokens say where a window's text ends, and it was trained on whole utterances:
+        long audio is read in windows that end at pauses, so no word is split between two."""
+        return {"window_cut": "pause"}
+
     def source_spec(self, config: SpeechConfig) -> SourceSpec:
         """``(n_mels, frames)`` log-mel features; padding frames are masked, so their value is moot."""
         return SourceSpec(kind=FEATURES, shape=(config.n_mels, FRAMES), dtype="float32",

@@ -4,6 +4,7 @@ No espeak-ng and no export here: seconds."""
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
@@ -100,3 +101,58 @@ def test_a_fine_tune_keeps_the_starts_vocabularies_and_refuses_a_target_it_canno
     assert "é" in tgt.tokens and "," in src.tokens
     with pytest.raises(S2SError, match="'Sß', which its target vocabulary lacks"):
         _vocabularies_of(start, ["3 mars 2021", "Straße"])
+
+
+def test_a_joined_clip_keeps_the_sentences_that_fit_its_window_in_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two or three sentences read in turn with pauses between; those past the window are left out of
+    the audio and the target alike, so a target never names what the clip does not hold."""
+    from s2s_deploy.frontends import WhisperLogMel
+
+    seconds = {"one": 3.0, "two": 2.5, "three": 4.0}
+    monkeypatch.setattr(speech_data, "synthesise", lambda u, rate: np.full(int(seconds[u.source] * rate), 0.1,
+                                                                               dtype=np.float32))
+    frontend = WhisperLogMel(chunk_length=8)
+    utterance = speech_data.Utterance(speech_data.JOIN.join(seconds), speech_data.JOIN.join(["un", "deux", "trois"]),
+                                      "en-us", "m1", 175, 50)
+    audio, held = speech_data.render(utterance, frontend)
+    assert (held.source, held.target) == ("one | two", "un deux")
+    gap = len(audio) - int(5.5 * 16000)
+    assert 0.2 * 16000 <= gap <= 0.8 * 16000 and not audio[48000:48000 + gap].any()
+    again, _ = speech_data.render(utterance, frontend)
+    np.testing.assert_array_equal(audio, again)
+    alone = speech_data.Utterance("three", "trois", "en-us", "m1", 175, 50)
+    assert speech_data.render(alone, frontend)[1] == alone
+
+
+def test_a_run_scores_every_held_out_split_and_records_each(tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """After training, the kept checkpoint is scored on test, natural and nonspeech (whichever the
+    dataset has), each logged and recorded in its info; non-speech is reported as the empty share."""
+    pytest.importorskip("torch")
+    from s2s_deploy.modeling.checkpoint import load_checkpoint
+    from s2s_deploy.train.speech import train_speech
+    from s2s_deploy.train.trainer import TrainConfig
+    from s2s_deploy_plugins.speech import PLUGIN
+
+    tiny = PLUGIN.preset("tiny")
+    frontend = tiny.frontend
+    monkeypatch.setattr(speech_data, "synthesise", lambda u, rate: np.random.default_rng(
+        len(u.source)).standard_normal(rate // 2).astype(np.float32) * 0.1)
+    metadata = {"task": "en-fr", "seed": 0, "frontend": frontend.to_json(), "splits": {}}
+    plan = speech_data.SpeechPlan()
+    augment = speech_data.Augment(nonspeech={"train": 2, "nonspeech": 3})
+    for split, sources in {"train": ["one day", "two days"], "valid": ["four days"], "test": ["five days"],
+                           "natural": ["a day"], "nonspeech": []}.items():
+        pairs = [Pair(s, s.replace("days", "jours").replace("day", "jour")) for s in sources]
+        utterances = speech_data.plan_split(pairs, split, plan, 0, augment)
+        shard = speech_data.write_shard(tmp_path / f"{split}-00000.npz", utterances, frontend)
+        metadata["splits"][split] = {"count": len(utterances), "shards": [shard]}
+    (tmp_path / "metadata.json").write_text(json.dumps(metadata))
+    lines: list[str] = []
+    cfg = TrainConfig(epochs=1, batch_size=2, lr=1e-3, warmup_steps=1, seed=0, threads=1)
+    train_speech(PLUGIN, tiny, tmp_path, cfg, tmp_path / "a.safetensors", log=lines.append)
+    info = load_checkpoint(tmp_path / "a.safetensors").info
+    assert info["test"]["count"] == 1 and info["test_natural"]["count"] == 1
+    assert info["test_nonspeech"]["count"] == 3
+    assert any(line.startswith("nonspeech (held-out voices") and "empty transcript on" in line for line in lines)
+    assert any(line.startswith("natural (held-out voices") for line in lines)

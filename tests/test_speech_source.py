@@ -79,27 +79,45 @@ def test_transcription_equals_the_pytorch_search(speech, beam: int) -> None:
     assert alone == [t.text for t in found]
 
 
-def test_a_long_clip_is_read_whole_window_by_window_and_the_texts_joined_by_a_space(exports) -> None:
-    """The bundled speech model has no timestamp tokens: a clip of three 8-s windows is every window
-    decoded alone (zero-padded features, as docs/manifest.md says), the texts stripped and joined by
-    one space, so a window's last word never runs into the next window's first."""
+def test_a_long_clip_is_read_in_windows_cut_at_pauses_and_the_texts_joined_by_a_space(exports) -> None:
+    """The bundled speech model has no timestamp tokens, and its manifest says ``window_cut: pause``: a
+    clip of three spoken clips with 4-s pauses is cut into windows that end in the pauses (never in a
+    clip), each decoded alone (padded with the clip's lowest value, as docs/manifest.md says), the texts
+    stripped and joined by one space; ``window_cut="fixed"`` reads whole 8-s windows instead."""
     from s2s_deploy.frontends import load_audio
+    from s2s_deploy.runtime.pauses import pause_windows
 
     transcriber = Transcriber(exports.get("speech")[1].directory, device="cpu")
+    assert transcriber.manifest.search["window_cut"] == "pause"
     rate = transcriber.sampling_rate
     gap = np.zeros(4 * rate, dtype=np.float32)
-    samples = np.concatenate([part for clip in CLIPS for part in (load_audio(clip, rate), gap)])
+    spoken = [load_audio(clip, rate) for clip in CLIPS]
+    samples = np.concatenate([part for clip in spoken for part in (clip, gap)])
     whole = transcriber.features(samples, whole=True)
     window = transcriber.window([whole])
     assert 2 * window < whole.shape[-1] <= 3 * window
+    ends = pause_windows(whole, window)
+    hop = rate // 100
+    spans, at = [], 0
+    for clip in spoken:
+        spans.append((at // hop, (at + len(clip)) // hop + 1))
+        at += len(clip) + len(gap)
+    assert not [end for end in ends[:-1] if any(a <= end <= b for a, b in spans)], (ends, spans)
     config = transcriber.translator.search_config()
-    texts = []
+    texts, start = [], 0
+    for end in ends:
+        part = np.full_like(whole[:, :window], whole.min())
+        part[:, : end - start] = whole[:, start:end]
+        texts.append(transcriber.decode([part], config)[0].text.strip())
+        start = end
+    assert sum(bool(text) for text in texts) >= 2
+    assert transcriber(samples)[0].text == " ".join(text for text in texts if text)
+    fixed = []
     for start in range(0, whole.shape[-1], window):
         part = np.zeros_like(whole[:, :window])
         part[:, : whole[:, start : start + window].shape[-1]] = whole[:, start : start + window]
-        texts.append(transcriber.decode([part], config)[0].text.strip())
-    assert sum(bool(text) for text in texts) >= 2
-    assert transcriber(samples)[0].text == " ".join(text for text in texts if text)
+        fixed.append(transcriber.decode([part], config)[0].text.strip())
+    assert transcriber(samples, window_cut="fixed")[0].text == " ".join(text for text in fixed if text)
 
 
 def test_arrays_in_any_rate_give_what_files_give(speech) -> None:

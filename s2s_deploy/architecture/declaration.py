@@ -168,6 +168,11 @@ class ArchitecturePlugin(ABC):
         ``files``: the ``hf_files`` it declares, by name (only passed when it declares some)."""
         raise ContractError(f"plugin {self.name} does not load Hugging Face checkpoints")
 
+    def search_defaults(self, config: Any) -> dict[str, Any]:
+        """Decoding defaults an export of this model records in its manifest's ``search`` block (names
+        of format/decoding.py's table), under those a checkpoint or Hugging Face folder records."""
+        return {}
+
     def hf_search(self, hf_config: Mapping[str, Any], generation: Mapping[str, Any],
                   defaults: dict[str, Any]) -> dict[str, Any]:
         """The search defaults this family's ``generate`` decodes with. ``defaults`` are what the

@@ -169,7 +169,7 @@ def export_model(
             source=source, exporter=exporter, opset=opset, graphs=_graph_io(specs, work), memory=specs.memory,
             state=specs.state, src_vocab=src_vocab, tgt_vocab=tgt_vocab,
             limits=(plugin.max_source_length(config), plugin.max_target_length(config)),
-            search={**_length_limit(training or {}), **(search or {})},
+            search={**plugin.search_defaults(config), **_length_limit(training or {}), **(search or {})},
             validation={"atol": plugin.parity_atol, "rtol": plugin.parity_rtol, "max_abs_diff": diffs,
                         "forward_step_max_abs_diff": forward_step.max_abs_diff},
             samples=samples, training=training or {}, ort_optimized=optimize,

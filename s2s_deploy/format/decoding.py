@@ -193,6 +193,8 @@ class Code:
 MAX_CODE = 64
 MAX_REALS = 64
 Kind = Whole | Real | Reals | Switch | Ids | OneOf | Code
+WINDOW_CUTS = ("fixed", "pause")
+"""``window_cut``'s values: windows at fixed offsets, or ending at pauses (runtime/pauses.py)."""
 PRESETS = ("", "faster-whisper")
 """``preset``'s values: none, or faster-whisper's ``WhisperModel.transcribe`` defaults
 (runtime/decoding.py's ``preset_values`` says which options each sets)."""
@@ -288,6 +290,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("time_precision", Real(0.0, 60.0, open_low=True), 0.02, "Seconds per timestamp index.", flag=None),
     Option("timestamp_frames", Whole(1), 2, "Encoder input frames per timestamp index (window seeking).",
            flag=None),
+    Option("window_cut", OneOf(WINDOW_CUTS), "fixed",
+           "How audio longer than the encoder's window is cut into windows when no timestamps say where each "
+           "window's text ends: fixed (every window full) or pause (each window ends at its quietest moment in "
+           "its last 40%, so no word is split; docs/manifest.md).", timed=True),
     Option("preset", OneOf(PRESETS), "",
            "A bundle of defaults over the export's: faster-whisper (its WhisperModel.transcribe defaults: beam 5, "
            "temperature fallback, thresholds, condition_on_previous_text, timestamps, ...); options given "

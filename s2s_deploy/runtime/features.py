@@ -7,8 +7,9 @@ front end's input; nothing here names a model.
 
 An input longer than the encoder's window is never cut: it is read window by window
 (runtime/timestamps.py), with timestamps on inside where the export has timestamp tokens, as
-``generate`` does for long-form input without ``return_timestamps``, else one whole window after
-another; its result is then the text alone, unless the caller asked for ``timestamps``.
+``generate`` does for long-form input without ``return_timestamps``, else one window after another,
+each ending at a pause where ``window_cut`` says so (runtime/pauses.py); its result is then the text
+alone, unless the caller asked for ``timestamps``.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from s2s_deploy.runtime.decoding import (
     with_timestamps,
 )
 from s2s_deploy.runtime.fallback import Confidence, Windows
+from s2s_deploy.runtime.pauses import pause_windows
 from s2s_deploy.runtime.search import Hypothesis
 from s2s_deploy.runtime.timestamps import Piece, Sought, Window, seek_windows
 from s2s_deploy.runtime.translator import Translator
@@ -322,15 +324,18 @@ class FeatureReader:
                   on_window: Callable[[int, list[Piece]], None] | None = None) -> list[Sought]:
         """Inputs longer than the window, without ``timestamps`` asked for: read window by window with
         timestamps on where the export has timestamp tokens (``generate`` turns them on for such input),
-        else one whole window after another."""
+        else one window after another, each ending at a pause where ``window_cut`` says ``pause``."""
         if config.n_best != 1:
             raise S2SError(f"{labels[0]} is longer than the encoder's window of {self.window(features)} frames and "
                            f"is read window by window, which gives one hypothesis: n_best must be 1, not "
                            f"{config.n_best}")
         windows = self._windows(config)
+        window = self.window(features)
         if config.timestamp_begin >= 1:
             config = with_timestamps(config, len(self.manifest.tgt_vocab))
-        return seek_windows(features, self.window(features), self.translator.engine.search, config, windows, on_window)
+            return seek_windows(features, window, self.translator.engine.search, config, windows, on_window)
+        ends = [pause_windows(f, window) for f in features] if config.window_cut == "pause" else None
+        return seek_windows(features, window, self.translator.engine.search, config, windows, on_window, ends)
 
     def _with_segments(self, label: str, sought: Sought, timed: bool, whole_windows: bool = False) -> Decoded:
         """``sought`` as text, with its segments when the caller asked for ``timestamps`` (``timed``).

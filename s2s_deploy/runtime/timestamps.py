@@ -107,14 +107,20 @@ def whole_window(tokens: Sequence[int], seek: int, frames: int, config: SearchCo
 
 def seek_windows(features: Sequence[np.ndarray], window: int, search: Search, config: SearchConfig,
                  windows: Callable[[int], Windows] | None = None,
-                 on_window: Callable[[int, list[Piece]], None] | None = None) -> list[Sought]:
+                 on_window: Callable[[int, list[Piece]], None] | None = None,
+                 ends: Sequence[Sequence[int]] | None = None) -> list[Sought]:
     """Every input (features with frames last) decoded window by window, batched across inputs.
     An open language slot is chosen on an input's first window and kept for the rest, as
     ``generate`` detects the language once per input. ``windows`` (given the input count): the
     temperature fallback's decoder (runtime/fallback.py), which also skips silent windows and feeds
     each input's earlier text; inputs then share a batch only where their earlier texts agree.
     ``on_window(i, pieces)``: told each window's segments of input ``i`` as soon as that window is
-    decoded, before the next one (``serve``'s streamed answers); a silent window it skips is not told."""
+    decoded, before the next one (``serve``'s streamed answers); a silent window it skips is not told.
+    ``ends`` (without timestamps only): each input's window ends (runtime/pauses.py), each window
+    then padded with its input's lowest value, the silence its front end writes; else windows of
+    ``window`` frames padded with zeros."""
+    if ends is not None and config.timestamps:
+        raise S2SError("windows cut at pauses are for decoding without timestamps")
     if config.n_best != 1:
         raise S2SError(f"window-by-window decoding gives one hypothesis per input: n_best must be 1, not "
                        f"{config.n_best}")
@@ -136,9 +142,12 @@ def seek_windows(features: Sequence[np.ndarray], window: int, search: Search, co
             context = carry.context(i) if carry is not None else ()
             groups.setdefault((prompts[i] or tuple(config.decoder_prompt), context), []).append(i)
         for (prompt, context), members in groups.items():
-            frames = [min(totals[i] - seeks[i], window) for i in members]
+            frames = [min(totals[i] - seeks[i], window) if ends is None
+                      else next(end for end in ends[i] if end > seeks[i]) - seeks[i] for i in members]
             batch = np.zeros((len(members), *features[members[0]].shape[:-1], window), dtype=features[members[0]].dtype)
             for row, (i, n) in enumerate(zip(members, frames, strict=True)):
+                if ends is not None:
+                    batch[row] = features[i].min()
                 batch[row, ..., :n] = features[i][..., seeks[i]: seeks[i] + n]
             lengths = np.full(len(members), window, dtype=np.int64)
             window_config = replace(config, decoder_prompt=prompt)

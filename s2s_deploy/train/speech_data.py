@@ -11,7 +11,8 @@ features without the window's trailing padding frames, which all equal one value
 (the clamp at max − 8 of silence), so ``SpeechShard.features`` restores them exactly.
 espeak-ng is needed only here, never at run time.
 
-    python -m s2s_deploy.train.speech_data OUT [--train 20000] [--valid 1000] [--test 1000]
+    python -m s2s_deploy.train.speech_data OUT [--train 20000] [--valid 1000] [--test 1000] [--natural 600]
+        [--nonspeech 2000 100 600] [--effects 0.3]
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import shutil
 import subprocess
 import sys
 import time
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -287,12 +289,33 @@ def apply_effect(audio: np.ndarray, effect: str, seed: int, rate: int) -> np.nda
     return np.clip(out, -1, 1).astype(np.float32)
 
 
-def render(utterance: Utterance, frontend: WhisperLogMel) -> np.ndarray:
-    """The clip ``utterance`` describes, float32 mono at the front end's rate."""
+JOIN = " | "
+"""Between the sentences of a joined pair (source and target alike): one speaker reads them in turn with
+a pause between, and the target is their targets joined by a space, as a long clip's windows are."""
+
+
+def render(utterance: Utterance, frontend: WhisperLogMel) -> tuple[np.ndarray, Utterance]:
+    """The clip ``utterance`` describes, float32 mono at the front end's rate, and the utterance it holds:
+    a joined one (``JOIN``) keeps as many of its sentences, in order, as fit the window, pauses of
+    0.2-0.8 s between them, its target their targets joined by a space."""
     rate = frontend.sampling_rate
     if utterance.accent == NONSPEECH_ACCENT:
-        return nonspeech(utterance.variant, utterance.seed, rate, frontend.n_samples / rate)
-    return apply_effect(synthesise(utterance, rate), utterance.effect, utterance.seed, rate)
+        return nonspeech(utterance.variant, utterance.seed, rate, frontend.n_samples / rate), utterance
+    if JOIN not in utterance.source:
+        return apply_effect(synthesise(utterance, rate), utterance.effect, utterance.seed, rate), utterance
+    rng = np.random.default_rng(zlib.crc32(utterance.source.encode()))
+    sources, targets = utterance.source.split(JOIN), utterance.target.split(JOIN)
+    pieces: list[np.ndarray] = []
+    kept = 0
+    for source in sources:
+        audio = synthesise(dataclasses.replace(utterance, source=source), rate)
+        gap = np.zeros(int(rate * rng.uniform(0.2, 0.8)) if pieces else 0, dtype=np.float32)
+        if kept and sum(map(len, pieces)) + len(gap) + len(audio) > frontend.n_samples:
+            break
+        pieces += [gap, audio]
+        kept += 1
+    joined = dataclasses.replace(utterance, source=JOIN.join(sources[:kept]), target=" ".join(targets[:kept]))
+    return apply_effect(np.concatenate(pieces), utterance.effect, utterance.seed, rate), joined
 
 
 def plan_split(pairs: Sequence[Pair], split: str, plan: SpeechPlan, seed: int, augment: Augment = Augment()
@@ -337,15 +360,16 @@ def trimmed(features: np.ndarray) -> tuple[np.ndarray, float]:
 def write_shard(path: Path, utterances: Sequence[Utterance], frontend: WhisperLogMel) -> dict[str, Any]:
     """Synthesise and featurise ``utterances`` into one npz (written beside, then moved into place)."""
     started = time.perf_counter()
-    parts, floors, samples = [], [], []
-    for utterance in utterances:
-        audio = render(utterance, frontend)
+    parts, floors, samples, held = [], [], [], []
+    for planned in utterances:
+        audio, utterance = render(planned, frontend)
+        held.append(utterance)
         kept, floor = trimmed(frontend(audio))
         parts.append(kept.T)
         floors.append(floor)
         samples.append(len(audio))
     lengths = np.array([len(part) for part in parts], dtype=np.int64)
-    columns = {name: np.array([getattr(u, name) for u in utterances]) for name in UTTERANCE_FIELDS}
+    columns = {name: np.array([getattr(u, name) for u in held]) for name in UTTERANCE_FIELDS}
     with atomic_path(path) as staging, open(staging, "wb") as handle:  # a handle: np.savez names no .npz
         np.savez(
             handle,
@@ -536,6 +560,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     defaults = SpeechDataConfig()
     for split, size in defaults.sizes.items():
         parser.add_argument(f"--{split}", type=int, default=size, help=f"{split} utterances (default {size})")
+    parser.add_argument("--natural", type=int, default=0,
+                        help="held-out natural phrasings read by the held-out voices (train/natural.py)")
+    parser.add_argument("--nonspeech", type=int, nargs=3, default=(0, 0, 0), metavar=("TRAIN", "VALID", "HELD_OUT"),
+                        help="non-speech clips (empty transcript) in train, in valid, and held out")
+    parser.add_argument("--effects", type=float, default=0.0,
+                        help="share of train and valid speech given one effect (gain, noise, 8 kHz band, DC, echo)")
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--workers", type=int, default=1, help="processes synthesising shards side by side")
     parser.add_argument("--shard-size", type=int, default=defaults.shard_size)
@@ -546,8 +576,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="the front end's window in seconds (default %(default)s)",
     )
     args = parser.parse_args(argv)
+    sizes = {split: getattr(args, split) for split in defaults.sizes}
     config = SpeechDataConfig(
-        sizes={split: getattr(args, split) for split in defaults.sizes},
+        sizes={**sizes, "natural": args.natural} if args.natural else sizes,
+        augment=Augment(speech=args.effects, nonspeech=dict(zip(("train", "valid", "nonspeech"), args.nonspeech,
+                                                                strict=True))),
         seed=args.seed,
         shard_size=args.shard_size,
         frontend=WhisperLogMel(chunk_length=args.window),

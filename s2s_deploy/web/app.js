@@ -148,12 +148,38 @@ async function transcribeSpeech(translator, samples, beam, timestamps, given, wo
   return { text: texts.join(' '), segments, chunks, language, words: words ? timed : undefined };
 }
 
+// Where each window of a long clip ends when the manifest's search says window_cut "pause"
+// (docs/manifest.md, "Timestamps, window by window"; runtime/pauses.py): at the quietest frame of
+// its last 40%, loudness being the mean over the rows averaged over 15 frames, the latest of equals.
+function pauseEnds(data, rows, frames, window) {
+  const mean = new Float64Array(frames);
+  for (let r = 0; r < rows; r += 1) for (let t = 0; t < frames; t += 1) mean[t] += data[r * frames + t];
+  for (let t = 0; t < frames; t += 1) mean[t] /= rows;
+  const level = new Float64Array(frames);
+  for (let t = 0; t < frames; t += 1) {
+    let sum = 0;
+    const first = Math.max(0, t - 7);
+    const last = Math.min(frames - 1, t + 7);
+    for (let k = first; k <= last; k += 1) sum += mean[k];
+    level[t] = sum / (last - first + 1);
+  }
+  const ends = [];
+  for (let start = 0; frames - start > window; start = ends[ends.length - 1]) {
+    let end = start + window;
+    for (let t = end - 1; t >= start + Math.max(1, Math.floor(window * 0.6)); t -= 1) if (level[t] < level[end]) end = t;
+    ends.push(end);
+  }
+  ends.push(frames);
+  return ends;
+}
+
 // One clip's uncut features ({ data, dims }, frames last) as `transcribe` reads them
 // (runtime/features.py, docs/decoding.md "Timestamps"): { text, segments }. With `timestamps` (an export
 // with timestamp tokens), window by window by its timestamps at any length, segments timed. Without:
 // within the window, one search; longer, an export with timestamp tokens seeks by them all the same
 // (generate turns them on for long-form input) and its segments are shown; one without reads one whole
-// window after another, each zero-padded, the texts stripped and joined by one space.
+// window after another, each zero-padded (or, with window_cut "pause", ending at pauses and padded with the
+// clip's lowest value), the texts stripped and joined by one space.
 async function transcribeWindows(translator, features, beam, timestamps) {
   const { manifest } = translator;
   const window = (manifest.limits && manifest.limits.max_source_length) || S2SFrontEnd.windowFrames(manifest.encoder_input.frontend);
@@ -170,6 +196,21 @@ async function transcribeWindows(translator, features, beam, timestamps) {
     const n = translator.featureSource(features).length;
     const windows = [{ seek: 0, frames: n, width: n, tokens: found.tokens, finished: found.finished, prompt: found.prompt, kept: found.tokens.length }];
     return { text: found.text, segments: [], windows, language: translator.languageOf(found.prompt) };
+  }
+  if ((manifest.search || {}).window_cut === 'pause') { // runtime/pauses.py: windows end at pauses
+    const rows = features.data.length / frames;
+    let floor = Infinity;
+    for (const value of features.data) floor = Math.min(floor, value);
+    const texts = [];
+    let first = 0;
+    for (const end of pauseEnds(features.data, rows, frames, window)) {
+      const part = new Float32Array(rows * window).fill(floor);
+      for (let r = 0; r < rows; r += 1) part.set(features.data.subarray(r * frames + first, r * frames + end), r * window);
+      const text = S2SSearch.strip((await translator.transcribe({ data: part, dims: [...features.dims.slice(0, -1), window] }, { beam })).text);
+      if (text) texts.push(text);
+      first = end;
+    }
+    return { text: texts.join(' '), segments: [], windows: [], language: null };
   }
   const { segments, windows, language } = await translator.seek(features, window, translator.options({ beam }));
   const text = segments.map((s) => S2SSearch.strip(s.text)).filter((t) => t).join(' ');

@@ -99,10 +99,12 @@
   // END generated
   // prompt_start and no_speech_token change nothing while prompt and the temperature fallback are off (refused when
   // on). The decoder prompt (its open slot too), suppress_tokens, begin_suppress_tokens and Whisper's timestamp
-  // grammar are run here (StepOptions below), as runtime/options.py and runtime/search.py run them.
+  // grammar are run here (StepOptions below), as runtime/options.py and runtime/search.py run them. window_cut is
+  // app.js's, where it cuts a long clip's windows.
   const RUN_HERE = new Set(['beam_size', 'n_best', 'alpha', 'max_len', 'max_len_a', 'max_len_b', 'seed', 'early_stopping',
     'prompt_start', 'timestamp_begin', 'max_initial_timestamp', 'time_precision', 'timestamp_frames', 'no_speech_token',
-    'best_of', 'prompt_reset_on_temperature', 'decoder_prompt', 'suppress_tokens', 'begin_suppress_tokens', 'timestamps']);
+    'best_of', 'prompt_reset_on_temperature', 'decoder_prompt', 'suppress_tokens', 'begin_suppress_tokens', 'timestamps',
+    'window_cut']);
   const OPEN_SLOT = -1;
 
   // Whether a step needs the full log_probs (runtime/options.py's options_on, for the options run here).
