@@ -9,7 +9,8 @@ Slow (the tiny timestamped Whisper of tests/test_hf_whisper_timestamps.py, one-s
 once; clips of 1.2-3.5 s, so two to four windows each): every window decoded alone has the tokens it has
 in a batch with other files' windows, and its scores bit for bit in batches of 8 and of all 19; faster-
 whisper's own ``BatchedInferencePipeline.transcribe``, given our windows as its ``clip_timestamps``
-and our tokens for each window, yields our segments (times to its 1 ms rounding, text, tokens); the CLI.
+and our tokens for each window, yields our segments (times to its 1 ms rounding, tokens); the CLI, serve and
+the preset.
 """
 
 from __future__ import annotations
@@ -241,3 +242,29 @@ def test_the_preset_with_batched_is_the_batched_pipeline_s(whisper: dict[str, An
     assert batched.suppress_tokens == sequential.suppress_tokens
     assert not (batched.condition_on_previous_text or batched.temperature or batched.timestamps)
     assert batched.compression_ratio_threshold is None and batched.no_speech_threshold is None
+
+
+@pytest.mark.slow
+def test_serve_transcribes_batched(whisper: dict[str, Any], tmp_path: Any) -> None:
+    """``/transcribe?batched=true`` answers as ``Transcriber(..., batched=True)``; carried text is refused."""
+    soundfile = pytest.importorskip("soundfile")
+    from starlette.testclient import TestClient
+    from test_hf_whisper_timestamps import RATE
+
+    from s2s_deploy.serve.app import BatchLimits, ServeConfig, create_app
+
+    path = tmp_path / "clip.wav"
+    soundfile.write(path, whisper["audio"][4], RATE)
+    [want] = whisper["transcriber"]([str(path)], batched=True, timestamps=True)
+    assert want.segments
+    app = create_app(ServeConfig(str(whisper["out"]), BatchLimits(window_ms=1), threads=1))
+    with TestClient(app) as http:
+        response = http.post("/transcribe", params={"batched": "true", "timestamps": "true"},
+                             content=path.read_bytes())
+        assert response.status_code == 200, response.text
+        [got] = response.json()["transcriptions"]
+        assert got["text"] == want.text
+        assert got["segments"] == [{"start": s.start, "end": s.end, "text": s.text} for s in want.segments]
+        refused = http.post("/transcribe", params={"batched": "true", "condition_on_previous_text": "true"},
+                            content=path.read_bytes())
+        assert refused.status_code == 400 and "decoded independently" in refused.text
