@@ -84,8 +84,12 @@ SECONDS = 30
 GEN_LEN = 32
 THREADS = 2
 PARTS = ("encoder", "decoder", "whole")
-METHODS = {"decoder": "decode", "whole": "whole"}
+METHODS = {"decoder": "decode", "whole": "whole", "long": "long", "short": "short"}
 CELLS = ((1, 1), (1, 8), (5, 1), (5, 8))  # (beam, batch)
+LONG_WINDOWS = 20  # the longform part's long clip: 20 windows of 30 s, 10 minutes
+SHORT_CLIPS = 50  # and its short clips, 2 to 28 s each
+LONG_INPUTS = ("long", "short")
+LONG_CELLS = ((1, 8), (1, 16), (5, 8), (5, 16))
 
 # Multilingual Whisper's id layout (51,865 ids): 50,257 text ids, then the special tokens.
 VOCAB = 51865
@@ -202,6 +206,21 @@ def make_clips() -> tuple[np.ndarray, str]:
     return np.clip(clips, -1, 1), kind
 
 
+def longform_audio(clips: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
+    """The ``longform`` part's audio, made from ``clips.npy`` with a fixed seed (every worker makes the
+    same): a 10-minute clip, 20 of the 30-second clips each turned by a random offset (``np.roll``) and
+    laid end to end, and 50 short clips of 2 to 28 s, each a random stretch of a random clip."""
+    rng = np.random.default_rng(SEED + 46)
+    long = np.concatenate([np.roll(clips[int(rng.integers(len(clips)))], int(rng.integers(RATE * SECONDS)))
+                           for _ in range(LONG_WINDOWS)])
+    short = []
+    for _ in range(SHORT_CLIPS):
+        length = int(RATE * rng.uniform(2, 28))
+        start = int(rng.integers(RATE * SECONDS - length))
+        short.append(np.ascontiguousarray(clips[int(rng.integers(len(clips)))][start: start + length]))
+    return long, short
+
+
 def build(out: Path, tiny: bool) -> None:
     import torch
     from transformers import WhisperFeatureExtractor, WhisperForConditionalGeneration
@@ -305,6 +324,20 @@ class Ours:
             src, src_len = self.pad([self.transcriber.features(c) for c in self.clips[part]], self.transcriber.source)
             found += self._search(src, src_len, beam)
         return found
+
+    def _batched(self, audio: list[np.ndarray], beam: int, batch: int) -> list[list[int]]:
+        """``Transcriber(..., batched=True)``'s work on ``audio``, each window's tokens in order: the front end
+        per clip, then every clip's fixed windows decoded together, ``batch`` windows at a time."""
+        config = self.transcriber.translator.search_config(beam, 1, GEN_LEN, min_len=GEN_LEN, batched=True)
+        features = [self.transcriber.features(a, whole=True) for a in audio]
+        return [list(w.best.tokens) for sought in self.transcriber.batched(features, config, batch)
+                for w in sought.windows]
+
+    def long(self, beam: int, batch: int) -> list[list[int]]:
+        return self._batched([longform_audio(self.clips)[0]], beam, batch)
+
+    def short(self, beam: int, batch: int) -> list[list[int]]:
+        return self._batched(longform_audio(self.clips)[1], beam, batch)
 
 
 class CT2:
@@ -410,6 +443,32 @@ class FasterWhisper:
                                                          if k not in ("condition_on_previous_text", "vad_filter")})
             found += [list(segment.tokens) for segment in segments]
         return found
+
+    def _windows(self, audio: np.ndarray, windows: list[dict[str, float]], beam: int, batch: int) -> list[list[int]]:
+        segments, _info = self.batched.transcribe(audio, beam_size=beam, batch_size=batch, clip_timestamps=windows,
+                                                  vad_filter=False, **{k: v for k, v in self.options.items()
+                                                                       if k not in ("condition_on_previous_text",
+                                                                                    "vad_filter")})
+        return [list(segment.tokens) for segment in segments]
+
+    def long(self, beam: int, batch: int) -> list[list[int]]:
+        """The 10-minute clip as its batched pipeline reads long audio without VAD: fixed 30-second
+        ``clip_timestamps`` (it refuses audio over 30 s without VAD or clip_timestamps)."""
+        audio = longform_audio(self.clips)[0]
+        seconds = len(audio) / RATE
+        windows = [{"start": float(start), "end": min(start + SECONDS, seconds)} for start in range(0, int(
+            np.ceil(seconds)), SECONDS)]
+        return self._windows(audio, windows, beam, batch)
+
+    def short(self, beam: int, batch: int) -> list[list[int]]:
+        """The 50 short clips: it batches the windows of one call only, so they go laid end to end, one
+        ``clip_timestamps`` window per clip (its best case: one call per file would decode one window at a time)."""
+        short = longform_audio(self.clips)[1]
+        ends = np.cumsum([len(a) for a in short])
+        # half a sample later, so that its int(seconds * rate) lands on the very sample
+        windows = [{"start": (end - len(a) + 0.5) / RATE, "end": (end + 0.5) / RATE} for a, end in
+                   zip(short, ends.tolist(), strict=True)]
+        return self._windows(np.concatenate(short), windows, beam, batch)
 
 
 class Optimum:
@@ -544,7 +603,10 @@ def race(args: argparse.Namespace) -> None:
     script = str(Path(__file__).resolve())
     results: list[dict[str, Any]] = []
     failures: dict[str, str] = {}
-    for precision in args.precisions:
+    if "longform" in args.parts:
+        results += race_longform(args, script, failures)
+        args.parts = [part for part in args.parts if part != "longform"]
+    for precision in args.precisions if args.parts else ():
         workers: dict[str, _Worker] = {}
         for key in engines_for(args.root, precision):
             python = sys.executable if key.startswith("s2s") else args.peer_python
@@ -594,6 +656,81 @@ def race(args: argparse.Namespace) -> None:
                       "failures": failures, "cells": results}))
 
 
+def race_longform(args: argparse.Namespace, script: str, failures: dict[str, str]) -> list[dict[str, Any]]:
+    """The ``longform`` part: the 10-minute clip (``long``) and the 50 short clips (``short``), ours with
+    ``batched`` (every window of every clip in shared batches) against faster-whisper's
+    ``BatchedInferencePipeline`` (fixed 30-second ``clip_timestamps``), per precision and (beam, batch)
+    cell, interleaved pass by pass as the other parts; tokens compared window by window."""
+    results = []
+    for precision in args.precisions:
+        workers: dict[str, _Worker] = {}
+        for key in (f"s2s-{precision}", f"fw-{precision}"):
+            python = sys.executable if key.startswith("s2s") else args.peer_python
+            worker_ = _Worker(key, [python, script, "worker", "--root", str(args.root.resolve()), "--engine", key,
+                                    "--clips", str(CLIPS)])
+            if worker_.failed:
+                failures[key] = worker_.failed
+                print(f"{key}: failed to load: {worker_.failed}", flush=True)
+                worker_.close()
+            else:
+                workers[key] = worker_
+        ours = f"s2s-{precision}"
+        if ours not in workers:
+            raise SystemExit(f"error: our {precision} engine did not load: {failures.get(ours)}")
+        try:
+            for part in LONG_INPUTS:
+                for beam, batch in args.long_cells:
+                    times: dict[str, list[float]] = {k: [] for k in workers}
+                    outputs: dict[str, Any] = {}
+                    for rep in range(-1, args.reps):  # -1: the warm-up pass
+                        turn = list(workers)[rep % len(workers):] + list(workers)[: rep % len(workers)]
+                        for key in turn:
+                            if key in failures:
+                                continue
+                            time.sleep(args.gap)
+                            answer = workers[key].run(part, beam, batch)
+                            if "failed" in answer:
+                                failures[key] = f"{part} beam {beam} batch {batch}: {answer['failed']}"
+                                print(f"{key}: {failures[key]}", flush=True)
+                                continue
+                            if rep >= 0:
+                                times[key].append(answer["seconds"])
+                            outputs[key] = answer["outputs"]
+                    cell = _report_longform(precision, part, beam, batch, times, outputs, workers, ours)
+                    if cell:
+                        results.append(cell)
+        finally:
+            for worker_ in workers.values():
+                worker_.close()
+    return results
+
+
+def _report_longform(precision: str, part: str, beam: int, batch: int, times: dict[str, list[float]],
+                     outputs: dict[str, Any], workers: dict[str, _Worker], ours: str) -> dict | None:
+    if not times.get(ours):
+        return None
+    label = f"{precision} longform {part:5s} beam {beam} batch {batch:2d}"
+    cell: dict[str, Any] = {"precision": precision, "part": f"longform-{part}", "beam": beam, "batch": batch,
+                            "engines": {}}
+    mine = outputs[ours]
+    for key, values in times.items():
+        if not values:
+            continue
+        row: dict[str, Any] = {"name": workers[key].name, "s": values, "median_s": statistics.median(values),
+                               "windows": len(outputs[key])}
+        line = f"{label}: {workers[key].name} {spread(values)}, {len(outputs[key])} windows"
+        if key != ours and len(values) == len(times[ours]):
+            ratios = [p / o for p, o in zip(values, times[ours], strict=True)]
+            row.update(ratio_median=statistics.median(ratios), ratio_min=min(ratios), ratio_max=max(ratios))
+            same = sum(a == b for a, b in zip(outputs[key], mine, strict=False))
+            row["same_as_ours"] = f"{same}/{len(mine)}"
+            line += (f"; peer / ours {row['ratio_median']:.2f}x [{row['ratio_min']:.2f}-{row['ratio_max']:.2f}]"
+                     f"; windows with our tokens {row['same_as_ours']}")
+        cell["engines"][key] = row
+        print(line, flush=True)
+    return cell
+
+
 def _report(precision: str, part: str, beam: int, batch: int, times: dict[str, list[float]],
             outputs: dict[str, Any], workers: dict[str, _Worker], reference: dict[str, Any], ours: str) -> dict | None:
     if not times.get(ours):
@@ -639,8 +776,11 @@ def main() -> None:
                         f"[default: {CLIPS}]")
     racing.add_argument("--gap", type=float, default=0.3, help="seconds of rest before each pass")
     racing.add_argument("--precisions", type=lambda s: s.split(","), default=["fp32", "int8"])
-    racing.add_argument("--parts", type=lambda s: s.split(","), default=list(PARTS))
+    racing.add_argument("--parts", type=lambda s: s.split(","), default=list(PARTS),
+                        help=f"of {', '.join(PARTS)}, longform [default: {','.join(PARTS)}]")
     racing.add_argument("--cells", type=_cells, default=CELLS, help="beam x batch [default: 1x1,1x8,5x1,5x8]")
+    racing.add_argument("--long-cells", type=_cells, default=LONG_CELLS,
+                        help="beam x batch of the longform part [default: 1x8,1x16,5x8,5x16]")
     serving = commands.add_parser("worker", help=argparse.SUPPRESS)
     serving.add_argument("--root", type=Path, required=True)
     serving.add_argument("--engine", required=True)

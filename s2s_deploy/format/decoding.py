@@ -282,6 +282,11 @@ OPTIONS: tuple[Option, ...] = (
            "Timestamp tokens between segments (ids from timestamp_begin on), by the rules of docs/decoding.md; "
            "audio longer than the encoder's window is then decoded window by window.", flag="--timestamps",
            timed=True),
+    Option("batched", Switch(), False,
+           "Batched long-form, as faster-whisper's BatchedInferencePipeline: each input cut into fixed windows of "
+           "the encoder's length (with --vad, its speech windows), every window decoded once, independently (no "
+           "earlier text, its own language), the windows of all inputs in shared batches; times mapped back.",
+           flag="--batched", timed=True),
     Option("timestamp_begin", Whole(-1, MAX_ID), -1,
            "The first timestamp token (0 s); every id from it on is one; the id before it is the no-timestamps "
            "token. -1: the export has none.", flag=None),
@@ -296,8 +301,9 @@ OPTIONS: tuple[Option, ...] = (
            "its last 40%, so no word is split; docs/manifest.md).", timed=True),
     Option("preset", OneOf(PRESETS), "",
            "A bundle of defaults over the export's: faster-whisper (its WhisperModel.transcribe defaults: beam 5, "
-           "temperature fallback, thresholds, condition_on_previous_text, timestamps, ...); options given "
-           "override it.", shown_default="none"),
+           "temperature fallback, thresholds, condition_on_previous_text, timestamps, ...; with batched, "
+           "BatchedInferencePipeline.transcribe's: beam 5, no fallback, no timestamps); options given override it.",
+           shown_default="none"),
     Option("temperature", Reals(0.0, 100.0), (),
            "Temperature fallback, read window by window (comma-separated, e.g. 0,0.2,0.4,0.6,0.8,1): each window "
            "decoded at the first, again at the next while a threshold fails; 0: the search as configured, above "

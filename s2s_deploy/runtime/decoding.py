@@ -113,6 +113,10 @@ def check(config: Any) -> None:
     if config.condition_on_previous_text and config.prompt_start < 0:
         raise DecodingError("condition_on_previous_text: this export takes no prompt (its search block sets no "
                             "prompt_start), so earlier text cannot be fed")
+    if config.batched and (config.condition_on_previous_text or config.initial_prompt):
+        raise DecodingError("batched windows are decoded independently, so no earlier text is carried: drop "
+                            "condition_on_previous_text and give prompt (fed to every window) for initial_prompt",
+                            option="batched")
     if config.no_speech_threshold is not None and config.no_speech_token < 0:
         raise DecodingError("no_speech_threshold: this export names no no-speech token (its search block sets no "
                             "no_speech_token), so no window's no-speech probability is known")
@@ -139,20 +143,23 @@ def preset_values(name: str, values: Mapping[str, Any], vocab: Vocabulary) -> di
     (compression), -1 (log-prob) and 0.6 (no speech, where the export names a no-speech token),
     earlier text carried until a window ends above 0.5, blanks suppressed first, timestamps with the
     first one at most 1 s, and its ``suppress_tokens=[-1]``: the export's list plus the task tokens,
-    the start token, the prompt start and the no-speech token."""
+    the start token, the prompt start and the no-speech token. With ``batched``, it is
+    ``BatchedInferencePipeline.transcribe``'s defaults instead: beam 5, length penalty 1, blanks
+    suppressed first and the same ``suppress_tokens``; no fallback (it decodes at its first temperature,
+    0), no carried text, no timestamps (``without_timestamps=True``)."""
     if not name:
         return {}
-    found: dict[str, Any] = {
-        "beam_size": 5, "n_best": 1, "best_of": 5, "alpha": 1.0, "temperature": (0.0, 0.2, 0.4, 0.6, 0.8, 1.0),
-        "compression_ratio_threshold": 2.4, "log_prob_threshold": LOG_PROB_THRESHOLD,
-        "prompt_reset_on_temperature": 0.5, "suppress_blank": True}
-    if values["prompt_start"] >= 0:
-        found["condition_on_previous_text"] = True
-    if values["no_speech_token"] >= 0:
-        found["no_speech_threshold"] = NO_SPEECH_THRESHOLD
-    if values["timestamp_begin"] >= 1:
-        found["timestamps"] = True
-        found["max_initial_timestamp"] = round(1.0 / values["time_precision"])
+    found: dict[str, Any] = {"beam_size": 5, "n_best": 1, "alpha": 1.0, "suppress_blank": True}
+    if not values["batched"]:
+        found |= {"best_of": 5, "temperature": (0.0, 0.2, 0.4, 0.6, 0.8, 1.0), "compression_ratio_threshold": 2.4,
+                  "log_prob_threshold": LOG_PROB_THRESHOLD, "prompt_reset_on_temperature": 0.5}
+        if values["prompt_start"] >= 0:
+            found["condition_on_previous_text"] = True
+        if values["no_speech_token"] >= 0:
+            found["no_speech_threshold"] = NO_SPEECH_THRESHOLD
+        if values["timestamp_begin"] >= 1:
+            found["timestamps"] = True
+            found["max_initial_timestamp"] = round(1.0 / values["time_precision"])
     specials = {*vocab.tasks, vocab.decoder_start_id, values["prompt_start"], values["no_speech_token"]}
     found["suppress_tokens"] = tuple(sorted({*values["suppress_tokens"], *(i for i in specials
                                                                            if i is not None and i >= 0)}))
@@ -197,7 +204,7 @@ def resolve(manifest: Manifest, given: Mapping[str, Any] | None = None) -> Searc
     stored = manifest_defaults(manifest)
     values = {o.name: o.default for o in OPTIONS} | {"max_len": limit or DEFAULT_MAX_LEN} | stored
     preset = given.get("preset", values["preset"])
-    values |= preset_values(preset, values, vocab) | given
+    values |= preset_values(preset, values | {"batched": given.get("batched", values["batched"])}, vocab) | given
     for option in OPTIONS:
         if isinstance(option.kind, Code) and values[option.name]:
             _place(option, values[option.name], vocab, values, given)

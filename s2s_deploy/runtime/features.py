@@ -26,6 +26,7 @@ from s2s_deploy.format.source import SourceSpec
 from s2s_deploy.frontends.frames import StreamedFeatures
 from s2s_deploy.frontends.media import Medium
 from s2s_deploy.frontends.source import checked_features, featurise, frontend_for, use_instead
+from s2s_deploy.runtime.batched import decode_windows
 from s2s_deploy.runtime.decoding import (
     LOG_PROB_THRESHOLD,
     NO_SPEECH_THRESHOLD,
@@ -235,17 +236,24 @@ class FeatureReader:
                         raise
                     on_error(str(exc))
             if read:
-                found += self.decode(list(read.values()), config, [labels[i] for i in read])
+                found += self.decode(list(read.values()), config, [labels[i] for i in read], batch_size=batch_size)
         return found
 
     def decode(self, features: Sequence[np.ndarray], config: SearchConfig,
                labels: Sequence[str] | None = None, windows: list[tuple[Window, ...]] | None = None,
-               told: Sequence[Told | None] | None = None) -> list[Decoded]:
+               told: Sequence[Told | None] | None = None, batch_size: int | None = None) -> list[Decoded]:
         """Items from ``features`` decoded as one batch with a resolved ``config`` (``serve`` batches inputs
         from several requests this way). ``windows``: filled with each item's decoded windows (word
         timestamps feed them again). ``told``: per item, None or a ``Told`` given its segments window by
-        window, as they are decoded (the results are the same either way)."""
+        window, as they are decoded (the results are the same either way). ``batch_size``: with ``batched``, the most
+        windows decoded together (None: every window of these items at once)."""
         labels = labels if labels is not None else [f"{self.label} {i + 1}" for i in range(len(features))]
+        if config.batched:
+            found = self.batched(features, config, batch_size)
+            if windows is not None:
+                windows[:] = [sought.windows for sought in found]
+            return [self._with_segments(label, sought, config.timestamps, whole_windows=not config.timestamps)
+                    for label, sought in zip(labels, found, strict=True)]
         if config.timestamps:
             timed = self.timed(features, config, self._telling(told, range(len(features))))
             if windows is not None:
@@ -311,6 +319,18 @@ class FeatureReader:
         """A piece as a segment: its text (timestamps are among the vocabulary's hidden ids, the plugin's
         ``hf_hidden_tokens``) and its window's fallback facts."""
         return Segment(piece.start, piece.end, self.manifest.tgt_vocab.decode(piece.tokens), *window_facts(piece))
+
+    def batched(self, features: Sequence[np.ndarray], config: SearchConfig, batch_size: int | None = None) -> list[
+            Sought]:
+        """Batched long-form (runtime/batched.py): every input's fixed windows decoded once each, the
+        windows of all inputs together, ``batch_size`` at a time."""
+        if self.source.length_axis != len(self.source.shape):
+            raise S2SError("batched: this encoder's input has no frames axis last to cut into windows")
+        if config.n_best != 1:
+            raise S2SError(f"batched reads each input as windows, which gives one hypothesis: n_best must be 1, "
+                           f"not {config.n_best}")
+        return decode_windows(features, self.window(features), self.translator.engine.search, config,
+                              self._windows(config), batch_size)
 
     def _windows(self, config: SearchConfig) -> Callable[[int], Windows] | None:
         """The temperature fallback's window decoder for ``count`` inputs where one of its options is

@@ -296,6 +296,8 @@ class Translator:
         if window_options_on(config) and not self.manifest.encoder_input.is_features:
             raise S2SError("the temperature fallback and its options (temperature, thresholds, "
                            "condition_on_previous_text, initial_prompt) read audio window by window: use transcribe")
+        if config.batched and not self.manifest.encoder_input.is_features:
+            raise S2SError("batched reads long audio as independent windows: use transcribe")
         return config
 
     def config_for(self, config: SearchConfig | None, beam: int | None, n_best: int | None, max_len: int | None,

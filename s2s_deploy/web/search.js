@@ -77,6 +77,7 @@
     prompt: [],
     prompt_start: -1,
     timestamps: false,
+    batched: false,
     timestamp_begin: -1,
     max_initial_timestamp: -1,
     time_precision: 0.02,
