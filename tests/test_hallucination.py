@@ -127,3 +127,107 @@ def test_align_is_openai_whispers_find_alignment(whisper: dict[str, Any]) -> Non
             compared += 1
     assert compared >= 12
     assert BEGIN > EOS  # timestamps are not text: align is never fed them
+
+
+class AligningDecoder:
+    """tests/test_fallback.py's stand-in for CTranslate2 (``generate`` through our engine), with ``align``
+    through runtime/align.py: faster-whisper's word timing then reads our alignment."""
+
+    def __init__(self, transcriber: Any, config: Any, sot: int, prev: int) -> None:
+        from test_fallback import OurDecoder
+
+        self.decoder = OurDecoder(transcriber, config, sot, prev)
+        self.backend, self.config = transcriber.translator.backend, config
+        self.device = "cpu"
+        self.aligned = 0
+
+    def generate(self, features: np.ndarray, prompts: list[list[int]], **kwargs: Any) -> list[Any]:
+        return self.decoder.generate(features, prompts, **kwargs)
+
+    def align(self, features: np.ndarray, start_sequence: list[int], text_tokens: list[list[int]], num_frames: int,
+              median_filter_width: int) -> list[Any]:
+        from s2s_deploy.runtime.align import align
+
+        src = np.repeat(np.asarray(features, dtype=np.float32)[None], len(text_tokens), axis=0)
+        self.aligned += 1
+        return align(self.backend, src, start_sequence, text_tokens, num_frames, self.config.timestamp_begin - 1,
+                     median_filter_width)
+
+
+def faster_whisper_words(whisper: dict[str, Any], config: Any, features: np.ndarray,
+                         threshold: float | None) -> list[Any]:
+    """faster-whisper's ``generate_segments`` with ``word_timestamps=True`` and ``threshold`` over one clip's
+    features, our engine standing in for CTranslate2's ``generate`` and ``align``."""
+    import logging
+
+    import tokenizers
+    from faster_whisper import transcribe as fw
+    from faster_whisper.feature_extractor import FeatureExtractor
+    from faster_whisper.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer(tokenizers.Tokenizer.from_file(str(whisper["hf_dir"] / "tokenizer.json")), True,
+                          "transcribe", "fr")
+    model = object.__new__(fw.WhisperModel)
+    decoder = AligningDecoder(whisper["transcriber"], config, tokenizer.sot, tokenizer.sot_prev)
+    model.model, model.logger = decoder, logging.getLogger("faster_whisper")
+    model.feature_extractor = FeatureExtractor(feature_size=80, sampling_rate=16000, hop_length=160, chunk_length=1,
+                                               n_fft=400)
+    window = model.feature_extractor.nb_max_frames
+    model.encode = lambda segment: segment[:, :window]
+    model.input_stride, model.time_precision = config.timestamp_frames, config.time_precision
+    model.frames_per_second, model.tokens_per_second = 100, 50
+    model.max_length = whisper["transcriber"].manifest.max_target_length
+    options = fw.TranscriptionOptions(
+        beam_size=config.beam_size, best_of=config.best_of, patience=1, length_penalty=config.alpha,
+        repetition_penalty=1, no_repeat_ngram_size=0, log_prob_threshold=None, no_speech_threshold=None,
+        compression_ratio_threshold=None, condition_on_previous_text=False, prompt_reset_on_temperature=0.5,
+        temperatures=[0.0], initial_prompt=None, prefix=None, suppress_blank=config.suppress_blank,
+        suppress_tokens=list(config.suppress_tokens), without_timestamps=False,
+        max_initial_timestamp=config.max_initial_timestamp * config.time_precision, word_timestamps=True,
+        prepend_punctuations="\"'“¿([{-", append_punctuations="\"'.。,，!！?？:：”)]}、", multilingual=False,
+        max_new_tokens=None, clip_timestamps="0", hallucination_silence_threshold=threshold, hotwords=None)
+    padded = np.concatenate([features, np.zeros_like(features[:, :1])], axis=1)
+    found = list(model.generate_segments(padded, tokenizer, options, False))
+    assert decoder.aligned, "faster-whisper never aligned a window"
+    return found
+
+
+def silent_clips() -> list[np.ndarray]:
+    """Speech-like bursts of tests/test_hf_whisper.py's clips between silences of 0.3 to 2 s."""
+    from test_hf_whisper import clips
+
+    rng = np.random.default_rng(11)
+    bursts = clips(12, 0.3, 0.9, seed=12)
+    found = []
+    for k in range(6):
+        parts = []
+        for burst in bursts[2 * k: 2 * k + 2]:
+            parts += [np.zeros(int(rng.uniform(0.3, 2.0) * 16000), np.float32), burst]
+        parts.append(np.zeros(int(rng.uniform(0.3, 2.0) * 16000), np.float32))
+        found.append(np.concatenate(parts))
+    return found
+
+
+@pytest.mark.parametrize("threshold", [0.1, 0.5, 1.0])
+def test_the_silence_skip_is_faster_whisper_s(whisper: dict[str, Any], threshold: float) -> None:
+    transcriber = whisper["transcriber"]
+    suppressed = tuple(sorted({*transcriber.translator.search_config().suppress_tokens, *range(108, 127)}))
+    options = {"beam": 1, "max_len": 20, "timestamps": True, "suppress_blank": True, "suppress_tokens": suppressed,
+               "temperature": (0.0,), "hallucination_silence_threshold": threshold}
+    audio = silent_clips()
+    ours = transcriber(audio, **options)
+    config = transcriber.translator.search_config(**options)
+    fired = 0
+    for clip, found in zip(audio, ours, strict=True):
+        features = transcriber.features(clip, whole=True)
+        theirs = faster_whisper_words(whisper, config, features, threshold)
+        plain = faster_whisper_words(whisper, config, features, None)
+        fired += [(s.start, s.end) for s in theirs] != [(s.start, s.end) for s in plain]
+        kept = [s for s in found.segments if s.start != s.end and s.text.strip()]
+        assert [s.text for s in kept] == [s.text for s in theirs]
+        np.testing.assert_allclose([(s.start, s.end) for s in kept], [(s.start, s.end) for s in theirs], atol=1e-9)
+        words = [w for s in theirs for w in s.words]
+        assert [w.text for w in found.words] == [w.word.strip() for w in words]
+        np.testing.assert_allclose([(w.start, w.end) for w in found.words], [(w.start, w.end) for w in words],
+                                   atol=1e-9)
+    assert fired, "the threshold skipped nothing"
