@@ -231,3 +231,23 @@ def test_the_silence_skip_is_faster_whisper_s(whisper: dict[str, Any], threshold
         np.testing.assert_allclose([(w.start, w.end) for w in found.words], [(w.start, w.end) for w in words],
                                    atol=1e-9)
     assert fired, "the threshold skipped nothing"
+
+
+def test_an_export_without_alignment_heads_is_refused_in_one_line(whisper: dict[str, Any], hf_exports: Any,
+                                                                  tmp_path: Any) -> None:
+    import soundfile
+    from click.testing import CliRunner
+    from test_hf_whisper import clips
+
+    from s2s_deploy.cli import main
+
+    plain = hf_exports.get(whisper["hf_dir"])  # no --word-timestamps: no alignment heads
+    clip = tmp_path / "clip.wav"
+    soundfile.write(clip, clips(1, 0.5, 0.6, seed=2)[0], 16000)
+    flag = ["--hallucination-silence-threshold", "0.5"]
+    result = CliRunner().invoke(main, ["transcribe", str(plain), str(clip), *flag])
+    assert result.exit_code == 1 and result.output.count("\n") == 1
+    assert "has no alignment heads; export it with --word-timestamps" in result.output
+    result = CliRunner().invoke(main, ["transcribe", str(whisper["out"]), str(clip), *flag, "--max-len", "20", "--output", str(tmp_path / "x.json"), "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "x.json").read_text())[0]["text"] is not None

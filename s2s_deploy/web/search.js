@@ -91,6 +91,7 @@
     condition_on_previous_text: false,
     initial_prompt: [],
     prompt_reset_on_temperature: 0.5,
+    hallucination_silence_threshold: null,
     suppress_blank: false,
   };
   const ALIASES = {
