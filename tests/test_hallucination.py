@@ -255,3 +255,30 @@ def test_an_export_without_alignment_heads_is_refused_in_one_line(whisper: dict[
     assert result.exit_code == 0, result.output
     ours = whisper["transcriber"](clip, hallucination_silence_threshold=0.5, max_len=20)[0]
     assert json.loads(out.read_text())[0]["text"] == ours.text and ours.text.strip()
+
+
+def test_serve_takes_the_threshold(whisper: dict[str, Any], hf_exports: Any, tmp_path: Any) -> None:
+    """``/transcribe?hallucination_silence_threshold=0.5&timestamps=true`` answers as ``Transcriber``; an export
+    without alignment heads is a 400 in one line."""
+    import soundfile
+    from starlette.testclient import TestClient
+
+    from s2s_deploy.serve.app import BatchLimits, ServeConfig, create_app
+
+    path = tmp_path / "clip.wav"
+    soundfile.write(path, silent_clips()[0], 16000)
+    params = {"timestamps": "true", "hallucination_silence_threshold": "0.5", "max_len": "20"}
+    [want] = whisper["transcriber"]([str(path)], timestamps=True, hallucination_silence_threshold=0.5, max_len=20)
+    assert want.segments
+    with TestClient(create_app(ServeConfig(str(whisper["out"]), BatchLimits(window_ms=1), threads=1))) as http:
+        response = http.post("/transcribe", params=params, content=path.read_bytes())
+        assert response.status_code == 200, response.text
+        [got] = response.json()["transcriptions"]
+        assert got["text"] == want.text
+        # the window's facts (avg_log_prob, ...) differ by float32 rounding across thread counts: not compared
+        assert [(g["start"], g["end"], g["text"]) for g in got["segments"]] == [(s.start, s.end, s.text)
+                                                                                for s in want.segments]
+    plain = hf_exports.get(whisper["hf_dir"])
+    with TestClient(create_app(ServeConfig(str(plain), BatchLimits(window_ms=1), threads=1))) as http:
+        refused = http.post("/transcribe", params=params, content=path.read_bytes())
+        assert refused.status_code == 400 and "has no alignment heads" in refused.text

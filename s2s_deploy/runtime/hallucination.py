@@ -120,8 +120,9 @@ class WordTiming:
         last_word_end = get_end(segments)
         if last_word_end is not None:
             self.last_speech[i] = last_word_end
-        return Kept(tuple((s["start"], s["end"], tuple(s["tokens"]),
-                           tuple(TimedWord(w["start"], w["end"], w["word"], w["probability"]) for w in s["words"]))
+        return Kept(tuple((float(s["start"]), float(s["end"]), tuple(s["tokens"]),
+                           tuple(TimedWord(float(w["start"]), float(w["end"]), w["word"], float(w["probability"]))
+                                 for w in s["words"]))
                           for s in segments), seek, False)
 
     def split(self, tokens: list[int], time_offset: float, segment_size: int, segment_duration: float,
