@@ -179,9 +179,11 @@ def faster_whisper_words(whisper: dict[str, Any], config: Any, features: np.ndar
     model.max_length = whisper["transcriber"].manifest.max_target_length
     options = fw.TranscriptionOptions(
         beam_size=config.beam_size, best_of=config.best_of, patience=1, length_penalty=config.alpha,
-        repetition_penalty=1, no_repeat_ngram_size=0, log_prob_threshold=None, no_speech_threshold=None,
-        compression_ratio_threshold=None, condition_on_previous_text=False, prompt_reset_on_temperature=0.5,
-        temperatures=[0.0], initial_prompt=None, prefix=None, suppress_blank=config.suppress_blank,
+        repetition_penalty=1, no_repeat_ngram_size=0, log_prob_threshold=config.log_prob_threshold,
+        no_speech_threshold=config.no_speech_threshold, compression_ratio_threshold=config.compression_ratio_threshold,
+        condition_on_previous_text=config.condition_on_previous_text,
+        prompt_reset_on_temperature=config.prompt_reset_on_temperature, temperatures=list(config.temperature),
+        initial_prompt=None, prefix=None, suppress_blank=config.suppress_blank,
         suppress_tokens=list(config.suppress_tokens), without_timestamps=False,
         max_initial_timestamp=config.max_initial_timestamp * config.time_precision, word_timestamps=True,
         prepend_punctuations="\"'“¿([{-", append_punctuations="\"'.。,，!！?？:：”)]}、", multilingual=False,
@@ -208,12 +210,19 @@ def silent_clips() -> list[np.ndarray]:
     return found
 
 
-@pytest.mark.parametrize("threshold", [0.1, 0.5, 1.0])
-def test_the_silence_skip_is_faster_whisper_s(whisper: dict[str, Any], threshold: float) -> None:
+FALLBACK = {"beam": 5, "temperature": (0.0, 0.2, 0.4, 0.6, 0.8, 1.0), "best_of": 2, "seed": 7,
+            "log_prob_threshold": -1.0, "compression_ratio_threshold": 2.4, "no_speech_threshold": 0.6,
+            "condition_on_previous_text": True}
+"""faster-whisper's transcription (its preset's thresholds, beam 5, earlier text carried), best of 2."""
+
+
+@pytest.mark.parametrize(("threshold", "search"), [(0.1, {}), (0.5, {}), (1.0, {}), (0.5, FALLBACK)])
+def test_the_silence_skip_is_faster_whisper_s(whisper: dict[str, Any], threshold: float,
+                                              search: dict[str, Any]) -> None:
     transcriber = whisper["transcriber"]
     suppressed = tuple(sorted({*transcriber.translator.search_config().suppress_tokens, *range(108, 127)}))
     options = {"beam": 1, "max_len": 20, "timestamps": True, "suppress_blank": True, "suppress_tokens": suppressed,
-               "temperature": (0.0,), "hallucination_silence_threshold": threshold}
+               "temperature": (0.0,), "hallucination_silence_threshold": threshold, **search}
     audio = silent_clips()
     ours = transcriber(audio, **options)
     config = transcriber.translator.search_config(**options)
