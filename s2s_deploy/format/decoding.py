@@ -330,6 +330,10 @@ OPTIONS: tuple[Option, ...] = (
     Option("prompt_reset_on_temperature", Real(0.0, 100.0), 0.5,
            "With condition_on_previous_text: a window that ends at a temperature above this feeds no earlier "
            "text to the next."),
+    Option("hallucination_silence_threshold", Real(0.0, nullable=True), None,
+           "Skip silences longer than this (seconds) before a possible hallucination, as faster-whisper times "
+           "words (its word timing is then on: an export made with --word-timestamps). None: off.",
+           shown_default="off"),
     Option("suppress_blank", Switch(), False,
            "Never produce a blank (the tokenised space) or EOS as the first generated token."),
 )

@@ -120,6 +120,9 @@ def check(config: Any) -> None:
     if config.no_speech_threshold is not None and config.no_speech_token < 0:
         raise DecodingError("no_speech_threshold: this export names no no-speech token (its search block sets no "
                             "no_speech_token), so no window's no-speech probability is known")
+    if config.hallucination_silence_threshold is not None and config.timestamp_begin < 1:
+        raise DecodingError("hallucination_silence_threshold: this export has no timestamp tokens (its search block "
+                            "sets no timestamp_begin), so no window is timed")
 
 
 LOG_PROB_THRESHOLD = -1.0
@@ -133,7 +136,7 @@ def window_options_on(config: Any) -> bool:
     fallback, its thresholds, carried text, an initial prompt): runtime/fallback.py's, never text's."""
     return bool(config.temperature or config.condition_on_previous_text or config.initial_prompt
                 or config.compression_ratio_threshold is not None or config.log_prob_threshold is not None
-                or config.no_speech_threshold is not None)
+                or config.no_speech_threshold is not None or config.hallucination_silence_threshold is not None)
 
 
 def preset_values(name: str, values: Mapping[str, Any], vocab: Vocabulary) -> dict[str, Any]:

@@ -35,6 +35,7 @@ from s2s_deploy.runtime.decoding import (
     with_timestamps,
 )
 from s2s_deploy.runtime.fallback import Confidence, Windows
+from s2s_deploy.runtime.hallucination import WordTiming
 from s2s_deploy.runtime.pauses import pause_windows
 from s2s_deploy.runtime.search import Hypothesis
 from s2s_deploy.runtime.timestamps import Piece, Sought, Window, seek_windows
@@ -273,7 +274,8 @@ class FeatureReader:
             window = self.window(features)
             for i, sought in zip(short, seek_windows([features[i] for i in short], window,
                                                      self.translator.engine.search, config,
-                                                     self._windows(config), self._telling(told, short)),
+                                                     self._windows(config), self._telling(told, short),
+                                                     self._timing(config)),
                                       strict=True):
                 found[i] = self._with_segments(labels[i], sought, False)
         elif short:
@@ -299,7 +301,7 @@ class FeatureReader:
         if self.source.length_axis != len(self.source.shape):
             raise S2SError("timestamps: this encoder's input has no frames axis last to seek along")
         return seek_windows(features, self.window(features), self.translator.engine.search, config,
-                            self._windows(config), on_window)
+                            self._windows(config), on_window, self._timing(config))
 
     def _telling(self, told: Sequence[Told | None] | None,
                  inputs: Sequence[int]) -> Callable[[int, list[Piece]], None] | None:
@@ -340,6 +342,20 @@ class FeatureReader:
         engine, manifest = self.translator.engine, self.manifest
         return lambda count: Windows(engine.search, manifest.tgt_vocab, manifest.max_target_length, config, count)
 
+    def _timing(self, config: SearchConfig) -> Callable[[int], WordTiming] | None:
+        """faster-whisper's word timing and silence skip for ``count`` inputs where
+        ``hallucination_silence_threshold`` is on (runtime/hallucination.py), else None."""
+        if config.hallucination_silence_threshold is None:
+            return None
+        if not self.manifest.alignment_heads:
+            raise S2SError(f"hallucination_silence_threshold times words: {self.manifest.directory} has no alignment "
+                           "heads; export it with --word-timestamps")
+        backend = getattr(self.translator, "backend", None)
+        if backend is None:
+            raise S2SError("hallucination_silence_threshold reads the step decoder's attention: use engine='loop'")
+        vocab = self.manifest.tgt_vocab
+        return lambda count: WordTiming(backend, vocab, config, count)
+
     def long_form(self, features: Sequence[np.ndarray], config: SearchConfig, labels: Sequence[str],
                   on_window: Callable[[int, list[Piece]], None] | None = None) -> list[Sought]:
         """Inputs longer than the window, without ``timestamps`` asked for: read window by window with
@@ -353,7 +369,8 @@ class FeatureReader:
         window = self.window(features)
         if config.timestamp_begin >= 1:
             config = with_timestamps(config, len(self.manifest.tgt_vocab))
-            return seek_windows(features, window, self.translator.engine.search, config, windows, on_window)
+            return seek_windows(features, window, self.translator.engine.search, config, windows, on_window,
+                                timing=self._timing(config))
         ends = [pause_windows(f, window) for f in features] if config.window_cut == "pause" else None
         return seek_windows(features, window, self.translator.engine.search, config, windows, on_window, ends)
 
@@ -371,8 +388,9 @@ class FeatureReader:
         score = float(np.mean(sought.scores)) if sought.scores else 0.0
         language = next((vocab.code_of(i) for i in sought.prompt if i in vocab.languages), None)
         confidence = Confidence.of([window.best for window in sought.windows])
+        words = tuple(Word(w.start, w.end, w.word.strip()) for piece in sought.pieces for w in piece.words)
         return Decoded(label, text, score, ((text, score),), language, segments if timed else (),
-                       confidence=confidence)
+                       confidence=confidence, words=words)
 
     def _decoded(self, label: str, hyps: list[Hypothesis]) -> Decoded:
         vocab = self.manifest.tgt_vocab

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -24,6 +25,9 @@ from s2s_deploy.errors import S2SError
 from s2s_deploy.runtime.decoding import SearchConfig
 from s2s_deploy.runtime.fallback import Outcome, Windows
 from s2s_deploy.runtime.search import Hypothesis
+
+if TYPE_CHECKING:
+    from s2s_deploy.runtime.hallucination import TimedWord, WordTiming
 
 Search = Callable[[np.ndarray, np.ndarray, SearchConfig], list[list[Hypothesis]]]
 
@@ -39,6 +43,9 @@ class Piece:
     window: Outcome | None = None
     """With the temperature fallback (runtime/fallback.py): its window's outcome (temperature,
     average log-prob, compression ratio, no-speech probability); else None."""
+    words: tuple[TimedWord, ...] = ()
+    """With ``hallucination_silence_threshold`` (runtime/hallucination.py): its words, as faster-whisper
+    times them."""
 
 
 @dataclass(frozen=True)
@@ -108,7 +115,8 @@ def whole_window(tokens: Sequence[int], seek: int, frames: int, config: SearchCo
 def seek_windows(features: Sequence[np.ndarray], window: int, search: Search, config: SearchConfig,
                  windows: Callable[[int], Windows] | None = None,
                  on_window: Callable[[int, list[Piece]], None] | None = None,
-                 ends: Sequence[Sequence[int]] | None = None) -> list[Sought]:
+                 ends: Sequence[Sequence[int]] | None = None,
+                 timing: Callable[[int], WordTiming] | None = None) -> list[Sought]:
     """Every input (features with frames last) decoded window by window, batched across inputs.
     An open language slot is chosen on an input's first window and kept for the rest, as
     ``generate`` detects the language once per input. ``windows`` (given the input count): the
@@ -118,7 +126,9 @@ def seek_windows(features: Sequence[np.ndarray], window: int, search: Search, co
     decoded, before the next one (``serve``'s streamed answers); a silent window it skips is not told.
     ``ends`` (without timestamps only): each input's window ends (runtime/pauses.py), each window
     then padded with its input's lowest value, the silence its front end writes; else windows of
-    ``window`` frames padded with zeros."""
+    ``window`` frames padded with zeros. ``timing`` (given the input count): faster-whisper's word
+    timing and silence skip (``hallucination_silence_threshold``, runtime/hallucination.py), which then
+    cuts each window and says where the next starts; a window it drops is decoded again from a later start."""
     if ends is not None and config.timestamps:
         raise S2SError("windows cut at pauses are for decoding without timestamps")
     if config.n_best != 1:
@@ -132,6 +142,7 @@ def seek_windows(features: Sequence[np.ndarray], window: int, search: Search, co
     scores: list[list[float]] = [[] for _ in range(count)]
     prompts: list[tuple[int, ...] | None] = [None] * count
     carry = windows(count) if windows is not None else None
+    timer = timing(count) if timing is not None else None
     kept: list[list[Window]] = [[] for _ in range(count)]
     while True:
         active = [i for i in range(count) if seeks[i] < totals[i]]
@@ -153,14 +164,23 @@ def seek_windows(features: Sequence[np.ndarray], window: int, search: Search, co
             window_config = replace(config, decoder_prompt=prompt)
             found = (carry.decode(batch, lengths, window_config, context) if carry is not None
                      else [hyps[0] for hyps in search(batch, lengths, window_config)])
-            for i, n, decoded in zip(members, frames, found, strict=True):
+            for row, (i, n, decoded) in enumerate(zip(members, frames, found, strict=True)):
                 best = decoded.hypothesis if isinstance(decoded, Outcome) else decoded
                 if prompts[i] is None:
                     prompts[i] = best.prompt or prompt
                 if isinstance(decoded, Outcome) and decoded.skipped:  # silence: the whole window, no segment
                     seeks[i] += n
                     continue
-                window_pieces, advance = cut(best.tokens, seeks[i], n, config)
+                if timer is not None:
+                    timed = timer.window(i, batch[row], prompts[i], best.tokens, seeks[i], n, window, totals[i])
+                    if timed.again:  # a hallucination after a silence: decoded again from where it starts
+                        seeks[i] = timed.seek
+                        continue
+                    window_pieces = [Piece(start, end, tokens, None, words)
+                                     for start, end, tokens, words in timed.segments]
+                    advance = timed.seek - seeks[i]
+                else:
+                    window_pieces, advance = cut(best.tokens, seeks[i], n, config)
                 if advance <= 0:
                     raise S2SError("a window's timestamps did not advance the search (the model's timestamp "
                                    "tokens break the rules of docs/decoding.md)")

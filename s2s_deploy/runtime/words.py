@@ -26,49 +26,11 @@ import numpy as np
 
 from s2s_deploy.errors import S2SError
 from s2s_deploy.format.vocab import Vocabulary
+from s2s_deploy.runtime.align import MEDIAN_WIDTH, dtw, median_filter
 from s2s_deploy.runtime.backend import Backend
 from s2s_deploy.runtime.decoding import SearchConfig
 from s2s_deploy.runtime.features import Decoded, FeatureReader, Told, Word
 from s2s_deploy.runtime.timestamps import Window
-
-MEDIAN_WIDTH = 7
-"""transformers' ``median_filter_width`` default and openai-whisper's ``medfilt_width``."""
-
-
-def median_filter(x: np.ndarray, width: int) -> np.ndarray:
-    """A running median of odd ``width`` along the last axis, edges reflected (torch's ``reflect``);
-    an axis no longer than half the width is left as it is, as transformers leaves it."""
-    pad = width // 2
-    if x.shape[-1] <= pad:
-        return x
-    padded = np.pad(x, [(0, 0)] * (x.ndim - 1) + [(pad, pad)], mode="reflect")
-    return np.median(np.lib.stride_tricks.sliding_window_view(padded, width, axis=-1), axis=-1).astype(x.dtype)
-
-
-def dtw(matrix: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The cheapest monotonic path through ``matrix`` (rows: tokens, columns: positions), as
-    ``_dynamic_time_warping`` finds it (float32 costs, the same tie rules), one anti-diagonal at a
-    time: (row indices, column indices) along the path, in order."""
-    rows, columns = matrix.shape
-    cost = np.full((rows + 1, columns + 1), np.inf, dtype=np.float32)
-    trace = np.full((rows + 1, columns + 1), -1, dtype=np.int8)
-    cost[0, 0] = 0
-    for diagonal in range(2, rows + columns + 1):
-        i = np.arange(max(1, diagonal - columns), min(rows, diagonal - 1) + 1)
-        j = diagonal - i
-        c0, c1, c2 = cost[i - 1, j - 1], cost[i - 1, j], cost[i, j - 1]
-        step = np.where((c0 < c1) & (c0 < c2), 0, np.where((c1 < c0) & (c1 < c2), 1, 2))
-        cost[i, j] = matrix[i - 1, j - 1] + np.choose(step, (c0, c1, c2))
-        trace[i, j] = step
-    trace[0, :], trace[:, 0] = 2, 1
-    i, j = rows, columns
-    text, time = [], []
-    while i > 0 or j > 0:
-        text.append(i - 1)
-        time.append(j - 1)
-        move = trace[i, j]
-        i, j = (i - 1, j - 1) if move == 0 else (i - 1, j) if move == 1 else (i, j - 1)
-    return np.array(text[::-1]), np.array(time[::-1])
 
 
 def token_times(weights: np.ndarray, positions: int, precision: float) -> np.ndarray:
@@ -177,6 +139,8 @@ def decode_words(reader: FeatureReader, features: Sequence[np.ndarray], contents
         raise S2SError("word timestamps read the step decoder's attention: use engine='loop'")
     read: list[tuple[Window, ...]] = []
     decoded = reader.decode(features, config, labels, read, told)
+    if config.hallucination_silence_threshold is not None:  # timed as faster-whisper times them, window by window
+        return decoded
     listed = [(i, w) for i, windows in enumerate(read) for w in windows]
     vocab = reader.manifest.tgt_vocab
     hidden = set(vocab.special_ids().values()) | set(vocab.hidden) | set(vocab.languages) | set(vocab.tasks)

@@ -57,7 +57,8 @@ OPTIONS = {"beam": "beam_size", "n_best": "n_best", "alpha": "alpha", "max_len":
            "target_lang": "target_lang", "task": "task", "timestamps": "timestamps", "prompt": "prompt",
            **{name: name for name in ("preset", "temperature", "best_of", "seed", "compression_ratio_threshold",
                                       "log_prob_threshold", "no_speech_threshold", "condition_on_previous_text",
-                                      "initial_prompt", "prompt_reset_on_temperature", "suppress_blank", "batched")}}
+                                      "initial_prompt", "prompt_reset_on_temperature", "suppress_blank", "batched",
+                                      "hallucination_silence_threshold")}}
 """The options a request may name, as ``Translator`` names them, and the table's option each sets
 (the temperature fallback's by their own names, as ``transcribe`` takes them)."""
 QUERY_OPTIONS = {**OPTIONS, **{option.name: option.name for option in TABLE

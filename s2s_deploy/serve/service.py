@@ -150,6 +150,10 @@ async def transcribe_upload(transcriber: Transcriber, batcher: Batcher, front_en
     if reading.words and not transcriber.manifest.alignment_heads:
         raise S2SError(f"word timestamps: this export ({Path(transcriber.manifest.directory).name}) has no alignment "
                        "heads; export it with --word-timestamps")
+    if search.hallucination_silence_threshold is not None and not transcriber.manifest.alignment_heads:
+        raise S2SError(f"hallucination_silence_threshold times words: this export "
+                       f"({Path(transcriber.manifest.directory).name}) has no alignment heads; export it with "
+                       "--word-timestamps")
     if reading.vad is not None:
         check_one_hypothesis(search)
         return await _speech_only(transcriber, batcher, front_end, data, search, label, reading.vad, reading.words,

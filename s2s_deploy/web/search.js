@@ -82,6 +82,7 @@
     max_initial_timestamp: -1,
     time_precision: 0.02,
     timestamp_frames: 2,
+    window_cut: "fixed",
     preset: "",
     temperature: [],
     best_of: 1,
@@ -92,6 +93,7 @@
     condition_on_previous_text: false,
     initial_prompt: [],
     prompt_reset_on_temperature: 0.5,
+    hallucination_silence_threshold: null,
     suppress_blank: false,
   };
   const ALIASES = {
