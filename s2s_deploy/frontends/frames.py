@@ -21,6 +21,7 @@ class StreamedFeatures:
     def __init__(self, pieces: Callable[[], Iterator[np.ndarray]], shape: tuple[int, ...],
                  dtype: np.dtype | type = np.float32) -> None:
         self.pieces, self.shape, self.dtype = pieces, tuple(shape), np.dtype(dtype)
+        self._lowest: np.ndarray | None = None
         self._restart()
 
     @property
@@ -31,6 +32,14 @@ class StreamedFeatures:
         self._source: Iterator[np.ndarray] = self.pieces()
         self._held = np.zeros((*self.shape[:-1], 0), dtype=self.dtype)
         self._base = 0  # the input's frame at ``_held[..., 0]``
+
+    def min(self) -> np.ndarray:
+        """The lowest value, as ``ndarray.min()`` gives it: one pass over the pieces, then kept (a window
+        cut at a pause is padded with it, runtime/timestamps.py)."""
+        if self._lowest is None:
+            self._lowest = min((piece.min() for piece in self.pieces() if piece.size), default=np.float32(0))
+            self._lowest = np.asarray(self._lowest, dtype=self.dtype)
+        return self._lowest
 
     def astype(self, dtype: np.dtype | type) -> StreamedFeatures:
         """The same features as ``dtype``, each piece cast as it is made."""

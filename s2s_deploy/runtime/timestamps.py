@@ -137,6 +137,7 @@ def seek_windows(features: Sequence[np.ndarray], window: int, search: Search, co
     cut = split if config.timestamps else whole_window
     count = len(features)
     totals = [int(f.shape[-1]) for f in features]
+    floors = [f.min() for f in features] if ends is not None else []  # a window cut at a pause is padded with it
     seeks = [0] * count
     pieces: list[list[Piece]] = [[] for _ in range(count)]
     scores: list[list[float]] = [[] for _ in range(count)]
@@ -158,7 +159,7 @@ def seek_windows(features: Sequence[np.ndarray], window: int, search: Search, co
             batch = np.zeros((len(members), *features[members[0]].shape[:-1], window), dtype=features[members[0]].dtype)
             for row, (i, n) in enumerate(zip(members, frames, strict=True)):
                 if ends is not None:
-                    batch[row] = features[i].min()
+                    batch[row] = floors[i]
                 batch[row, ..., :n] = features[i][..., seeks[i]: seeks[i] + n]
             lengths = np.full(len(members), window, dtype=np.int64)
             window_config = replace(config, decoder_prompt=prompt)
