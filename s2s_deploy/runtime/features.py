@@ -275,7 +275,7 @@ class FeatureReader:
             for i, sought in zip(short, seek_windows([features[i] for i in short], window,
                                                      self.translator.engine.search, config,
                                                      self._windows(config), self._telling(told, short),
-                                                     self._timing(config)),
+                                                     timing=self._timing(config)),
                                       strict=True):
                 found[i] = self._with_segments(labels[i], sought, False)
         elif short:
@@ -301,7 +301,7 @@ class FeatureReader:
         if self.source.length_axis != len(self.source.shape):
             raise S2SError("timestamps: this encoder's input has no frames axis last to seek along")
         return seek_windows(features, self.window(features), self.translator.engine.search, config,
-                            self._windows(config), on_window, self._timing(config))
+                            self._windows(config), on_window, timing=self._timing(config))
 
     def _telling(self, told: Sequence[Told | None] | None,
                  inputs: Sequence[int]) -> Callable[[int, list[Piece]], None] | None:
@@ -372,7 +372,7 @@ class FeatureReader:
             return seek_windows(features, window, self.translator.engine.search, config, windows, on_window,
                                 timing=self._timing(config))
         ends = [pause_windows(f, window) for f in features] if config.window_cut == "pause" else None
-        return seek_windows(features, window, self.translator.engine.search, config, windows, on_window, ends)
+        return seek_windows(features, window, self.translator.engine.search, config, windows, on_window, ends=ends)
 
     def _with_segments(self, label: str, sought: Sought, timed: bool, whole_windows: bool = False) -> Decoded:
         """``sought`` as text, with its segments when the caller asked for ``timestamps`` (``timed``).

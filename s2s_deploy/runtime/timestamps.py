@@ -114,7 +114,7 @@ def whole_window(tokens: Sequence[int], seek: int, frames: int, config: SearchCo
 
 def seek_windows(features: Sequence[np.ndarray], window: int, search: Search, config: SearchConfig,
                  windows: Callable[[int], Windows] | None = None,
-                 on_window: Callable[[int, list[Piece]], None] | None = None,
+                 on_window: Callable[[int, list[Piece]], None] | None = None, *,
                  ends: Sequence[Sequence[int]] | None = None,
                  timing: Callable[[int], WordTiming] | None = None) -> list[Sought]:
     """Every input (features with frames last) decoded window by window, batched across inputs.
