@@ -82,8 +82,9 @@ def test_transcription_equals_the_pytorch_search(speech, beam: int) -> None:
 def test_a_long_clip_is_read_in_windows_cut_at_pauses_and_the_texts_joined_by_a_space(exports) -> None:
     """The bundled speech model has no timestamp tokens, and its manifest says ``window_cut: pause``: a
     clip of the three spoken clips said three times over, 0.8-s pauses between them, is cut into windows
-    that end in the pauses (never in a clip), each decoded alone (padded with the clip's lowest value, as docs/manifest.md says), the texts
-    stripped and joined by one space; ``window_cut="fixed"`` reads whole 8-s windows instead."""
+    that end in the pauses (never in a clip), each decoded alone (padded with the clip's lowest value, as
+    docs/manifest.md says), the texts stripped and joined by one space; ``window_cut="fixed"`` reads whole
+    8-s windows instead."""
     from s2s_deploy.frontends import load_audio
     from s2s_deploy.runtime.pauses import pause_windows
 
