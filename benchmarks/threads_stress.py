@@ -1,7 +1,9 @@
-"""Reproduce a rare race under threads: tests/test_threads.py's eight-thread plan on the bundled GRU,
-run ITERATIONS times on fresh Translators. About 1 in 12-30 runs fails with ONNX Runtime's Gather
-"indices element out of data bounds" in a beam step (session 21: 5 of 60 on main, 2 of 60 on
-0b52ade; open in issue #45's closing notes).
+"""tests/test_threads.py's eight-thread plan on the bundled GRU, run ITERATIONS times on fresh
+Translators: the reproducer of a race found in session 21. A widening step's cached binding (the past
+read with one row per sentence) was keyed by the batch's rows alone, so a step loop that had run 3
+sentences at beam 4 gave its 3-row binding to 6 sentences at beam 2 (12 rows both), and ONNX Runtime's
+Gather failed ("indices element out of data bounds"): 5 of 60 runs before the fix, 0 of 120 after.
+Which step loop a batch gets depends on the threads, hence the rarity.
 
     python benchmarks/threads_stress.py 60
 """

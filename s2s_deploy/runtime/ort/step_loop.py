@@ -437,7 +437,10 @@ class FixedRun(DecodeRun):
         if steps.grows and self._positions(t + 1) > buffers.capacity:
             self._move(steps.rows(self.rows, self._positions(t + 1), self._sizes))
             buffers = self.buffers
-        key = (self.rows, buffers.generation, self.memory_id, t if steps.grows else t & 1, names, top_k, widen)
+        # a widening step's binding reads the past with one row per sentence: batches of equal rows but
+        # other sentence counts (3 x beam 4, 6 x beam 2) must not share it
+        past_rows = self.sentences if widen else None
+        key = (self.rows, buffers.generation, self.memory_id, t if steps.grows else t & 1, names, top_k, past_rows)
         accepted, write = steps.layout.accepted, buffers.write
         write("tokens", tokens)
         if "reorder" in accepted and (widen or reorder is not self._last_reorder):
@@ -467,7 +470,7 @@ class FixedRun(DecodeRun):
             # ONNX Runtime captures within a graph id's first run: everything is bound before it
             graph, new = steps.graph(key)
             if new:
-                self._bind(graph, t, names, top_k, fixed, None, self.sentences if widen else None)
+                self._bind(graph, t, names, top_k, fixed, None, past_rows)
             try:
                 steps.run(graph.binding, graph.run_options)
             except CAPTURE_FAILURES as exc:
