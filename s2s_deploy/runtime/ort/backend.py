@@ -158,6 +158,29 @@ def _create(path: str | Path, device: str, threads: int | None, spin: bool = Tru
         raise S2SError(f"onnxruntime cannot load {path}: {str(exc).splitlines()[0]}") from exc
 
 
+def output_batch_axes(manifest: Manifest) -> dict[str, int]:
+    """The batch axis of each encoder output (modeling/graphs.py: every memory, then each state the
+    encoder starts)."""
+    axes = {m.name: m.batch_axis for m in manifest.memory}
+    axes.update((s.encoder_output, s.batch_axis) for s in manifest.state if s.encoder_output is not None)
+    return axes
+
+
+def encode_rows(encoder: ort.InferenceSession, names: list[str], src: np.ndarray, src_len: np.ndarray,
+                axes: dict[str, int]) -> dict[str, np.ndarray]:
+    """``encoder``'s outputs for a batch, each row run on its own and the rows joined along each
+    output's batch axis: a row's encoding is then the one it has alone, whatever its batchmates.
+    Why (docs/parity.md, "The batch"): ONNX Runtime's CPU convolution (MLAS) gives a batch of one row
+    to its threads in slices of the output positions and a larger batch one whole row per thread,
+    and the K-blocking of its sums follows the slice's width, so a row's bits depend on whether it
+    is alone (an audio stem's ``Conv``: up to 6.2e-6 on the tiny test Whisper at 2 threads, 5.7e-6 on
+    Whisper-base's second convolution at 16). Whisper-base's encoder costs the same one row at a time."""
+    if src.shape[0] == 1:
+        return dict(zip(names, encoder.run(names, {"src": src, "src_len": src_len}), strict=True))
+    rows = [encoder.run(names, {"src": src[i: i + 1], "src_len": src_len[i: i + 1]}) for i in range(src.shape[0])]
+    return {name: np.concatenate([row[j] for row in rows], axis=axes[name]) for j, name in enumerate(names)}
+
+
 class OrtBackend(Backend):
     """Steps run through ``runtime/ort/step_loop.py``: every input and output in buffers kept across
     batches and written in place, which is also what lets CUDA replay them as captured graphs."""
@@ -177,6 +200,8 @@ class OrtBackend(Backend):
         self.encoder, choice = _create(manifest.graph_path(manifest.encoder, graph_format), device, threads,
                                        spin, spin_between_runs=False)
         self.device = "cuda" if choice.provider == CUDA else "cpu"
+        self.rows_apart = self.device == "cpu" and manifest.encoder_input.is_features
+        """Encode a batch one row at a time (``encode_rows``): a features encoder on the CPU."""
         if cuda_graph is None:
             cuda_graph = os.environ.get(CUDA_GRAPH_ENV, "1") != "0"
         capture = cuda_graph and self.device == "cuda"
@@ -237,6 +262,7 @@ class OrtBackend(Backend):
             raise S2SError(f"{manifest.directory} was exported without --with-attention")
         with self.loops.guard():
             started = time.perf_counter()
-            encoded = dict(zip(names, self.encoder.run(names, {"src": src, "src_len": src_len}), strict=True))
+            encoded = (encode_rows(self.encoder, names, src, src_len, output_batch_axes(manifest)) if self.rows_apart
+                       else dict(zip(names, self.encoder.run(names, {"src": src, "src_len": src_len}), strict=True)))
             self.runtime_seconds += time.perf_counter() - started
             return FixedRun(self.loops.check_out(), encoded, src.shape[0], expand, keep_attention)
