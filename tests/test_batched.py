@@ -99,6 +99,41 @@ def test_a_whole_window_without_timestamp_tokens() -> None:
     assert (piece.start, piece.end, piece.tokens) == (60.0, 60.0 + 5.3, (5, 6, 7))
 
 
+def test_an_encoder_batch_one_row_at_a_time_is_each_row_alone() -> None:
+    """``encode_rows`` (runtime/ort/backend.py): every output of a batch is its row's output alone, joined
+    along each output's own batch axis (0, and 1 for a transposed one). And why it exists: ONNX Runtime's
+    ``Conv`` over the tiny test Whisper's stem (80 -> 64 channels, 100 frames, 2 threads) sums a row alone
+    otherwise than the same row among others, which it cuts across its threads by output positions."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from s2s_deploy.runtime.ort.backend import encode_rows
+
+    rng = np.random.default_rng(0)
+    weight = numpy_helper.from_array(rng.normal(0, 0.1, (64, 80, 3)).astype(np.float32), "weight")
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["src", "weight"], ["conv"], kernel_shape=[3], pads=[1, 1]),
+         helper.make_node("Transpose", ["conv"], ["across"], perm=[1, 0, 2])], "stem",
+        [helper.make_tensor_value_info("src", TensorProto.FLOAT, ["batch", 80, 100]),
+         helper.make_tensor_value_info("src_len", TensorProto.INT64, ["batch"])],
+        [helper.make_tensor_value_info("conv", TensorProto.FLOAT, ["batch", 64, 100]),
+         helper.make_tensor_value_info("across", TensorProto.FLOAT, [64, "batch", 100])], [weight])
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 2
+    session = ort.InferenceSession(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+                                   .SerializeToString(), options, providers=["CPUExecutionProvider"])
+    src = rng.normal(-0.2, 0.5, (8, 80, 100)).astype(np.float32)
+    src_len = np.full(8, 100, dtype=np.int64)
+    rows = encode_rows(session, ["conv", "across"], src, src_len, {"conv": 0, "across": 1})
+    alone = [session.run(None, {"src": src[i: i + 1], "src_len": src_len[i: i + 1]}) for i in range(8)]
+    assert np.array_equal(rows["conv"], np.concatenate([a[0] for a in alone]))
+    assert np.array_equal(rows["across"], np.concatenate([a[1] for a in alone], axis=1))
+    whole = session.run(None, {"src": src, "src_len": src_len})[0]
+    assert not np.array_equal(whole[:1], alone[0][0]), (
+        "ONNX Runtime's one-row Conv now sums as a row among others: a features encoder could batch again "
+        "(docs/parity.md, 'The batch')")
+
+
 # ----------------------------------------------------------------------------- the tiny Whisper
 @pytest.fixture(scope="module")
 def whisper(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
