@@ -173,8 +173,8 @@ def encode_rows(encoder: ort.InferenceSession, names: list[str], src: np.ndarray
     Why (docs/parity.md, "The batch"): ONNX Runtime's CPU convolution (MLAS) gives a batch of one row
     to its threads in slices of the output positions and a larger batch one whole row per thread,
     and the K-blocking of its sums follows the slice's width, so a row's bits depend on whether it
-    is alone (an audio stem's ``Conv``: up to 6.2e-6 on the tiny test Whisper at 2 threads, 5.7e-6 on
-    Whisper-base's second convolution at 16). Whisper-base's encoder costs the same one row at a time."""
+    is alone (an audio stem's ``Conv``: the tiny test Whisper's first by 4.8e-6 at 2 threads, Whisper-base's
+    second by 5.7e-6 at 16). Whisper-base's encoder costs the same one row at a time (docs/performance.md)."""
     if src.shape[0] == 1:
         return dict(zip(names, encoder.run(names, {"src": src, "src_len": src_len}), strict=True))
     rows = [encoder.run(names, {"src": src[i: i + 1], "src_len": src_len[i: i + 1]}) for i in range(src.shape[0])]
@@ -200,8 +200,10 @@ class OrtBackend(Backend):
         self.encoder, choice = _create(manifest.graph_path(manifest.encoder, graph_format), device, threads,
                                        spin, spin_between_runs=False)
         self.device = "cuda" if choice.provider == CUDA else "cpu"
-        self.rows_apart = self.device == "cpu" and manifest.encoder_input.is_features
-        """Encode a batch one row at a time (``encode_rows``): a features encoder on the CPU."""
+        self.rows_apart = output_batch_axes(manifest) if self.device == "cpu" and manifest.encoder_input.is_features \
+            else None
+        """Where a batch is encoded one row at a time (``encode_rows``), each output's batch axis: a features
+        encoder on the CPU (token encoders are exact batched, at canonical widths; docs/parity.md)."""
         if cuda_graph is None:
             cuda_graph = os.environ.get(CUDA_GRAPH_ENV, "1") != "0"
         capture = cuda_graph and self.device == "cuda"
@@ -262,7 +264,7 @@ class OrtBackend(Backend):
             raise S2SError(f"{manifest.directory} was exported without --with-attention")
         with self.loops.guard():
             started = time.perf_counter()
-            encoded = (encode_rows(self.encoder, names, src, src_len, output_batch_axes(manifest)) if self.rows_apart
+            encoded = (encode_rows(self.encoder, names, src, src_len, self.rows_apart) if self.rows_apart is not None
                        else dict(zip(names, self.encoder.run(names, {"src": src, "src_len": src_len}), strict=True)))
             self.runtime_seconds += time.perf_counter() - started
             return FixedRun(self.loops.check_out(), encoded, src.shape[0], expand, keep_attention)
