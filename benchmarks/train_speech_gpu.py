@@ -20,6 +20,7 @@ and the log to ``--out``.
     python3 benchmarks/train_speech_gpu.py run --out "$OUT" --init plugins/checkpoints/speech.safetensors \\
         --lr 8e-4 --warmup 150 --shard-size 100 --effects 0.3 --nonspeech-train 2000 --nonspeech-valid 100 \\
         --nonspeech-test 600 --synthesis-seconds 250 --total-minutes 8.6 --reserve 45   # one ~8.5-min device call
+    python benchmarks/train_speech_gpu.py mix --out /tmp/mix --six 900 --natural 900 --joined 250   # a CPU-sized set
     python benchmarks/train_speech_gpu.py prepare --task /tmp/tiny --utterances 200 --valid 50 --test 50
     python benchmarks/train_speech_gpu.py run --task /tmp/tiny --out /tmp/sp --data /tmp/spdata --epochs 1 \\
         --device cpu --workers 2 --shard-size 50                       # the same path, tiny, on a CPU
