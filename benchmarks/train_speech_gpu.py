@@ -20,6 +20,7 @@ and the log to ``--out``.
     python3 benchmarks/train_speech_gpu.py run --out "$OUT" --init plugins/checkpoints/speech.safetensors \\
         --lr 8e-4 --warmup 150 --shard-size 100 --effects 0.3 --nonspeech-train 2000 --nonspeech-valid 100 \\
         --nonspeech-test 600 --synthesis-seconds 250 --total-minutes 8.6 --reserve 45   # one ~8.5-min device call
+    python benchmarks/train_speech_gpu.py mix --out /tmp/mix --six 900 --natural 900 --joined 250   # a CPU-sized set
     python benchmarks/train_speech_gpu.py prepare --task /tmp/tiny --utterances 200 --valid 50 --test 50
     python benchmarks/train_speech_gpu.py run --task /tmp/tiny --out /tmp/sp --data /tmp/spdata --epochs 1 \\
         --device cpu --workers 2 --shard-size 50                       # the same path, tiny, on a CPU
@@ -114,6 +115,43 @@ def prepare(args: argparse.Namespace) -> None:
     print(f"{KIT}: {size / 2**20:.1f} MiB")
 
 
+def mix(args: argparse.Namespace) -> None:
+    """A smaller task folder from the kit's (no network): ``--six`` pairs of the generator's styles and
+    ``--natural`` natural phrasings from its train.tsv, ``--joined`` clips of 2-3 of those read in turn,
+    and a valid.tsv of ``--valid-six`` and ``--valid-natural`` pairs of its valid.tsv. The held-out files
+    (test.tsv, natural.tsv) are not copied: the fine-tune scores nothing it would synthesise first, and
+    its natural phrasings stay those ``prepare`` kept apart from natural.tsv. A pair is of the six styles
+    when the task's seeded stream (``--utterances``, as ``prepare`` was given) holds it."""
+    import random
+
+    from s2s_deploy.train.speech_data import JOIN
+    from s2s_deploy.train.tasks import Pair, SplitSizes, load_task, read_tsv
+
+    kit = Path(args.kit)
+    splits = load_task("en-fr", 0, SplitSizes(train=args.utterances, valid=500, test=1000))
+    styles = {(p.source, p.target) for p in [*splits.train, *splits.valid]}
+    chosen: dict[str, list[Pair]] = {}
+    for split, six, natural in (("train", args.six, args.natural), ("valid", args.valid_six, args.valid_natural)):
+        pairs = read_tsv(kit / f"{split}.tsv")
+        generated = [p for p in pairs if (p.source, p.target) in styles]
+        said = [p for p in pairs if (p.source, p.target) not in styles]
+        if len(generated) < six or len(said) < natural:
+            raise SystemExit(f"error: {kit}/{split}.tsv holds {len(generated)} six-style and {len(said)} natural "
+                             f"pairs; asked for {six} and {natural}")
+        chosen[split] = generated[:six] + said[:natural]
+    rng = random.Random("mix/joined")
+    pool = list(chosen["train"])
+    for _ in range(args.joined):
+        parts = rng.sample(pool, rng.choice((2, 2, 3)))
+        chosen["train"].append(Pair(JOIN.join(p.source for p in parts), JOIN.join(p.target for p in parts)))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for split, pairs in chosen.items():
+        random.Random(f"mix/{split}").shuffle(pairs)
+        (out / f"{split}.tsv").write_text("".join(f"{p.source}\t{p.target}\n" for p in pairs), encoding="utf-8")
+        print(f"{out / split}.tsv: {len(pairs)} pairs")
+
+
 def _extract_deb(deb: Path, prefix: Path) -> None:
     """``dpkg -x``, or the same by hand (an ar archive holding data.tar.*) where dpkg is missing."""
     if shutil.which("dpkg"):
@@ -205,7 +243,7 @@ def run(args: argparse.Namespace) -> None:
     sizes = {split: len(read_tsv(task / f"{split}.tsv")) for split in ("train", "valid", "test", "natural")
              if (task / f"{split}.tsv").is_file()}
     augment = Augment(speech=args.effects, nonspeech={"train": args.nonspeech_train, "valid": args.nonspeech_valid,
-                                                      "nonspeech": args.nonspeech_test})
+                                                      "nonspeech": args.nonspeech_test}, offset=args.offset)
     config = SpeechDataConfig(task=str(task), sizes=sizes, shard_size=args.shard_size, augment=augment)
     deadline = None if args.synthesis_seconds is None else time.perf_counter() + args.synthesis_seconds
     metadata = make_speech_data(data, config, report=log, workers=args.workers, deadline=deadline)
@@ -244,6 +282,15 @@ def main() -> None:
     ready.add_argument("--test", type=int, default=1000, help="held-out-voice utterances scored at the end")
     ready.add_argument("--copies", type=int, default=1,
                        help="readings of each training pair, each by its own voice, speed and pitch")
+    blend = commands.add_parser("mix", help="a smaller task folder from the kit's train and valid pairs (no network)")
+    blend.add_argument("--out", required=True, help="the new task folder (train.tsv, valid.tsv)")
+    blend.add_argument("--kit", default=str(KIT / "task-en-fr"), help="the task folder prepare wrote")
+    blend.add_argument("--utterances", type=int, default=6000, help="the --utterances prepare was given")
+    blend.add_argument("--six", type=int, default=2000, help="training pairs of the generator's six styles")
+    blend.add_argument("--natural", type=int, default=2000, help="training pairs in natural phrasings")
+    blend.add_argument("--joined", type=int, default=500, help="training clips of 2-3 of the chosen pairs in turn")
+    blend.add_argument("--valid-six", type=int, default=150)
+    blend.add_argument("--valid-natural", type=int, default=150)
     go = commands.add_parser("run", help="synthesise, train and score (on the device)")
     go.add_argument("--out", required=True, help="folder for speech.safetensors and train_speech.log")
     go.add_argument("--data", default="/tmp/s2s-speechdata", help="dataset folder (a rerun resumes it)")
@@ -251,6 +298,8 @@ def main() -> None:
     go.add_argument("--shard-size", type=int, default=250)
     go.add_argument("--effects", type=float, default=0.0,
                     help="share of train and valid speech given one effect (gain, noise, 8 kHz band, DC, echo)")
+    go.add_argument("--offset", type=float, default=0.0,
+                    help="share of train and valid speech that starts 0.3-3 s into the window (Augment.offset)")
     go.add_argument("--nonspeech-train", type=int, default=0, help="non-speech clips (empty target) in train")
     go.add_argument("--nonspeech-valid", type=int, default=0, help="non-speech clips in valid")
     go.add_argument("--nonspeech-test", type=int, default=0, help="held-out non-speech clips (the nonspeech split)")
@@ -276,6 +325,8 @@ def main() -> None:
         command.add_argument("--task", default=None,
                              help="train/valid/test.tsv, written by prepare, read by run [default: KIT/task-en-fr]")
     args = parser.parse_args()
+    if args.command == "mix":
+        return mix(args)
     args.task = args.task or str(Path(getattr(args, "kit", KIT)) / "task-en-fr")
     prepare(args) if args.command == "prepare" else run(args)
 

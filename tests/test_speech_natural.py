@@ -4,6 +4,7 @@ No espeak-ng and no export here: seconds."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from pathlib import Path
@@ -156,3 +157,35 @@ def test_a_run_scores_every_held_out_split_and_records_each(tmp_path: Path,
     assert info["test_nonspeech"]["count"] == 3
     assert any(line.startswith("nonspeech (held-out voices") and "empty transcript on" in line for line in lines)
     assert any(line.startswith("natural (held-out voices") for line in lines)
+
+
+def test_an_offset_clip_starts_into_its_window_and_never_pushes_speech_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``Augment.offset``: a share of training speech gets a leading silence (``Utterance.delay``), cut to
+    what the window leaves; held-out splits are never delayed, and the speech of a split is the same
+    whatever share is delayed (its own stream)."""
+    from s2s_deploy.frontends import WhisperLogMel
+
+    seconds = {"short": 2.0, "long": 7.0, "one": 1.5, "two": 1.5}
+    monkeypatch.setattr(speech_data, "synthesise", lambda u, rate: np.full(int(seconds[u.source] * rate), 0.1,
+                                                                               dtype=np.float32))
+    frontend = WhisperLogMel(chunk_length=8)
+    short = speech_data.Utterance("short", "court", "en-us", "m1", 175, 50, delay=2.5)
+    audio, held = speech_data.render(short, frontend)
+    assert held == short and len(audio) == int(4.5 * 16000)
+    assert not audio[:40000].any() and (audio[40000:] == np.float32(0.1)).all()
+    audio, held = speech_data.render(dataclasses.replace(short, source="long", delay=3.0), frontend)
+    assert held.delay == 1.0 and len(audio) == frontend.n_samples and not audio[:16000].any() and audio[16000]
+    joined = speech_data.Utterance(speech_data.JOIN.join(["one", "two"]), speech_data.JOIN.join(["un", "deux"]),
+                                   "en-us", "m1", 175, 50, delay=1.0)
+    audio, held = speech_data.render(joined, frontend)
+    assert held.target == "un deux" and held.delay == 1.0 and not audio[:16000].any() and audio[16000]
+    pairs = [Pair(f"{n} days", f"{n} jours") for n in range(400)]
+    plan = speech_data.SpeechPlan()
+    plain_train = speech_data.plan_split(pairs, "train", plan, 0)
+    later = speech_data.plan_split(pairs, "train", plan, 0, speech_data.Augment(offset=0.3))
+    delays = [u.delay for u in later]
+    assert 0.2 < sum(d > 0 for d in delays) / len(delays) < 0.4
+    assert all(speech_data.OFFSET_SECONDS[0] <= d <= speech_data.OFFSET_SECONDS[1] for d in delays if d)
+    assert [dataclasses.replace(u, delay=0.0) for u in later] == plain_train
+    held_out = speech_data.plan_split(pairs, "natural", plan, 0, speech_data.Augment(offset=1.0))
+    assert not any(u.delay for u in held_out)

@@ -12,7 +12,7 @@ features without the window's trailing padding frames, which all equal one value
 espeak-ng is needed only here, never at run time.
 
     python -m s2s_deploy.train.speech_data OUT [--train 20000] [--valid 1000] [--test 1000] [--natural 600]
-        [--nonspeech 2000 100 600] [--effects 0.3]
+        [--nonspeech 2000 100 600] [--effects 0.3] [--offset 0.3]
 """
 
 from __future__ import annotations
@@ -117,6 +117,9 @@ class Utterance:
     pitch: int
     effect: str = ""
     seed: int = 0
+    delay: float = 0.0
+    """Seconds of silence before the speech (at most what the window leaves), so the model also hears
+    speech that starts into its window, as the windows of a long clip and a recording do."""
 
     @property
     def voice(self) -> str:
@@ -144,6 +147,12 @@ class Augment:
 
     speech: float = 0.0
     nonspeech: dict[str, int] = field(default_factory=dict)
+    offset: float = 0.0
+    """The share of a training split's speech clips that start ``OFFSET_SECONDS`` into the window."""
+
+
+OFFSET_SECONDS = (0.3, 3.0)
+"""The range a delayed clip's leading silence is drawn from (``Utterance.delay``)."""
 
 
 @dataclass(frozen=True)
@@ -302,7 +311,8 @@ def render(utterance: Utterance, frontend: WhisperLogMel) -> tuple[np.ndarray, U
     if utterance.accent == NONSPEECH_ACCENT:
         return nonspeech(utterance.variant, utterance.seed, rate, frontend.n_samples / rate), utterance
     if JOIN not in utterance.source:
-        return apply_effect(synthesise(utterance, rate), utterance.effect, utterance.seed, rate), utterance
+        audio, utterance = _delayed(synthesise(utterance, rate), utterance, frontend)
+        return apply_effect(audio, utterance.effect, utterance.seed, rate), utterance
     rng = np.random.default_rng(zlib.crc32(utterance.source.encode()))
     sources, targets = utterance.source.split(JOIN), utterance.target.split(JOIN)
     pieces: list[np.ndarray] = []
@@ -315,14 +325,27 @@ def render(utterance: Utterance, frontend: WhisperLogMel) -> tuple[np.ndarray, U
         pieces += [gap, audio]
         kept += 1
     joined = dataclasses.replace(utterance, source=JOIN.join(sources[:kept]), target=" ".join(targets[:kept]))
-    return apply_effect(np.concatenate(pieces), utterance.effect, utterance.seed, rate), joined
+    audio, joined = _delayed(np.concatenate(pieces), joined, frontend)
+    return apply_effect(audio, utterance.effect, utterance.seed, rate), joined
+
+
+def _delayed(audio: np.ndarray, utterance: Utterance, frontend: WhisperLogMel) -> tuple[np.ndarray, Utterance]:
+    """``audio`` after ``utterance.delay`` seconds of silence, the delay cut to what the window leaves (so
+    no speech is pushed out of it), and the utterance with the delay it got."""
+    if not utterance.delay:
+        return audio, utterance
+    rate = frontend.sampling_rate
+    lead = min(round(utterance.delay * rate), max(frontend.n_samples - len(audio), 0))
+    held = dataclasses.replace(utterance, delay=round(lead / rate, 4))
+    return np.concatenate([np.zeros(lead, dtype=np.float32), audio]), held
 
 
 def plan_split(pairs: Sequence[Pair], split: str, plan: SpeechPlan, seed: int, augment: Augment = Augment()
                ) -> list[Utterance]:
     """One utterance per pair, its voice, speed and pitch drawn from the split's own seeded stream, then
     ``augment.nonspeech[split]`` non-speech clips from a stream of their own (so the speech of a split
-    stays the same whatever is added); speech of a training split gets an effect at ``augment.speech``."""
+    stays the same whatever is added); speech of a training split gets an effect at ``augment.speech`` and
+    a leading silence (``Utterance.delay``) at ``augment.offset``, each from a stream of its own."""
     rng = random.Random(f"speech/{split}/{seed}")
     voices = plan.voices(split)
     low, high = plan.pitch_range
@@ -341,6 +364,10 @@ def plan_split(pairs: Sequence[Pair], split: str, plan: SpeechPlan, seed: int, a
     if augment.speech and split not in HELD_OUT_SPLITS:
         utterances = [dataclasses.replace(u, effect=extra.choice(EFFECTS), seed=extra.getrandbits(32))
                       if extra.random() < augment.speech else u for u in utterances]
+    if augment.offset and split not in HELD_OUT_SPLITS:
+        later = random.Random(f"speech/{split}/{seed}/offset")
+        utterances = [dataclasses.replace(u, delay=round(later.uniform(*OFFSET_SECONDS), 2))
+                      if later.random() < augment.offset else u for u in utterances]
     count = augment.nonspeech.get(split, 0)
     utterances += [Utterance("", "", NONSPEECH_ACCENT, NONSPEECH[i % len(NONSPEECH)], 0, 0, "", extra.getrandbits(32))
                    for i in range(count)]
@@ -488,7 +515,7 @@ def make_speech_data(
         "sizes": sizes,
         "frontend": config.frontend.to_json(),
         "plan": asdict(config.plan),
-        "augment": asdict(config.augment),
+        "augment": {k: v for k, v in asdict(config.augment).items() if k != "offset" or v},  # older folders resume
         "held_out_for_test": config.plan.held_out(),
         "espeak_ng": version,
         "storage": "features float32 (frames, n_mels) per utterance, concatenated; offsets; trailing "
@@ -566,6 +593,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="non-speech clips (empty transcript) in train, in valid, and held out")
     parser.add_argument("--effects", type=float, default=0.0,
                         help="share of train and valid speech given one effect (gain, noise, 8 kHz band, DC, echo)")
+    parser.add_argument("--offset", type=float, default=0.0,
+                        help="share of train and valid speech that starts 0.3-3 s into the window")
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--workers", type=int, default=1, help="processes synthesising shards side by side")
     parser.add_argument("--shard-size", type=int, default=defaults.shard_size)
@@ -580,7 +609,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     config = SpeechDataConfig(
         sizes={**sizes, "natural": args.natural} if args.natural else sizes,
         augment=Augment(speech=args.effects, nonspeech=dict(zip(("train", "valid", "nonspeech"), args.nonspeech,
-                                                                strict=True))),
+                                                                strict=True)), offset=args.offset),
         seed=args.seed,
         shard_size=args.shard_size,
         frontend=WhisperLogMel(chunk_length=args.window),
