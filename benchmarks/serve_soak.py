@@ -28,7 +28,8 @@ few seconds (its answer expected), and clients that send a request and hang up a
 At ``--kill-at`` of the duration, one worker process gets SIGKILL; uvicorn starts another.
 Requests in flight at that moment may fail (the process that held their connection is gone: no
 one is left to answer 5xx); any other failure counts as lost. The server's process tree's memory
-(RSS) is sampled every few seconds. Exit 1 unless nothing was wrong and nothing was lost beyond
+(RSS), and each worker's, is sampled every few seconds; flat memory is judged by the least-squares
+slope over the second half of the run, once the first half has seen the mix's batch shapes. Exit 1 unless nothing was wrong and nothing was lost beyond
 the killed worker's requests in flight.
 """
 
@@ -266,9 +267,9 @@ async def watch(process: subprocess.Popen, started: float, deadline: float, kill
                 tally.killed_pid = victims[0]
                 tally.killed_at_s = time.monotonic() - started
                 os.kill(victims[0], signal.SIGKILL)
-        tree = process_tree(process.pid)
+        tree, workers = process_tree(process.pid), workers_of(process.pid)
         tally.memory.append({"t_s": round(now, 1), "total_mb": round(sum(rss_mb(p) for p in tree), 1),
-                             "workers": len(workers_of(process.pid))})
+                             "workers": len(workers), "workers_mb": [round(rss_mb(p), 1) for p in workers]})
         await asyncio.sleep(every_s)
 
 
@@ -514,6 +515,12 @@ def summary(tally: Tally, args: argparse.Namespace) -> list[str]:
                      f"max {max(settled, default=0):.0f} MB, last {memory[-1]['total_mb']:.0f} MB; slope after "
                      f"{warm:.0f} s {slope_mb_per_min(memory, warm):+.2f} MB/min over {len(settled)} samples"
                      + (f"; idle {tally.idle_mb:.0f} MB 5 s after the load" if tally.idle_mb is not None else ""))
+        half = args.duration / 2
+        late = [m["total_mb"] for m in memory if m["t_s"] >= half]
+        lines.append(f"server RSS over the second half (from {half:.0f} s): {min(late, default=0):.0f}-"
+                     f"{max(late, default=0):.0f} MB, slope {slope_mb_per_min(memory, half):+.2f} MB/min over "
+                     f"{len(late)} samples; first half from {warm:.0f} s: "
+                     f"{slope_mb_per_min([m for m in memory if m['t_s'] < half], warm):+.2f} MB/min")
     if tally.unexpected_examples:
         lines.append("unexpected: " + " | ".join(tally.unexpected_examples))
     if tally.wrong_examples:
