@@ -29,8 +29,8 @@ At ``--kill-at`` of the duration, one worker process gets SIGKILL; uvicorn start
 Requests in flight at that moment may fail (the process that held their connection is gone: no
 one is left to answer 5xx); any other failure counts as lost. The server's process tree's memory
 (RSS), and each worker's, is sampled every few seconds; flat memory is judged by the least-squares
-slope over the second half of the run, once the first half has seen the mix's batch shapes. Exit 1 unless nothing was wrong and nothing was lost beyond
-the killed worker's requests in flight.
+slope over the second half of the run, once the first half has seen the mix's batch shapes.
+Exit 1 unless nothing was wrong and nothing was lost beyond the killed worker's requests in flight.
 """
 
 from __future__ import annotations
@@ -120,11 +120,12 @@ def process_tree(pid: int) -> list[int]:
 
 
 def workers_of(pid: int) -> list[int]:
-    """uvicorn's worker processes: the server's children started by multiprocessing."""
+    """uvicorn's worker processes: the server's children started by multiprocessing (not its
+    resource tracker)."""
     found = []
     for child in process_tree(pid)[1:]:
         try:
-            if "multiprocessing" in Path(f"/proc/{child}/cmdline").read_text():
+            if "spawn_main" in Path(f"/proc/{child}/cmdline").read_text():
                 found.append(child)
         except OSError:
             continue
@@ -269,7 +270,8 @@ async def watch(process: subprocess.Popen, started: float, deadline: float, kill
                 os.kill(victims[0], signal.SIGKILL)
         tree, workers = process_tree(process.pid), workers_of(process.pid)
         tally.memory.append({"t_s": round(now, 1), "total_mb": round(sum(rss_mb(p) for p in tree), 1),
-                             "workers": len(workers), "workers_mb": [round(rss_mb(p), 1) for p in workers]})
+                             "workers": len(workers), "workers_mb": [round(rss_mb(p), 1) for p in workers],
+                             "worker_pids": workers})
         await asyncio.sleep(every_s)
 
 
