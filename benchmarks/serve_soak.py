@@ -46,6 +46,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -468,11 +469,15 @@ def slope_mb_per_min(memory: list[dict[str, float]], after_s: float) -> float:
 
 def start_server(export: Path, workers: int, port: int) -> subprocess.Popen:
     command = [sys.executable, "-m", "s2s_deploy", "serve", str(export), "--port", str(port), "--workers", str(workers)]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # stderr to a file, not a pipe nobody reads during the run: once a pipe's 64 KB fill with the damaged
+    # clips' warnings, the worker thread writing the next one blocks, and every request queued behind it
+    log = tempfile.TemporaryFile("w+")  # noqa: SIM115 (open for as long as the server runs)
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log, text=True)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise SystemExit(f"error: serve exited {process.returncode}: {process.stderr.read().strip()}")
+            log.seek(0)
+            raise SystemExit(f"error: serve exited {process.returncode}: {log.read().strip()}")
         try:
             if len(workers_of(process.pid)) >= workers and httpx.get(f"http://127.0.0.1:{port}/health",
                                                                      timeout=1).status_code == 200:
@@ -545,8 +550,6 @@ def main() -> None:
     parser.add_argument("--sample-every", type=float, default=5.0, help="Seconds between memory samples.")
     parser.add_argument("--json", type=Path, default=None, help="Write the whole record here.")
     args = parser.parse_args()
-    import tempfile
-
     try:
         audio = load_manifest(args.export).encoder_input.is_features
         if audio:
