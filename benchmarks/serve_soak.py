@@ -28,8 +28,9 @@ few seconds (its answer expected), and clients that send a request and hang up a
 At ``--kill-at`` of the duration, one worker process gets SIGKILL; uvicorn starts another.
 Requests in flight at that moment may fail (the process that held their connection is gone: no
 one is left to answer 5xx); any other failure counts as lost. The server's process tree's memory
-(RSS) is sampled every few seconds. Exit 1 unless nothing was wrong and nothing was lost beyond
-the killed worker's requests in flight.
+(RSS), and each worker's, is sampled every few seconds; flat memory is judged by the least-squares
+slope over the second half of the run, once the first half has seen the mix's batch shapes.
+Exit 1 unless nothing was wrong and nothing was lost beyond the killed worker's requests in flight.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -119,11 +121,12 @@ def process_tree(pid: int) -> list[int]:
 
 
 def workers_of(pid: int) -> list[int]:
-    """uvicorn's worker processes: the server's children started by multiprocessing."""
+    """uvicorn's worker processes: the server's children started by multiprocessing (not its
+    resource tracker)."""
     found = []
     for child in process_tree(pid)[1:]:
         try:
-            if "multiprocessing" in Path(f"/proc/{child}/cmdline").read_text():
+            if "spawn_main" in Path(f"/proc/{child}/cmdline").read_text():
                 found.append(child)
         except OSError:
             continue
@@ -266,9 +269,10 @@ async def watch(process: subprocess.Popen, started: float, deadline: float, kill
                 tally.killed_pid = victims[0]
                 tally.killed_at_s = time.monotonic() - started
                 os.kill(victims[0], signal.SIGKILL)
-        tree = process_tree(process.pid)
+        tree, workers = process_tree(process.pid), workers_of(process.pid)
         tally.memory.append({"t_s": round(now, 1), "total_mb": round(sum(rss_mb(p) for p in tree), 1),
-                             "workers": len(workers_of(process.pid))})
+                             "workers": len(workers), "workers_mb": [round(rss_mb(p), 1) for p in workers],
+                             "worker_pids": workers})
         await asyncio.sleep(every_s)
 
 
@@ -465,11 +469,15 @@ def slope_mb_per_min(memory: list[dict[str, float]], after_s: float) -> float:
 
 def start_server(export: Path, workers: int, port: int) -> subprocess.Popen:
     command = [sys.executable, "-m", "s2s_deploy", "serve", str(export), "--port", str(port), "--workers", str(workers)]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # stderr to a file, not a pipe nobody reads during the run: once a pipe's 64 KB fill with the damaged
+    # clips' warnings, the worker thread writing the next one blocks, and every request queued behind it
+    log = tempfile.TemporaryFile("w+")  # noqa: SIM115 (open for as long as the server runs)
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=log, text=True)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise SystemExit(f"error: serve exited {process.returncode}: {process.stderr.read().strip()}")
+            log.seek(0)
+            raise SystemExit(f"error: serve exited {process.returncode}: {log.read().strip()}")
         try:
             if len(workers_of(process.pid)) >= workers and httpx.get(f"http://127.0.0.1:{port}/health",
                                                                      timeout=1).status_code == 200:
@@ -514,6 +522,12 @@ def summary(tally: Tally, args: argparse.Namespace) -> list[str]:
                      f"max {max(settled, default=0):.0f} MB, last {memory[-1]['total_mb']:.0f} MB; slope after "
                      f"{warm:.0f} s {slope_mb_per_min(memory, warm):+.2f} MB/min over {len(settled)} samples"
                      + (f"; idle {tally.idle_mb:.0f} MB 5 s after the load" if tally.idle_mb is not None else ""))
+        half = args.duration / 2
+        late = [m["total_mb"] for m in memory if m["t_s"] >= half]
+        lines.append(f"server RSS over the second half (from {half:.0f} s): {min(late, default=0):.0f}-"
+                     f"{max(late, default=0):.0f} MB, slope {slope_mb_per_min(memory, half):+.2f} MB/min over "
+                     f"{len(late)} samples; first half from {warm:.0f} s: "
+                     f"{slope_mb_per_min([m for m in memory if m['t_s'] < half], warm):+.2f} MB/min")
     if tally.unexpected_examples:
         lines.append("unexpected: " + " | ".join(tally.unexpected_examples))
     if tally.wrong_examples:
@@ -536,8 +550,6 @@ def main() -> None:
     parser.add_argument("--sample-every", type=float, default=5.0, help="Seconds between memory samples.")
     parser.add_argument("--json", type=Path, default=None, help="Write the whole record here.")
     args = parser.parse_args()
-    import tempfile
-
     try:
         audio = load_manifest(args.export).encoder_input.is_features
         if audio:

@@ -267,6 +267,39 @@ def test_graph_files_hold_little_beyond_their_weights(exports, arch: str, max_le
         assert graph.size_ratio <= 1.05, (graph.role, graph.size_ratio)
 
 
+@pytest.mark.parametrize("arch", ["transformer", "gru"])
+def test_kept_buffers_stay_within_their_bounds_over_many_batch_shapes(exports, monkeypatch, arch: str) -> None:
+    """A server's backend sees batches of every size and width for as long as it runs. What its step
+    loop keeps per shape (state buffers per row count, memory buffers per memory shape, and the
+    bindings and output buffers made on them) must stay within KEPT_ROW_COUNTS and KEPT_MEMORY_SHAPES
+    however many shapes come, and nothing kept may point at a row count or memory set already dropped:
+    a binding left behind would hold its buffers' memory for the life of the process."""
+    from s2s_deploy.runtime.ort import step_loop as fixed_steps
+
+    _, manifest = exports.get(arch)
+    monkeypatch.setattr(fixed_steps, "KEPT_MEMORY_SHAPES", 3)
+    monkeypatch.setattr(fixed_steps, "KEPT_ROW_COUNTS", 2)
+    backend = OrtBackend(manifest, device="cpu")
+    texts = sorted(manifest.samples, key=len)
+    rng = np.random.default_rng(0)
+    shapes = set()
+    for _ in range(30):
+        batch = [texts[i] for i in rng.integers(0, len(texts), size=int(rng.integers(1, 7)))]
+        beam = int(rng.choice([1, 3]))
+        src, src_len = encode_batch(batch, manifest.src_vocab)
+        shapes.add((src.shape, beam))
+        search(backend, src, src_len, SearchConfig(beam, 1, 12))
+        [steps] = backend.loops._idle  # one thread: the same step loop, batch after batch
+        memory_ids = {memory_id for memory_id, _, _ in steps._memory.values()}
+        generations = {kept.generation for kept in steps._rows.values()}
+        assert len(steps._rows) <= 2 and len(steps._memory) <= 3
+        assert {key[0] for key in steps._memory} <= set(steps._rows)
+        assert all(key[0] in steps._rows and key[1] in generations and key[2] in memory_ids
+                   for key in steps._graphs)
+        assert all(key[2] in memory_ids for kept in steps._rows.values() for key in kept.outputs)
+    assert len(shapes) >= 15  # many more shapes than the bounds keep
+
+
 @pytest.mark.parametrize(("arch", "max_len"), ARCHS)
 def test_kept_buffers_decode_as_a_fresh_backend(exports, monkeypatch, arch: str, max_len: int) -> None:
     """The step loop (runtime/ort/step_loop.py) keeps every input and output in buffers reused
