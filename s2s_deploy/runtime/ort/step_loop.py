@@ -33,6 +33,14 @@ identical) runs uncaptured on the encoder's own untiled memory and state and wri
 for one row per sentence; the next step binds that past as it is, with a graph of its own, and
 its reorder tiles the beams from it inside the decoder, as a step's reorder always does.
 
+The k-position step (``decoder_multi``, speculative greedy) runs on the same state buffers: a
+call reads the past as the last call left it and writes past + k positions into the other
+buffer, less the ``rollback`` positions the search rejected, which the graph drops while it copies
+the cache (it copies it anyway to append). So a rollback moves no byte of the cache. Such calls
+are never captured (their shapes change with every acceptance) and a run does either kind of
+step, not both. On CUDA this path is written to the same rules as the captured one (device
+buffers, host-side shape inputs on the host) but has not run on a GPU.
+
 Threads: all of the above is one ``FixedSteps``, and a batch checks one out of ``StepLoops`` for
 as long as it runs, so two batches never share a buffer or a binding. A single thread gets the same
 set back batch after batch; N threads decoding at once hold N sets, all on one session (its ``run``
@@ -56,8 +64,9 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from s2s_deploy.errors import S2SError
 from s2s_deploy.format.manifest import Manifest
-from s2s_deploy.format.names import TOP_K, TOP_OUTPUTS
+from s2s_deploy.format.names import ROLLBACK, TOP_K, TOP_OUTPUTS
 from s2s_deploy.runtime.backend import DecodeRun
 
 CAPTURE_FAILURES = (ort.capi.onnxruntime_pybind11_state.Fail, ort.capi.onnxruntime_pybind11_state.EPFail,
@@ -101,7 +110,8 @@ class StepLoops:
     ``on_step`` hears each step's start time (the backend's counters)."""
 
     def __init__(self, manifest: Manifest, device: str, session: ort.InferenceSession, capture: bool,
-                 uncaptured: Callable[[], ort.InferenceSession], on_step: Callable[[float], None]) -> None:
+                 uncaptured: Callable[[], ort.InferenceSession], on_step: Callable[[float], None],
+                 multi: Callable[[], ort.InferenceSession] | None = None) -> None:
         self.manifest = manifest
         self.device = device
         self.layout = StepLayout.of(manifest)
@@ -118,6 +128,20 @@ class StepLoops:
         self._uncaptured = uncaptured
         self._idle: list[FixedSteps] = []
         self._lock = threading.Lock()
+        self._make_multi = multi
+        self._multi: tuple[ort.InferenceSession, frozenset[str], frozenset[str]] | None = None
+
+    def multi(self) -> tuple[ort.InferenceSession, frozenset[str], frozenset[str]]:
+        """The k-position decoder's session (made on first use: only speculative greedy needs
+        it), the inputs it reads on the host and those it takes at all."""
+        if self._make_multi is None:
+            raise S2SError(f"{self.manifest.directory} has no k-position decoder step (decoder_multi.onnx): "
+                           "re-export it with this version, from an fp32 model whose plugin declares multi_step")
+        with self._lock:
+            if self._multi is None:
+                session = self._make_multi()
+                self._multi = (session, _host_inputs(session), frozenset(i.name for i in session.get_inputs()))
+            return self._multi
 
     def guard(self) -> contextlib.AbstractContextManager[Any]:
         """The device lock while capturing; nothing otherwise (a CPU step takes no lock)."""
@@ -211,6 +235,8 @@ class FixedSteps:
         self._memory: dict[tuple[Any, ...], tuple[int, dict[str, ort.OrtValue], int]] = {}
         self._graphs: dict[tuple[Any, ...], _Graph] = {}
         self._uncaptured = _run_options(NO_CAPTURE) if self.capture else None
+        self.uncaptured_options = self._uncaptured
+        """Run options that never capture (None where nothing is captured)."""
         self._top_k: dict[int, ort.OrtValue] = {}
         self._host_small = _host_inputs(self.session)
         self.run = self.session.run_with_iobinding
@@ -389,6 +415,8 @@ class FixedRun(DecodeRun):
         self.longest_start = max((n for n in self.start_lengths if n is not None), default=0)
         self.buffers = steps.rows(rows, self._positions(1), self._sizes)
         self.t = 0
+        self.filled = 0
+        """Positions the k-position steps have left in the state (each call adds k, less its rollback)."""
         self._last_reorder: np.ndarray | None = None
         self.widen_next = False
         self._steady: list[tuple[tuple[str, ...], int, _Graph, _Outputs] | None] = [None, None]
@@ -586,10 +614,12 @@ class FixedRun(DecodeRun):
             target = (second, first)[t & 1]
             io.bind_output(name, target.device_name(), 0, np.dtype(state.dtype), list(shape), target.data_ptr())
 
-    def _move(self, bigger: _Rows) -> None:
-        """The state outgrew its buffers: copy what the next step reads into the new ones."""
+    def _move(self, bigger: _Rows, positions: int | None = None) -> None:
+        """The state outgrew its buffers: copy what the next step reads (``positions`` of it, by
+        default one per step so far) into the new ones."""
         side = self.t & 1
-        for old, new, shape in zip(self.buffers.states, bigger.states, self._shapes(self.t), strict=True):
+        shapes = self._shapes(self.t if positions is None else positions)
+        for old, new, shape in zip(self.buffers.states, bigger.states, shapes, strict=True):
             current = old[side].numpy()[: int(np.prod(shape))]
             staged = np.zeros(new[side].shape(), dtype=current.dtype)
             staged[: current.size] = current
@@ -613,3 +643,57 @@ class FixedRun(DecodeRun):
 
     def attention(self) -> np.ndarray | None:
         return self._attention
+
+    def steps_top(self, tokens: np.ndarray, rollback: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+        if self.steps.capture:
+            with self.steps.loops.device_lock:
+                return self._run_multi(tokens, rollback, k)
+        return self._run_multi(tokens, rollback, k)
+
+    def _run_multi(self, tokens: np.ndarray, rollback: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """One k-position step (module docstring): reads ``filled`` positions, drops ``rollback``
+        of them, writes ``filled - rollback + k`` into the other buffer. Bound per call, never captured."""
+        steps = self.steps
+        session, on_host, accepted = steps.loops.multi()
+        if self.expand != 1 or self.keep_attention:
+            raise S2SError("the k-position step decodes one row per sentence, without attention")
+        if self.t and self.filled == 0:
+            raise S2SError("a run mixes one-position and k-position steps")
+        if not 0 <= rollback <= self.filled:
+            raise S2SError(f"rollback {rollback} outside the {self.filled} positions held")
+        past, kept = self.filled, self.filled - rollback
+        after = kept + tokens.shape[1]
+        if steps.grows and self._positions(after) > self.buffers.capacity:
+            self._move(steps.rows(self.rows, self._positions(after), self._sizes), past)
+        io = session.io_binding()
+        for name, value in self.memory.items():
+            if name in accepted:
+                io.bind_ortvalue_input(name, value)
+        small = {"tokens": np.ascontiguousarray(tokens, dtype=np.int64), "step": np.array(kept, dtype=np.int64),
+                 ROLLBACK: np.array(rollback, dtype=np.int64), TOP_K: np.array([k], dtype=np.int64)}
+        bound = [ort.OrtValue.ortvalue_from_numpy(array, "cpu" if name in on_host else steps.device, 0)
+                 for name, array in small.items()]  # alive until the run ends
+        for name, value in zip(small, bound, strict=True):
+            io.bind_ortvalue_input(name, value)
+        if self.t == 0:
+            initial = self._initial_values()
+            for name, value in zip(steps.layout.state_inputs, initial, strict=True):
+                io.bind_ortvalue_input(name, value)
+        else:
+            for name, shape, (first, second), state in zip(steps.layout.state_inputs, self._shapes(past),
+                                                           self.buffers.states, steps.manifest.state, strict=True):
+                source = (first, second)[self.t & 1]
+                io.bind_input(name, source.device_name(), 0, np.dtype(state.dtype), list(shape), source.data_ptr())
+        for name, shape, (first, second), state in zip(steps.layout.state_outputs, self._shapes(after),
+                                                       self.buffers.states, steps.manifest.state, strict=True):
+            target = (second, first)[self.t & 1]
+            io.bind_output(name, target.device_name(), 0, np.dtype(state.dtype), list(shape), target.data_ptr())
+        for name in TOP_OUTPUTS:
+            io.bind_output(name, steps.device)
+        started = time.perf_counter()
+        session.run_with_iobinding(io, steps.uncaptured_options)
+        values, ids = (value.numpy() for value in io.get_outputs()[-len(TOP_OUTPUTS):])
+        steps.loops.on_step(started)
+        self.t += 1
+        self.filled = after
+        return values, ids
