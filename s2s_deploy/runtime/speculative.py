@@ -35,6 +35,8 @@ from s2s_deploy.runtime.options import options_on
 
 MAX_NGRAM = 3
 """The longest hypothesis tail looked up; shorter tails are tried when it is not found."""
+MIN_NGRAM = 1
+"""The shortest tail looked up: below it, nothing is drafted (a one-position call)."""
 SAFETY = 16.0
 MIN_BOUND = 1e-4
 """The bound on a log-prob's drift from plain greedy's: ``SAFETY`` times what export measured,
@@ -60,7 +62,7 @@ def draft(history: Sequence[int], source: Sequence[int], count: int) -> list[int
     1) at their latest earlier occurrence in the hypothesis, else in the source; [] where none."""
     if count <= 0 or not history:
         return []
-    for n in range(min(MAX_NGRAM, len(history)), 0, -1):
+    for n in range(min(MAX_NGRAM, len(history)), MIN_NGRAM - 1, -1):
         tail = list(history[-n:])
         for seq, end in ((history, len(history) - n), (source, len(source) - n + 1)):
             for i in range(end - 1, -1, -1):
