@@ -81,6 +81,8 @@ KEPT_MEMORY_BYTES = 256 << 20
 with its graphs (the newest always stays)."""
 KEPT_ROW_COUNTS = 4
 """Row counts whose state buffers are kept; the least recently used goes first, with its graphs."""
+KEPT_MULTI_BINDINGS = 64
+"""k-position step bindings kept per step loop, one per (rows, positions, k, memory buffers)."""
 KEPT_IDLE_LOOPS = 8
 """Idle step loops (buffer sets) a backend keeps for the next batches; more threads than this
 decoding at once still each get their own, and the extra ones are dropped when their batch ends."""
@@ -218,6 +220,32 @@ class _Rows:
             self.small[name].update_inplace(np.ascontiguousarray(values, dtype=np.int64))
 
 
+@dataclass(frozen=True)
+class _MultiBinding:
+    """A k-position step's binding: the small inputs written in place (host arrays on CPU), the
+    top-k outputs read in place on CPU and copied out on CUDA."""
+
+    session: ort.InferenceSession
+    binding: ort.IOBinding
+    host: dict[str, np.ndarray]
+    small: dict[str, ort.OrtValue]
+    top_k: ort.OrtValue
+    values: list[ort.OrtValue]
+    outputs: list[np.ndarray] | None
+
+    def write(self, tokens: np.ndarray, step: int, rollback: int) -> None:
+        for name, value in (("tokens", tokens), ("step", step), (ROLLBACK, rollback)):
+            if self.host:
+                self.host[name][...] = value
+            else:
+                self.small[name].update_inplace(np.ascontiguousarray(value, dtype=np.int64))
+
+    def read(self) -> tuple[np.ndarray, np.ndarray]:
+        if self.outputs is not None:
+            return self.outputs[0], self.outputs[1]
+        return self.values[0].numpy(), self.values[1].numpy()
+
+
 class FixedSteps:
     """One step loop: buffers and graph ids, kept across the batches that check it out in turn."""
 
@@ -238,6 +266,7 @@ class FixedSteps:
         self.uncaptured_options = self._uncaptured
         """Run options that never capture (None where nothing is captured)."""
         self._top_k: dict[int, ort.OrtValue] = {}
+        self._multi: dict[tuple[int, ...], _MultiBinding] = {}
         self._host_small = _host_inputs(self.session)
         self.run = self.session.run_with_iobinding
 
@@ -300,6 +329,7 @@ class FixedSteps:
                                          sum(entry[2] for entry in self._memory.values()) > KEPT_MEMORY_BYTES):
             oldest, _, _ = self._memory.pop(next(iter(self._memory)))
             self._drop(lambda graph_key, gone=oldest: graph_key[2] == gone)
+            self._multi = {key: bound for key, bound in self._multi.items() if key[3] != oldest}
             for kept in self._rows.values():
                 kept.outputs = {out: values for out, values in kept.outputs.items() if out[2] != oldest}
         memory_id, buffers, _ = found
@@ -324,6 +354,43 @@ class FixedSteps:
         if k not in self._top_k:
             self._top_k[k] = ort.OrtValue.ortvalue_from_numpy(np.array([k], dtype=np.int64))
         return self._top_k[k]
+
+    def multi_binding(self, rows: int, positions: int, k: int, memory_id: int,
+                      memory: dict[str, ort.OrtValue]) -> _MultiBinding:
+        """The k-position step's binding for (rows, positions, k, memory buffers), made once: its
+        memory, small inputs and top-k outputs stay bound; the caller binds the state."""
+        key = (rows, positions, k, memory_id)
+        found = self._multi.get(key)
+        if found is not None:
+            return found
+        session, on_host, accepted = self.loops.multi()
+        io = session.io_binding()
+        for name, value in memory.items():
+            if name in accepted:
+                io.bind_ortvalue_input(name, value)
+        shapes = {"tokens": (rows, positions), "step": (), ROLLBACK: ()}
+        host = {name: np.zeros(shape, dtype=np.int64) for name, shape in shapes.items()}
+        top_k = np.array([k], dtype=np.int64)
+        if self.device == "cpu":
+            small = {name: ort.OrtValue.ortvalue_from_numpy(array) for name, array in host.items()}
+            outputs = [np.empty((rows, positions, k), dtype=dtype) for dtype in (np.float32, np.int64)]
+            values = [ort.OrtValue.ortvalue_from_numpy(array) for array in outputs]
+        else:  # written in place on the device (or on the host where the session reads it there)
+            small = {name: self.value(shape, np.dtype(np.int64), on_host=name in on_host)
+                     for name, shape in shapes.items()}
+            outputs = []
+            values = [self.value((rows, positions, k), np.dtype(dtype)) for dtype in (np.float32, np.int64)]
+        kept_top_k = ort.OrtValue.ortvalue_from_numpy(top_k, "cpu" if TOP_K in on_host else self.device, 0)
+        for name, value in (*small.items(), (TOP_K, kept_top_k)):
+            io.bind_ortvalue_input(name, value)
+        for name, value in zip(TOP_OUTPUTS, values, strict=True):
+            io.bind_ortvalue_output(name, value)
+        made = _MultiBinding(session, io, host if self.device == "cpu" else {}, small, kept_top_k, values,
+                             outputs or None)
+        if len(self._multi) >= KEPT_MULTI_BINDINGS:
+            del self._multi[next(iter(self._multi))]
+        self._multi[key] = made
+        return made
 
     def graph(self, key: tuple[Any, ...]) -> tuple[_Graph, bool]:
         """The graph for ``key`` and whether it is new (its binding still to be made)."""
@@ -652,31 +719,26 @@ class FixedRun(DecodeRun):
 
     def _run_multi(self, tokens: np.ndarray, rollback: int, k: int) -> tuple[np.ndarray, np.ndarray]:
         """One k-position step (module docstring): reads ``filled`` positions, drops ``rollback``
-        of them, writes ``filled - rollback + k`` into the other buffer. Bound per call, never captured."""
+        of them, writes ``filled - rollback + k`` into the other buffer. Never captured; the
+        binding and the small inputs and outputs are kept per (positions, k), only the state's
+        views are bound again each call (their lengths change)."""
         steps = self.steps
-        session, on_host, accepted = steps.loops.multi()
         if self.expand != 1 or self.keep_attention:
             raise S2SError("the k-position step decodes one row per sentence, without attention")
         if self.t and self.filled == 0:
             raise S2SError("a run mixes one-position and k-position steps")
         if not 0 <= rollback <= self.filled:
             raise S2SError(f"rollback {rollback} outside the {self.filled} positions held")
+        positions = tokens.shape[1]
         past, kept = self.filled, self.filled - rollback
-        after = kept + tokens.shape[1]
+        after = kept + positions
         if steps.grows and self._positions(after) > self.buffers.capacity:
             self._move(steps.rows(self.rows, self._positions(after), self._sizes), past)
-        io = session.io_binding()
-        for name, value in self.memory.items():
-            if name in accepted:
-                io.bind_ortvalue_input(name, value)
-        small = {"tokens": np.ascontiguousarray(tokens, dtype=np.int64), "step": np.array(kept, dtype=np.int64),
-                 ROLLBACK: np.array(rollback, dtype=np.int64), TOP_K: np.array([k], dtype=np.int64)}
-        bound = [ort.OrtValue.ortvalue_from_numpy(array, "cpu" if name in on_host else steps.device, 0)
-                 for name, array in small.items()]  # alive until the run ends
-        for name, value in zip(small, bound, strict=True):
-            io.bind_ortvalue_input(name, value)
+        bound = steps.multi_binding(self.rows, positions, k, self.memory_id, self.memory)
+        bound.write(tokens, kept, rollback)
+        io = bound.binding
         if self.t == 0:
-            initial = self._initial_values()
+            initial = self._initial_values()  # alive until the run ends
             for name, value in zip(steps.layout.state_inputs, initial, strict=True):
                 io.bind_ortvalue_input(name, value)
         else:
@@ -688,11 +750,9 @@ class FixedRun(DecodeRun):
                                                        self.buffers.states, steps.manifest.state, strict=True):
             target = (second, first)[self.t & 1]
             io.bind_output(name, target.device_name(), 0, np.dtype(state.dtype), list(shape), target.data_ptr())
-        for name in TOP_OUTPUTS:
-            io.bind_output(name, steps.device)
         started = time.perf_counter()
-        session.run_with_iobinding(io, steps.uncaptured_options)
-        values, ids = (value.numpy() for value in io.get_outputs()[-len(TOP_OUTPUTS):])
+        bound.session.run_with_iobinding(io, steps.uncaptured_options)
+        values, ids = bound.read()
         steps.loops.on_step(started)
         self.t += 1
         self.filled = after
