@@ -123,7 +123,7 @@ def decode_sentence(backend: Backend, src: np.ndarray, src_len: np.ndarray, sour
             for j in range(feed.shape[1]):
                 if not values[0, j, 0] - values[0, j, 1] > margin:  # NaN too: not a decision
                     if np.isnan(values[0, j, 0]):
-                        return history + [int(ids[0, j, 0])], [*lps, float("nan")], False
+                        return [*history, int(ids[0, j, 0])], [*lps, float("nan")], False
                     return None
                 token = int(ids[0, j, 0])
                 history.append(token)
