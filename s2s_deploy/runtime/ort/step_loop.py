@@ -484,6 +484,7 @@ class FixedRun(DecodeRun):
         self.t = 0
         self.filled = 0
         """Positions the k-position steps have left in the state (each call adds k, less its rollback)."""
+        self._multi_layout: tuple[_Rows, list[Any]] | None = None
         self._last_reorder: np.ndarray | None = None
         self.widen_next = False
         self._steady: list[tuple[tuple[str, ...], int, _Graph, _Outputs] | None] = [None, None]
@@ -681,6 +682,17 @@ class FixedRun(DecodeRun):
             target = (second, first)[t & 1]
             io.bind_output(name, target.device_name(), 0, np.dtype(state.dtype), list(shape), target.data_ptr())
 
+    def _state_views(self) -> list[tuple[str, str, str, np.dtype, list[int], int | None, int, tuple[int, int]]]:
+        """What binding a state's view needs, per state, worked out once per buffers: its names,
+        device, dtype, shape (its growing axis set per call), that axis, its start length and the
+        two buffers' addresses."""
+        steps = self.steps
+        return [(in_name, out_name, first.device_name(), np.dtype(state.dtype), list(array.shape),
+                 None if start is None else state.grow_axis, start or 0, (first.data_ptr(), second.data_ptr()))
+                for in_name, out_name, (first, second), state, array, start in zip(
+                    steps.layout.state_inputs, steps.layout.state_outputs, self.buffers.states, steps.manifest.state,
+                    self.initial, self.start_lengths, strict=True)]
+
     def _move(self, bigger: _Rows, positions: int | None = None) -> None:
         """The state outgrew its buffers: copy what the next step reads (``positions`` of it, by
         default one per step so far) into the new ones."""
@@ -737,19 +749,21 @@ class FixedRun(DecodeRun):
         bound = steps.multi_binding(self.rows, positions, k, self.memory_id, self.memory)
         bound.write(tokens, kept, rollback)
         io = bound.binding
+        side = self.t & 1
+        if self._multi_layout is None or self._multi_layout[0] is not self.buffers:
+            self._multi_layout = (self.buffers, self._state_views())
         if self.t == 0:
             initial = self._initial_values()  # alive until the run ends
             for name, value in zip(steps.layout.state_inputs, initial, strict=True):
                 io.bind_ortvalue_input(name, value)
-        else:
-            for name, shape, (first, second), state in zip(steps.layout.state_inputs, self._shapes(past),
-                                                           self.buffers.states, steps.manifest.state, strict=True):
-                source = (first, second)[self.t & 1]
-                io.bind_input(name, source.device_name(), 0, np.dtype(state.dtype), list(shape), source.data_ptr())
-        for name, shape, (first, second), state in zip(steps.layout.state_outputs, self._shapes(after),
-                                                       self.buffers.states, steps.manifest.state, strict=True):
-            target = (second, first)[self.t & 1]
-            io.bind_output(name, target.device_name(), 0, np.dtype(state.dtype), list(shape), target.data_ptr())
+        for in_name, out_name, device, dtype, shape, axis, start, pointers in self._multi_layout[1]:
+            if self.t:
+                if axis is not None:
+                    shape[axis] = start + past
+                io.bind_input(in_name, device, 0, dtype, shape, pointers[side])
+            if axis is not None:
+                shape[axis] = start + after
+            io.bind_output(out_name, device, 0, dtype, shape, pointers[1 - side])
         started = time.perf_counter()
         bound.session.run_with_iobinding(io, steps.uncaptured_options)
         values, ids = bound.read()
