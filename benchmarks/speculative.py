@@ -2,6 +2,7 @@
 
 usage: python benchmarks/speculative.py EXPORT_DIR [--drafts 2,4,6] [--sentences 200] [--rounds 5]
        [--threads 1] [--task en-fr] [--batch-size 1]
+       python benchmarks/speculative.py EXPORT_DIR --pass-cost [--drafts 1,2,4,8] [--threads 1]
 
 Sources: the export's built-in task (``--task``, generated with seed 7, the held-out kind of
 input the demo models are tested on) or, with ``--task samples``, the export's samples.
@@ -10,6 +11,11 @@ time (medians over the rounds), the ratio to plain greedy, the acceptance (accep
 drafted ones), tokens per decoder call, sentences redone by plain greedy after a near-tie, the
 largest log-prob difference from plain greedy over the tokens, and whether every token equals
 plain greedy's. Process CPU time at one thread is the figure to read on a loaded machine.
+
+``--pass-cost``: what one pass of the k-position step costs against one single step at batch 1,
+at a past of 20 positions (process CPU time per call, median of 7 runs of 20 calls): the
+acceptance a speed-up needs is read from it (a pass of k + 1 positions must yield more tokens
+than its cost in single steps).
 """
 
 from __future__ import annotations
@@ -37,9 +43,13 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--task", default="en-fr")
     parser.add_argument("--batch-size", type=int, default=1)
+    parser.add_argument("--pass-cost", action="store_true")
     args = parser.parse_args()
     manifest = load_manifest(args.export_dir)
     backend = OrtBackend(manifest, device="cpu", threads=args.threads)
+    if args.pass_cost:
+        pass_cost(backend, manifest, [int(k) for k in args.drafts.split(",")])
+        return
     if args.task == "samples":
         texts = (list(manifest.samples) * args.sentences)[: args.sentences]
     else:
@@ -84,6 +94,35 @@ def main() -> None:
                  f"max |lp diff| {drift:.2e}" if modes[mode] else "")
         print(f"{mode:>15}: {tokens / cpu:8.0f} tok/cpu-s  {tokens / wall:8.0f} tok/s wall  "
               f"x{base / cpu:.2f}  tokens same as greedy: {same}{extra}")
+
+
+def pass_cost(backend: OrtBackend, manifest: object, drafts: list[int], past: int = 20, calls: int = 20) -> None:
+    src, src_len = encode_batch([manifest.samples[0] if manifest.samples else "a"], manifest.src_vocab, None)
+    token = np.array([manifest.eos_id + 1], dtype=np.int64)
+
+    def single() -> float:
+        with backend.start(src, src_len) as run:
+            for _ in range(past):
+                run.step_top(token, np.zeros(1, dtype=np.int64), 1)
+            cpu = time.process_time()
+            for _ in range(calls):
+                run.step_top(token, np.zeros(1, dtype=np.int64), 1)
+            return (time.process_time() - cpu) / calls
+
+    def multi(positions: int) -> float:
+        with backend.start(src, src_len) as run:
+            run.steps_top(np.full((1, past), token[0]), 0, 2)
+            run.steps_top(np.full((1, positions), token[0]), 0, 2)
+            cpu = time.process_time()
+            for _ in range(calls):  # each call rolls back all but one of the last call's positions
+                run.steps_top(np.full((1, positions), token[0]), positions - 1, 2)
+            return (time.process_time() - cpu) / calls
+
+    base = float(np.median([single() for _ in range(7)]))
+    print(f"one-position step: {base * 1e3:.3f} ms per call (process CPU, past {past})")
+    for k in drafts:
+        cost = float(np.median([multi(k + 1) for _ in range(7)]))
+        print(f"k-position pass of {k + 1:2d} (last token + {k} drafts): {cost * 1e3:.3f} ms = {cost / base:.2f} steps")
 
 
 if __name__ == "__main__":
