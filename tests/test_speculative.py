@@ -211,11 +211,28 @@ def task_sources(manifest: Any, count: int) -> tuple[np.ndarray, np.ndarray]:
     return encode_batch([pair.source for pair in generate_pairs("en-fr", count, seed=7)], manifest.src_vocab, None)
 
 
+@pytest.fixture(scope="module")
+def multi_transformer(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The bundled Transformer exported with ``multi_step`` (opt-in: the shared exports lack it)."""
+    from s2s_deploy.architecture.registry import get_plugin
+    from s2s_deploy.export.exporter import export_model
+    from s2s_deploy.export.sources import load_source
+    from s2s_deploy.format.manifest import load_manifest
+
+    root = tmp_path_factory.mktemp("multi")
+    plugin = get_plugin("transformer")
+    source = load_source(plugin, None, workdir=root)
+    export_model(plugin, source.model, source.config, source.src_vocab, source.tgt_vocab, root / "transformer",
+                 checkpoint_path=source.checkpoint_path, source=source.description, samples=source.samples,
+                 training=source.info, multi_step=True)
+    return load_manifest(root / "transformer")
+
+
 @pytest.mark.slow
-def test_bundled_transformer_export_speculates_exactly(exports: Any) -> None:
+def test_bundled_transformer_export_speculates_exactly(multi_transformer: Any) -> None:
     from s2s_deploy.runtime.ort.backend import OrtBackend
 
-    _, manifest = exports.get("transformer")
+    manifest = multi_transformer
     assert manifest.decoder_multi is not None
     assert manifest.multi_step_max_abs_diff is not None and manifest.multi_step_max_abs_diff < 1e-4
     backend = OrtBackend(manifest, device="cpu", threads=1)
@@ -237,11 +254,12 @@ def test_bundled_transformer_export_speculates_exactly(exports: Any) -> None:
 
 
 @pytest.mark.slow
-def test_translator_takes_the_option_and_refuses_it_in_one_line(exports: Any, tmp_path: Path) -> None:
+def test_translator_takes_the_option_and_refuses_it_in_one_line(multi_transformer: Any, exports: Any,
+                                                                tmp_path: Path) -> None:
     from s2s_deploy.runtime.translator import Translator
     from s2s_deploy.transforms.quantize import quantize_export
 
-    _, manifest = exports.get("transformer")
+    manifest = multi_transformer
     translator = Translator(manifest.directory, device="cpu", threads=1)
     texts = list(manifest.samples[:8])
     assert [t.text for t in translator(texts, speculative=4)] == [t.text for t in translator(texts)]
@@ -253,6 +271,10 @@ def test_translator_takes_the_option_and_refuses_it_in_one_line(exports: Any, tm
     assert quantized.manifest.decoder_multi is None
     with pytest.raises(DecodingError, match="no k-position decoder step"):
         quantized(texts[:1], speculative=4)
+    _, plain_export = exports.get("transformer")  # exported without --multi-step
+    assert plain_export.decoder_multi is None
+    with pytest.raises(DecodingError, match="no k-position decoder step"):
+        Translator(plain_export.directory, device="cpu", threads=1)(texts[:1], speculative=4)
 
 
 def hf_folder(root: Path, family: str) -> Path:
@@ -277,7 +299,7 @@ def test_hf_families_speculate_exactly(family: str, hf_exports: Any, tmp_path: P
     from s2s_deploy.format.manifest import load_manifest
     from s2s_deploy.runtime.ort.backend import OrtBackend
 
-    manifest = load_manifest(hf_exports.get(hf_folder(tmp_path, family)))
+    manifest = load_manifest(hf_exports.get(hf_folder(tmp_path, family), "--multi-step"))
     assert manifest.decoder_multi is not None
     backend = OrtBackend(manifest, device="cpu", threads=1)
     rng = np.random.default_rng(0)

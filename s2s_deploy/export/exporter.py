@@ -1,5 +1,5 @@
-"""PyTorch → ONNX: one encoder graph and one step decoder graph per export (and a k-position step
-where the model declares ``multi_step``), validated hard.
+"""PyTorch → ONNX: one encoder graph and one step decoder graph per export (and, asked for with
+``multi_step``, a k-position step for speculative greedy), validated hard.
 
 A template method in the CTranslate2 spirit: refuse a bad destination, build the generic
 wrappers, export, check (onnx checker + shape inference + ONNX Runtime against PyTorch),
@@ -102,6 +102,7 @@ def export_model(
     opset: int = DEFAULT_OPSET,
     with_attention: bool = False,
     alignment_heads: tuple[tuple[int, int], ...] = (),
+    multi_step: bool = False,
     optimize: bool = False,
     ort_format: bool = False,
     force: bool = False,
@@ -114,7 +115,9 @@ def export_model(
     still names the checkpoint and its sha256, for ``parity --checkpoint``. ``search``: the
     model's own decoding defaults (the manifest's ``search`` names), over the generic ones.
     ``alignment_heads``: the decoder's ``attention`` output holds these (layer, head) pairs' cross-attention
-    (word timestamps), recorded in the manifest."""
+    (word timestamps), recorded in the manifest. ``multi_step`` adds ``decoder_multi.onnx``, the
+    k-position step speculative greedy verifies drafts with; opt-in, as it costs a second decoder
+    export and check, and pays only where a step is bound by weight bytes."""
     out_dir = Path(out_dir)
     if out_dir.exists() and not force:
         raise S2SError(f"{out_dir} already exists; pass --force to replace it")
@@ -134,7 +137,10 @@ def export_model(
     if with_attention and alignment_heads:
         raise S2SError("--with-attention exports every head, word timestamps only the alignment heads: pick one")
     step = StepGraph(model, memory, state, with_attention, alignment_heads).eval()
-    multi = MultiStepGraph(model, memory, state).eval() if model.multi_step else None
+    if multi_step and not model.multi_step:
+        raise S2SError(f"--multi-step: the {plugin.name} model has no k-position decoder step (its plugin does not "
+                       "declare multi_step)")
+    multi = MultiStepGraph(model, memory, state).eval() if multi_step else None
 
     with staged_directory(out_dir, force) as work:
         enc_args = _encoder_inputs(specs.source, len(src_vocab), _EXAMPLE)

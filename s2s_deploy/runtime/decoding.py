@@ -268,7 +268,7 @@ def _speculative(manifest: Manifest, values: Mapping[str, Any]) -> None:
         raise DecodingError("speculative decoding is greedy only, not sampling", option="speculative")
     if manifest.decoder_multi is None:
         raise DecodingError(f"{manifest.directory} has no k-position decoder step (decoder_multi.onnx): speculative "
-                            "decoding needs an fp32 export made by this version", option="speculative")
+                            "decoding needs an fp32 export made with `export --multi-step`", option="speculative")
 
 
 def plain(beam_size: int = 1, max_len: int = 256, n_best: int = 1, **options: Any) -> SearchConfig:

@@ -246,7 +246,7 @@ def speculative_greedy(backend: Backend, src: np.ndarray, src_len: np.ndarray, c
         raise S2SError(problem)
     if not backend.multi_step:
         raise S2SError("this export has no k-position decoder step (decoder_multi.onnx): speculative decoding "
-                       "needs an fp32 export made by this version")
+                       "needs an fp32 export made with `export --multi-step`")
     counts = counts if counts is not None else Accepting()
     margin = 2 * drift_bound(backend.multi_step_drift)
     limits = config.sentence_limits(src_len)

@@ -138,7 +138,7 @@ class StepLoops:
         it), the inputs it reads on the host and those it takes at all."""
         if self._make_multi is None:
             raise S2SError(f"{self.manifest.directory} has no k-position decoder step (decoder_multi.onnx): "
-                           "re-export it with this version, from an fp32 model whose plugin declares multi_step")
+                           "re-export it with `export --multi-step` (fp32; a plugin that declares multi_step)")
         with self._lock:
             if self._multi is None:
                 session = self._make_multi()
