@@ -30,7 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from s2s_deploy.modeling.contract import Seq2SeqModel, StepOutput
-from s2s_deploy.modeling.parts import grouped_queries, layer_name, padding_bias, ungrouped
+from s2s_deploy.modeling.parts import causal_tail, grouped_queries, layer_name, padding_bias, ungrouped
 from s2s_deploy_plugins.transformer import TransformerConfig
 
 
@@ -93,6 +93,26 @@ class MultiHeadAttention(nn.Module):
         q = grouped_queries(self.w_q(x), keys.shape[0], self.num_heads, self.head_dim)
         weights = torch.softmax(q @ keys / math.sqrt(self.head_dim) + bias, dim=-1)
         return self.merge_one_position(ungrouped(weights @ values)), ungrouped(weights)
+
+    def steps_self(self, x: Tensor, past_k: Tensor, past_v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """``step_self`` for k queries ``(B, k, d)`` at once, each seeing the past and the new
+        positions up to its own: the output ``(B, k, d)`` and both caches grown by k."""
+        keys = torch.cat([past_k, self.split_heads(self.w_k(x))], dim=2)
+        values = torch.cat([past_v, self.split_heads(self.w_v(x))], dim=2)
+        q = self.split_heads(self.w_q(x))
+        scores = q @ keys.transpose(-1, -2) / math.sqrt(self.head_dim)
+        weights = torch.softmax(scores + causal_tail(x.shape[1], keys.shape[2], x.device), dim=-1)
+        return self.merge(weights @ values), keys, values
+
+    def steps_cross(self, x: Tensor, keys: Tensor, values: Tensor, bias: Tensor) -> Tensor:
+        """``step_cross`` for k queries ``(B, k, d)`` per row (one memory row per row)."""
+        q = self.split_heads(self.w_q(x))
+        return self.merge(torch.softmax(q @ keys / math.sqrt(self.head_dim) + bias, dim=-1) @ values)
+
+    def merge(self, out: Tensor) -> Tensor:
+        """``(B, H, k, head_dim)`` → the output projection of ``(B, k, d)``."""
+        batch, _, length, _ = out.shape
+        return self.w_o(out.transpose(1, 2).reshape(batch, length, -1))
 
     def one_position_heads(self, x: Tensor) -> Tensor:
         """``(B, 1, d)`` → ``(B, H, 1, head_dim)``: with one position, ``split_heads`` is a Reshape."""
@@ -167,9 +187,19 @@ class DecoderBlock(nn.Module):
         z = self.addnorm2(y, z)
         return self.addnorm3(z, self.ffn(z)), keys, values, weights
 
+    def steps(
+        self, x: Tensor, past_k: Tensor, past_v: Tensor, cross_k: Tensor, cross_v: Tensor, cross_bias: Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """``step`` for k positions ``(B, k, d)``: the output and the caches grown by k."""
+        attended, keys, values = self.self_attention.steps_self(x, past_k, past_v)
+        y = self.addnorm1(x, attended)
+        z = self.addnorm2(y, self.cross_attention.steps_cross(y, cross_k, cross_v, cross_bias))
+        return self.addnorm3(z, self.ffn(z)), keys, values
+
 
 class Transformer(Seq2SeqModel):
     memory_per_sentence = True
+    multi_step = True
 
     def __init__(self, cfg: TransformerConfig, src_vocab_size: int, tgt_vocab_size: int) -> None:
         super().__init__()
@@ -226,3 +256,17 @@ class Transformer(Seq2SeqModel):
             attention.append(weights)
         log_probs = torch.log_softmax(self.output(x[:, 0]), dim=-1)
         return StepOutput(log_probs, new_state, torch.cat(attention, dim=2).transpose(1, 2))
+
+    def decode_steps(
+        self, tokens: Tensor, step: Tensor, memory: dict[str, Tensor], state: dict[str, Tensor]
+    ) -> StepOutput:
+        positions = nn.functional.embedding(step + torch.arange(tokens.shape[1], device=tokens.device), self.positions)
+        x = self.tgt_embedding(tokens) * self.scale + positions
+        new_state = {}
+        for i, block in enumerate(self.decoder_blocks):
+            k, v = layer_name("self_k", i), layer_name("self_v", i)
+            x, new_state[k], new_state[v] = block.steps(
+                x, state[k], state[v], memory[layer_name("cross_k", i)], memory[layer_name("cross_v", i)],
+                memory["src_bias"],
+            )
+        return StepOutput(torch.log_softmax(self.output(x), dim=-1), new_state)

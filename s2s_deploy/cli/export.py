@@ -33,13 +33,17 @@ from s2s_deploy.cli.group import load_plugin_files, main, plugin_option
               help="Add the cross-attention of the model's alignment heads as a decoder output, for transcribe "
                    "--word-timestamps (with --hf: Whisper's generation_config.json alignment_heads, else the last "
                    "half of its decoder layers).")
+@click.option("--multi-step", is_flag=True,
+              help="Add the k-position decoder step (decoder_multi.onnx) that translate --speculative K verifies "
+                   "drafts with (models whose plugin declares multi_step: the Transformer and the BART-style "
+                   "Hugging Face families).")
 @click.option("--optimize", is_flag=True, help="Store the graphs already optimised by ONNX Runtime (extended level).")
 @click.option("--ort-format", is_flag=True, help="Also write .ort files for ONNX Runtime mobile/minimal builds.")
 @click.option("--force", is_flag=True, help="Replace an existing output folder.")
 @plugin_option
 def export_command(arch: str | None, checkpoint: str | None, hf_dir: str | None, out_dir: str | None,
                    preset: str | None, exporter: str | None, opset: int, with_attention: bool, word_timestamps: bool,
-                   optimize: bool, ort_format: bool, force: bool, no_checkpoint: bool,
+                   multi_step: bool, optimize: bool, ort_format: bool, force: bool, no_checkpoint: bool,
                    plugin_files: tuple[str, ...]) -> None:
     """Export a model to ONNX and validate it.
 
@@ -83,7 +87,8 @@ def export_command(arch: str | None, checkpoint: str | None, hf_dir: str | None,
             wanted = {"plugin": f"{plugin.name} v{plugin.version}",
                       "checkpoint sha256": sha256_of(source.checkpoint_path),
                       "exporter": exporter or plugin.exporter, "opset": opset, "with-attention": with_attention,
-                      "word-timestamps": word_timestamps, "optimize": optimize, "ort-format": ort_format,
+                      "word-timestamps": word_timestamps, "multi-step": multi_step, "optimize": optimize,
+                      "ort-format": ort_format,
                       "checkpoint included": not no_checkpoint}
             difference = _difference(destination, wanted, source.checkpoint_path)
             if difference is None:
@@ -97,7 +102,8 @@ def export_command(arch: str | None, checkpoint: str | None, hf_dir: str | None,
             plugin, source.model, source.config, source.src_vocab, source.tgt_vocab, destination,
             checkpoint_path=source.checkpoint_path, source=source.description, samples=source.samples,
             training=source.info, search=source.search,
-            exporter=exporter, opset=opset, with_attention=with_attention, alignment_heads=heads, optimize=optimize,
+            exporter=exporter, opset=opset, with_attention=with_attention, alignment_heads=heads, multi_step=multi_step,
+            optimize=optimize,
             ort_format=ort_format, force=force, include_checkpoint=not no_checkpoint,
         )
     worst = max(report.max_abs_diff.items(), key=lambda item: item[1])
@@ -127,7 +133,7 @@ def _difference(folder: Path, wanted: dict[str, object], checkpoint_path: Path) 
                  "checkpoint sha256": checkpoint.sha256, "exporter": manifest.exporter,
                  "opset": manifest.opset,
                  "with-attention": manifest.has_attention_output and not manifest.alignment_heads,
-                 "word-timestamps": bool(manifest.alignment_heads),
+                 "word-timestamps": bool(manifest.alignment_heads), "multi-step": manifest.decoder_multi is not None,
                  "optimize": manifest.ort_optimized, "ort-format": manifest.encoder.ort_file is not None}
         if (checkpoint.included and checkpoint.sha256 != wanted["checkpoint sha256"]
                 and content_digest(folder / checkpoint.file) == content_digest(checkpoint_path)):

@@ -1,4 +1,5 @@
-"""PyTorch → ONNX: one encoder graph and one step decoder graph per export, validated hard.
+"""PyTorch → ONNX: one encoder graph and one step decoder graph per export (and, asked for with
+``multi_step``, a k-position step for speculative greedy), validated hard.
 
 A template method in the CTranslate2 spirit: refuse a bad destination, build the generic
 wrappers, export, check (onnx checker + shape inference + ONNX Runtime against PyTorch),
@@ -25,22 +26,26 @@ from s2s_deploy.architecture.registry import REGISTRY
 from s2s_deploy.errors import S2SError
 from s2s_deploy.format.files import sha256_of, staged_directory
 from s2s_deploy.format.manifest import CheckpointEntry, IOEntry, Manifest
-from s2s_deploy.format.names import TOP_K, TOP_OUTPUTS, init_name, past_name, present_name
+from s2s_deploy.format.names import ROLLBACK, TOP_K, TOP_OUTPUTS, init_name, past_name, present_name
 from s2s_deploy.format.source import TOKEN_SOURCE, SourceSpec
 from s2s_deploy.format.subword import write_files
 from s2s_deploy.format.vocab import Vocabulary
 from s2s_deploy.frontends.source import check_frontend
 from s2s_deploy.modeling.contract import ArchitecturePlugin, Seq2SeqModel, StateSpec
-from s2s_deploy.modeling.graphs import EncoderGraph, GraphIO, StepGraph, io_names
+from s2s_deploy.modeling.graphs import EncoderGraph, GraphIO, MultiStepGraph, StepGraph, io_names, multi_io_names
 from s2s_deploy.modeling.plugin_errors import check_batch_axes, check_encoded, plugin_errors
 from s2s_deploy.runtime.ort.backend import quiet_native_output
 from s2s_deploy.transforms.share import external_files, load_graph, save_graph, share_weights
 from s2s_deploy.verify.checks import check_encoder_axes_torch, check_model_torch, run_export_checks
+from s2s_deploy.verify.multi_step import check_multi_step
 from s2s_deploy.verify.tolerance import DEFAULT_RTOL, NO_DIFF, StepTolerance, plugin_tolerance
 
 DEFAULT_OPSET = 18
 ENCODER_FILE = "encoder.onnx"
 DECODER_FILE = "decoder.onnx"
+MULTI_FILE = "decoder_multi.onnx"
+MULTI_POSITIONS = {"example": 4, "probe": 3}
+"""Target positions of the k-position step's example and probe inputs (apart from every other size)."""
 CHECKPOINT_FILE = "checkpoint.safetensors"
 # Example sizes: distinct and >= 2 so no dynamic axis is specialised or unified with another.
 # ``rows``: the decoder's rows where its memory has one row per sentence (``memory_per_sentence``),
@@ -97,6 +102,7 @@ def export_model(
     opset: int = DEFAULT_OPSET,
     with_attention: bool = False,
     alignment_heads: tuple[tuple[int, int], ...] = (),
+    multi_step: bool = False,
     optimize: bool = False,
     ort_format: bool = False,
     force: bool = False,
@@ -109,7 +115,9 @@ def export_model(
     still names the checkpoint and its sha256, for ``parity --checkpoint``. ``search``: the
     model's own decoding defaults (the manifest's ``search`` names), over the generic ones.
     ``alignment_heads``: the decoder's ``attention`` output holds these (layer, head) pairs' cross-attention
-    (word timestamps), recorded in the manifest."""
+    (word timestamps), recorded in the manifest. ``multi_step`` adds ``decoder_multi.onnx``, the
+    k-position step speculative greedy verifies drafts with; opt-in, as it costs a second decoder
+    export and check, and pays only where a step is bound by weight bytes."""
     out_dir = Path(out_dir)
     if out_dir.exists() and not force:
         raise S2SError(f"{out_dir} already exists; pass --force to replace it")
@@ -129,6 +137,10 @@ def export_model(
     if with_attention and alignment_heads:
         raise S2SError("--with-attention exports every head, word timestamps only the alignment heads: pick one")
     step = StepGraph(model, memory, state, with_attention, alignment_heads).eval()
+    if multi_step and not model.multi_step:
+        raise S2SError(f"--multi-step: the {plugin.name} model has no k-position decoder step (its plugin does not "
+                       "declare multi_step)")
+    multi = MultiStepGraph(model, memory, state).eval() if multi_step else None
 
     with staged_directory(out_dir, force) as work:
         enc_args = _encoder_inputs(specs.source, len(src_vocab), _EXAMPLE)
@@ -152,7 +164,12 @@ def export_model(
                     dec_axes, exporter, opset, _past_rows(specs))
         _add_top_k(work / DECODER_FILE)
         graph_paths = (work / ENCODER_FILE, work / DECODER_FILE)
-        for path in graph_paths:
+        if multi is not None:
+            with plugin_errors(plugin.name, f"{exporter} export of the k-position decoder step"):
+                _export_multi(multi, encoder, specs, vocab_sizes, work / MULTI_FILE, exporter, opset)
+            _add_top_k(work / MULTI_FILE)
+        all_paths = graph_paths + ((work / MULTI_FILE,) if multi is not None else ())
+        for path in all_paths:
             _check_graph(path)
             if optimize:
                 _ort_optimize(path, path, "onnx")
@@ -160,27 +177,36 @@ def export_model(
                                           plugin.parity_atol, plugin.parity_rtol)
         forward_step = run_export_checks(plugin, model, config, src_vocab, tgt_vocab, graph_paths, samples,
                                          plugin_tolerance(plugin))
+        multi_diff = {}
+        if multi is not None:
+            src, src_len = (t.numpy() for t in _encoder_inputs(specs.source, len(src_vocab),
+                                                                {"batch": 2, "src_len": 6, "past_len": 0}))
+            found = check_multi_step(plugin.name, model, all_paths, specs.memory, specs.state, src, src_len,
+                                     len(tgt_vocab), plugin_tolerance(plugin))
+            multi_diff = {"multi_step_max_abs_diff": found.max_abs_diff}
         write_files((src_vocab.tokenizer, tgt_vocab.tokenizer), work)
         if include_checkpoint:
             shutil.copyfile(checkpoint_path, work / CHECKPOINT_FILE)
         manifest = Manifest.build(
             work, plugin=(plugin.name, plugin.version, plugin.description, REGISTRY.origin(plugin)),
             config=dataclasses.asdict(config),
-            source=source, exporter=exporter, opset=opset, graphs=_graph_io(specs, work), memory=specs.memory,
+            source=source, exporter=exporter, opset=opset, graphs=_graph_io(specs, work, multi is not None),
+            memory=specs.memory,
             state=specs.state, src_vocab=src_vocab, tgt_vocab=tgt_vocab,
             limits=(plugin.max_source_length(config), plugin.max_target_length(config)),
             search={**plugin.search_defaults(config), **_length_limit(training or {}), **(search or {})},
             validation={"atol": plugin.parity_atol, "rtol": plugin.parity_rtol, "max_abs_diff": diffs,
-                        "forward_step_max_abs_diff": forward_step.max_abs_diff},
+                        "forward_step_max_abs_diff": forward_step.max_abs_diff, **multi_diff},
             samples=samples, training=training or {}, ort_optimized=optimize,
             checkpoint=CheckpointEntry(CHECKPOINT_FILE, sha256_of(checkpoint_path), include_checkpoint),
             encoder_input=specs.source, memory_per_sentence=specs.memory_per_sentence,
             alignment_heads=alignment_heads,
         )
-        for role, path in zip(("encoder", "decoder"), graph_paths, strict=True):
+        roles = ("encoder", "decoder", "decoder_multi")
+        for role, path in zip(roles, all_paths, strict=False):
             _write_metadata(path, manifest.graph_facts(role))
-        shared = share_weights(graph_paths)
-        for role, path in zip(("encoder", "decoder"), graph_paths, strict=True):
+        shared = share_weights(all_paths)
+        for role, path in zip(roles, all_paths, strict=False):
             manifest = manifest.with_graph(role, path, shared.get(path))
         if ort_format:
             ort_paths = tuple(path.with_suffix(".ort") for path in graph_paths)
@@ -355,6 +381,24 @@ def _group_varargs(module: torch.nn.Module, per_arg: list[Any]) -> tuple[Any, ..
     return (*per_arg[:fixed], tuple(per_arg[fixed:]))
 
 
+def _export_multi(multi: MultiStepGraph, encoder: EncoderGraph, specs: _Specs, vocab_sizes: tuple[int, int],
+                  path: Path, exporter: str, opset: int) -> None:
+    """The k-position step, traced on a past of 5 positions with 1 rolled back: the memory has one
+    row per token row (greedy), the token axis is dynamic (``positions``)."""
+    one_per_row = dataclasses.replace(specs, memory_per_sentence=False)
+    inputs, outputs = multi_io_names(specs.memory, specs.state)
+
+    def example(sizes: dict[str, int], positions: int) -> tuple[torch.Tensor, ...]:
+        _, step, _, *rest = _decoder_inputs(encoder, one_per_row, vocab_sizes, sizes)
+        tokens = torch.randint(4, vocab_sizes[1], (sizes["batch"], positions),
+                               generator=torch.Generator().manual_seed(positions))
+        return (tokens, step - 1, torch.tensor(1, dtype=torch.int64), *rest)
+
+    args = example(_EXAMPLE, MULTI_POSITIONS["example"])
+    axes = _dynamic_axes(multi, args, example(_PROBE, MULTI_POSITIONS["probe"]))
+    _export(multi, args, path, inputs, outputs, axes, exporter, opset, {(0, 1): "positions"})
+
+
 def _add_top_k(path: Path) -> None:
     """Append a TopK over ``log_probs``: a search then fetches K candidates per row instead of
     the whole vocabulary, which at 32k tokens is most of a small step's copying and numpy work.
@@ -363,13 +407,12 @@ def _add_top_k(path: Path) -> None:
     model, read = load_graph(path)
     graph = model.graph
     log_probs = next(o for o in graph.output if o.name == "log_probs")
-    rows = log_probs.type.tensor_type.shape.dim[0]
-    rows_dim = rows.dim_param or rows.dim_value
+    leading = [d.dim_param or d.dim_value for d in log_probs.type.tensor_type.shape.dim[:-1]]  # rows (, positions)
     graph.input.append(onnx.helper.make_tensor_value_info(TOP_K, onnx.TensorProto.INT64, [1]))
     graph.node.append(onnx.helper.make_node("TopK", ["log_probs", TOP_K], list(TOP_OUTPUTS), axis=-1,
                                             largest=1, sorted=1, name="search/TopK"))
     for name, dtype in zip(TOP_OUTPUTS, (onnx.TensorProto.FLOAT, onnx.TensorProto.INT64), strict=True):
-        graph.output.append(onnx.helper.make_tensor_value_info(name, dtype, [rows_dim, TOP_K]))
+        graph.output.append(onnx.helper.make_tensor_value_info(name, dtype, [*leading, TOP_K]))
     save_graph(model, path, read)
 
 
@@ -495,7 +538,7 @@ def _io_entries(names: tuple[str, ...], roles: dict[str, str], graph: onnx.Graph
 def _roles(specs: _Specs) -> dict[str, str]:
     roles = {"src": "source_features" if specs.source.is_features else "source_tokens",
              "src_len": "source_lengths", "tokens": "previous_tokens",
-             "step": "step_index", "reorder": "beam_reorder", "log_probs": "log_probs",
+             "step": "step_index", "reorder": "beam_reorder", ROLLBACK: "cache_rollback", "log_probs": "log_probs",
              "attention": "cross_attention", TOP_K: "top_k", TOP_OUTPUTS[0]: "top_log_probs",
              TOP_OUTPUTS[1]: "top_ids"}
     roles.update({m.name: "memory" for m in specs.memory})
@@ -505,14 +548,16 @@ def _roles(specs: _Specs) -> dict[str, str]:
     return roles
 
 
-def _graph_io(specs: _Specs, work: Path) -> dict[str, tuple[str, list[IOEntry], list[IOEntry]]]:
+def _graph_io(specs: _Specs, work: Path, multi: bool) -> dict[str, tuple[str, list[IOEntry], list[IOEntry]]]:
     """Each graph's file and the inputs and outputs it declares, with their roles, for the manifest."""
     roles = _roles(specs)
     graphs = {}
-    for role, file, inputs, outputs in (
-        ("encoder", ENCODER_FILE, specs.io.encoder_inputs, specs.io.encoder_outputs),
-        ("decoder", DECODER_FILE, (*specs.io.decoder_inputs, TOP_K), (*specs.io.decoder_outputs, *TOP_OUTPUTS)),
-    ):
+    listed = [("encoder", ENCODER_FILE, specs.io.encoder_inputs, specs.io.encoder_outputs),
+              ("decoder", DECODER_FILE, (*specs.io.decoder_inputs, TOP_K), (*specs.io.decoder_outputs, *TOP_OUTPUTS))]
+    if multi:
+        inputs, outputs = multi_io_names(specs.memory, specs.state)
+        listed.append(("decoder_multi", MULTI_FILE, (*inputs, TOP_K), (*outputs, *TOP_OUTPUTS)))
+    for role, file, inputs, outputs in listed:
         graph = onnx.load(str(work / file), load_external_data=False).graph
         graphs[role] = (file, _io_entries(inputs, roles, graph, "input"), _io_entries(outputs, roles, graph, "output"))
     return graphs

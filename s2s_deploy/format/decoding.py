@@ -334,6 +334,9 @@ OPTIONS: tuple[Option, ...] = (
            "Skip silences longer than this (seconds) before a possible hallucination, as faster-whisper times "
            "words (its word timing is then on: an export made with --word-timestamps). None: off.",
            shown_default="off"),
+    Option("speculative", Whole(0, 64), 0,
+           "Exact speculative greedy: verify up to K tokens drafted from the source and the hypothesis in one "
+           "decoder pass; the same tokens as greedy (0: off)."),
     Option("suppress_blank", Switch(), False,
            "Never produce a blank (the tokenised space) or EOS as the first generated token."),
 )

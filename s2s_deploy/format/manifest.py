@@ -171,6 +171,13 @@ class Manifest:
     several per sentence (beams, samples), grouped sentence-major: a runtime need not repeat it."""
     encoder_input: SourceSpec = TOKEN_SOURCE
     """What ``src`` holds: token ids, or features from the front end it names (format 4)."""
+    decoder_multi: GraphEntry | None = None
+    """The k-position decoder step (``decoder_multi.onnx``, optional): the decoder's inputs with
+    ``tokens`` ``(rows, positions)`` and a ``rollback`` for ``reorder``, the log-probs and top-k of
+    every position; memory one row per token row. Speculative greedy needs it; readers that do not
+    know it read the folder as before."""
+    multi_step_max_abs_diff: float | None = None
+    """The largest log-prob difference export measured between ``decoder_multi`` and k single steps."""
     alignment_heads: tuple[tuple[int, int], ...] = ()
     """The (decoder layer, head) pairs whose cross-attention the decoder's ``attention`` output holds,
     ``(rows, pairs, source)``: word timestamps read them. Empty: ``attention``, if any, is the model's own."""
@@ -235,7 +242,7 @@ class Manifest:
         and external data, generate.onnx, tokenizer files, and the checkpoint (None: not included,
         so its absence is expected)."""
         files: dict[str, str | None] = {}
-        for graph in (self.encoder, self.decoder):
+        for graph in (self.encoder, self.decoder, *((self.decoder_multi,) if self.decoder_multi else ())):
             files[graph.file] = graph.sha256
             if graph.ort_file is not None:
                 files[graph.ort_file] = graph.ort_sha256
@@ -340,6 +347,7 @@ class Manifest:
         def edit(doc: dict[str, Any]) -> None:
             doc["opset"] = opset
             doc["graphs"].pop("generate", None)
+            doc["graphs"].pop("decoder_multi", None)  # not quantised: speculative greedy stays fp32-only
             doc["quantization"] = {"kind": kind, "source": source or self.directory.name}  # no build-machine paths
             if activations is not None:
                 doc["quantization"]["activations"] = activations
@@ -435,6 +443,8 @@ def _typed(directory: Path, doc: dict[str, Any], vocabs: tuple[Vocabulary, Vocab
         memory_per_sentence=bool(doc.get("memory_per_sentence", False)),
         encoder_input=_encoder_input(doc, encoder),
         alignment_heads=_alignment_heads(doc, decoder),
+        decoder_multi=_graph(graphs["decoder_multi"]) if "decoder_multi" in graphs else None,
+        multi_step_max_abs_diff=validation.get("multi_step_max_abs_diff"),
         _document=doc,
     )
 

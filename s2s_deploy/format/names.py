@@ -22,3 +22,7 @@ TOP_K = "top_k"
 TOP_OUTPUTS = ("top_log_probs", "top_ids")
 """Decoder outputs: each row's ``top_k`` best log-probs and token ids, best first, ties to the
 lower id. A search fetches these instead of the whole (rows, vocabulary) ``log_probs``."""
+
+ROLLBACK = "rollback"
+"""The k-position decoder's input (int64, 0-d): positions dropped from the end of every growing
+state before the step (the drafted tokens a speculative search rejected)."""

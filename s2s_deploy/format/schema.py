@@ -37,7 +37,7 @@ MAX_DEPTH = 32
 MAX_VOCAB = 10_000_000
 ROLES = ("source_tokens", "source_features", "source_lengths", "memory", "state_init", "previous_tokens",
          "step_index", "beam_reorder", "state_in", "state_out", "log_probs", "cross_attention", "top_k",
-         "top_log_probs", "top_ids")
+         "top_log_probs", "top_ids", "cache_rollback")
 
 _NAME = {"type": "string", "minLength": 1, "maxLength": 256}
 _ID = {"type": "integer", "minimum": 0, "maximum": MAX_VOCAB}
@@ -85,7 +85,7 @@ PROPERTIES: dict[str, Any] = {
     "exporter": {"type": "string"},
     "opset": {"type": "integer", "minimum": 1, "maximum": 1000},
     "graphs": {"type": "object", "required": ["encoder", "decoder"],
-               "properties": {"encoder": _GRAPH, "decoder": _GRAPH},
+               "properties": {"encoder": _GRAPH, "decoder": _GRAPH, "decoder_multi": _GRAPH},
                "additionalProperties": {"type": "object", "required": ["file", "sha256"], "properties": {
                    "file": _FILE, "sha256": _SHA, "search": {"enum": ["beam", "greedy"]},
                    "options": {"type": "array", "items": {"type": "string"}},
@@ -115,7 +115,7 @@ PROPERTIES: dict[str, Any] = {
                                     "accuracy_level": {"enum": [0, 1, 2, 3, 4]}}},
     "validation": {"type": "object", "properties": {
         "atol": _NUMBER_OR_NULL, "rtol": _NUMBER_OR_NULL, "min_token_agreement": _NUMBER_OR_NULL,
-        "forward_step_max_abs_diff": _NUMBER_OR_NULL,
+        "forward_step_max_abs_diff": _NUMBER_OR_NULL, "multi_step_max_abs_diff": _NUMBER_OR_NULL,
         "max_abs_diff": {"type": "object", "additionalProperties": {"type": "number"}},
         "fp32_max_abs_diff": {"type": "object", "additionalProperties": {"type": "number"}}}},
     "training": {"type": "object"},

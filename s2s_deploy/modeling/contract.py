@@ -44,6 +44,12 @@ class Seq2SeqModel(nn.Module, ABC):
     K times a step. Checked at export against the same step on repeated memory; the manifest's
     ``memory_per_sentence`` then tells runtimes that they may skip the repeat."""
 
+    multi_step: ClassVar[bool] = False
+    """Whether ``decode_steps`` is implemented: the export then adds a second decoder graph that
+    feeds k target positions at once (exact speculative greedy verifies k drafted tokens in one
+    pass). A model that declines (a recurrent step, a convolution over its own window) leaves it
+    False and keeps the one-position graph only."""
+
     @abstractmethod
     def forward(self, src: Tensor, src_len: Tensor, tgt_in: Tensor) -> Tensor:
         """Teacher-forced logits ``(batch, tgt_len, vocab)`` for training and step checks."""
@@ -57,3 +63,12 @@ class Seq2SeqModel(nn.Module, ABC):
         self, tokens: Tensor, step: Tensor, memory: dict[str, Tensor], state: dict[str, Tensor]
     ) -> StepOutput:
         """One target position: ``tokens`` is ``(batch,)``, ``step`` a 0-d int64 position."""
+
+    def decode_steps(
+        self, tokens: Tensor, step: Tensor, memory: dict[str, Tensor], state: dict[str, Tensor]
+    ) -> StepOutput:
+        """``tokens`` ``(rows, k)`` at positions ``step .. step + k - 1`` (``step`` 0-d): what k
+        calls of ``decode_step`` return, at once. ``log_probs`` is ``(rows, k, vocab)``; each
+        growing state grows by k along its ``grow_axis``; the memory has one row per token row.
+        Only where ``multi_step`` is True; no attention output."""
+        raise NotImplementedError(f"{type(self).__name__} does not decode several positions at once")

@@ -1,4 +1,5 @@
-"""The two exportable graphs, built generically from any plugin's model and specs.
+"""The exportable graphs, built generically from any plugin's model and specs: the encoder, the
+one-position decoder step and, where the model declares ``multi_step``, the k-position step.
 
 The PyTorch backend runs these same modules, so parity compares like with like.
 Graph inputs and outputs are bound by name (see ``io_names``), never by position.
@@ -7,11 +8,12 @@ Graph inputs and outputs are bound by name (see ``io_names``), never by position
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from s2s_deploy.format.names import init_name, past_name, present_name
+from s2s_deploy.format.names import ROLLBACK, init_name, past_name, present_name
 from s2s_deploy.modeling.contract import MemorySpec, Seq2SeqModel, StateSpec
 
 
@@ -33,6 +35,13 @@ def io_names(memory: tuple[MemorySpec, ...], state: tuple[StateSpec, ...], with_
         decoder_outputs=("log_probs", *(present_name(s.name) for s in state))
         + (("attention",) if with_attention else ()),
     )
+
+
+def multi_io_names(memory: tuple[MemorySpec, ...], state: tuple[StateSpec, ...]) -> tuple[tuple[str, ...],
+                                                                                         tuple[str, ...]]:
+    """The k-position step's inputs and outputs: the step's, with ``rollback`` for ``reorder``."""
+    return (("tokens", "step", ROLLBACK, *(m.name for m in memory), *(past_name(s.name) for s in state)),
+            ("log_probs", *(present_name(s.name) for s in state)))
 
 
 class EncoderGraph(nn.Module):
@@ -91,3 +100,36 @@ class StepGraph(nn.Module):
                 raise ValueError(f"alignment head ({layer}, {head}) is outside the model's {layers} layers of "
                                  f"{heads} heads")
         return torch.stack([attention[:, layer, head] for layer, head in self.alignment_heads], dim=1)
+
+
+class MultiStepGraph(nn.Module):
+    """k decoder positions at once (``Seq2SeqModel.decode_steps``): ``tokens`` ``(rows, k)`` from
+    position ``step``. ``rollback`` (0-d) drops that many positions from the end of every growing
+    state first: the positions a verify step fed that the search then rejected. The graph copies
+    each cache anyway (the append), so cutting it there costs nothing, and the runtime's buffers
+    never move (docs/architecture.md, "Decisions")."""
+
+    def __init__(self, model: Seq2SeqModel, memory: tuple[MemorySpec, ...], state: tuple[StateSpec, ...]) -> None:
+        super().__init__()
+        self.model = model
+        self.memory_names = [m.name for m in memory]
+        self.state_specs = list(state)
+
+    def forward(self, tokens: Tensor, step: Tensor, rollback: Tensor, *tensors: Tensor) -> tuple[Tensor, ...]:
+        n_memory = len(self.memory_names)
+        memory = dict(zip(self.memory_names, tensors[:n_memory], strict=True))
+        drop = rollback.item()
+        torch._check(drop >= 0)
+        state = {spec.name: kept(past, spec.grow_axis, drop)
+                 for spec, past in zip(self.state_specs, tensors[n_memory:], strict=True)}
+        out = self.model.decode_steps(tokens, step, memory, state)
+        return (out.log_probs, *(out.state[spec.name] for spec in self.state_specs))
+
+
+def kept(past: Tensor, axis: int | None, drop: Any) -> Tensor:
+    """``past`` without its last ``drop`` positions along ``axis`` (a state that does not grow: as it is)."""
+    if axis is None:
+        return past
+    torch._check(drop <= past.shape[axis])
+    index = (slice(None),) * axis + (slice(0, past.shape[axis] - drop),)
+    return past[index]

@@ -15,7 +15,8 @@ dict maps across by name; these parts take the names they need as arguments. Wha
 * **Attention.** ``Attention``: multi-head attention with or without projection biases, scores
   scaled by ``head_dim**-0.5`` or not, any head size; ``forward`` for whole sequences,
   ``cross_memory`` for the encoder-computed cross K/V, ``step_self`` (one query against a growing
-  cache, an optional additive bias) and ``step_cross`` for one decoder step.
+  cache, an optional additive bias) and ``step_cross`` for one decoder step; ``steps_self`` and
+  ``steps_cross`` for k positions at once (``decode_steps``, the k-position step).
 * **Norms, residuals, activations.** ``residual(pre_norm, x, norm, fn)`` places the norm before
   ``fn`` or after the sum; ``RMSNorm`` (no mean, no bias); ``ACTIVATIONS`` by Hugging Face's
   ``activation_function`` names.
@@ -74,6 +75,15 @@ def three_blocks(x: Tensor) -> Tensor:
 def causal_bias(length: int, device: torch.device) -> Tensor:
     """``(T, T)``: the float minimum above the diagonal, so a position sees itself and earlier ones."""
     return torch.full((length, length), torch.finfo(torch.float32).min, device=device).triu(1)
+
+
+def causal_tail(queries: int, keys: int, device: torch.device) -> Tensor:
+    """``(queries, keys)``: the last ``queries`` rows of ``causal_bias(keys)``, the mask of k new
+    positions over a cache that already holds ``keys - queries`` (a k-position decoder step)."""
+    allowed = torch.arange(keys, device=device)[None, :] <= (torch.arange(queries, device=device)[:, None]
+                                                              + (keys - queries))
+    bias = torch.zeros(allowed.shape, dtype=torch.float32, device=device)
+    return bias.masked_fill(~allowed, torch.finfo(torch.float32).min)
 
 
 def erf_gelu(x: Tensor) -> Tensor:
@@ -194,6 +204,20 @@ class Attention(nn.Module):
         scores = self.scores(self.one(self.project(0, x)), keys.transpose(-1, -2))
         weights = torch.softmax(scores if bias is None else scores + bias, dim=-1)
         return self.merge_one(weights @ values), keys, values
+
+    def steps_self(self, x: Tensor, past_k: Tensor, past_v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """k queries ``(B, k, d)`` against the caches ``(B, H, T, head_dim)`` plus themselves, each
+        seeing the past and the new positions up to its own: ``step_self`` k times, at once."""
+        keys = torch.cat([past_k, self.split(self.project(1, x))], dim=2)
+        values = torch.cat([past_v, self.split(self.project(2, x))], dim=2)
+        scores = self.scores(self.split(self.project(0, x)), keys.transpose(-1, -2))
+        weights = torch.softmax(scores + causal_tail(x.shape[1], keys.shape[2], x.device), dim=-1)
+        return self.merge(weights @ values), keys, values
+
+    def steps_cross(self, x: Tensor, keys: Tensor, values: Tensor, bias: Tensor) -> Tensor:
+        """k queries ``(B, k, d)`` per row against ``cross_memory`` (one memory row per row)."""
+        weights = torch.softmax(self.scores(self.split(self.project(0, x)), keys) + bias, dim=-1)
+        return self.merge(weights @ values)
 
     def step_cross(self, x: Tensor, keys: Tensor, values: Tensor, bias: Tensor) -> tuple[Tensor, Tensor]:
         """One query per row against ``cross_memory``: the output and the weights ``(B, H, 1, S)``.
@@ -354,6 +378,16 @@ class DecoderLayer(nn.Module):
         return residual(self.pre_norm, x, self.final_layer_norm, self.ffn), keys, values, weights
 
 
+    def steps(self, x: Tensor, past_k: Tensor, past_v: Tensor, cross_k: Tensor, cross_v: Tensor,
+              bias: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """``step`` over k positions ``(B, k, d)``: the output and the caches grown by k."""
+        x, keys, values = residual(self.pre_norm, x, self.self_attn_layer_norm,
+                                   lambda h: self.self_attn.steps_self(h, past_k, past_v))
+        x = residual(self.pre_norm, x, self.encoder_attn_layer_norm,
+                     lambda h: self.encoder_attn.steps_cross(h, cross_k, cross_v, bias))
+        return residual(self.pre_norm, x, self.final_layer_norm, self.ffn), keys, values
+
+
 class Stack(nn.Module):
     """Positions, the optional embedding LayerNorm, the layers and the optional final LayerNorm."""
 
@@ -406,6 +440,7 @@ class EncoderDecoder(Seq2SeqModel):
     carries one K/V cache per layer (``cross_memory_specs``, ``self_attention_cache``)."""
 
     memory_per_sentence = True
+    multi_step = True
 
     def __init__(self, cfg: EncoderDecoderConfig, src_vocab_size: int, tgt_vocab_size: int) -> None:
         super().__init__()
@@ -471,3 +506,16 @@ class EncoderDecoder(Seq2SeqModel):
             attention.append(weights)
         log_probs = torch.log_softmax(self.logits(x[:, 0]), dim=-1)
         return StepOutput(log_probs, new_state, torch.cat(attention, dim=2).transpose(1, 2))
+
+    def decode_steps(self, tokens: Tensor, step: Tensor, memory: dict[str, Tensor],
+                     state: dict[str, Tensor]) -> StepOutput:
+        stack = self.decoder
+        indices = (step + torch.arange(tokens.shape[1], device=tokens.device))[None, :]
+        x = stack.embed(self.table(stack)(tokens) * self.embed_scale, stack.positions(indices, tokens))
+        new_state = {}
+        for i, layer in enumerate(stack.layers):
+            k, v = layer_name("self_k", i), layer_name("self_v", i)
+            x, new_state[k], new_state[v] = layer.steps(
+                x, state[k], state[v], memory[layer_name("cross_k", i)], memory[layer_name("cross_v", i)],
+                memory["src_bias"])
+        return StepOutput(torch.log_softmax(self.logits(x), dim=-1), new_state)

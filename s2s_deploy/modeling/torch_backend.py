@@ -18,8 +18,9 @@ from s2s_deploy.format.names import init_name
 from s2s_deploy.format.vocab import Vocabulary
 from s2s_deploy.modeling.checkpoint import build_model, load_checkpoint
 from s2s_deploy.modeling.contract import ArchitecturePlugin, Seq2SeqModel
-from s2s_deploy.modeling.graphs import EncoderGraph, StepGraph, io_names
+from s2s_deploy.modeling.graphs import EncoderGraph, MultiStepGraph, StepGraph, io_names
 from s2s_deploy.runtime.backend import Backend, DecodeRun
+from s2s_deploy.runtime.speculative import source_in_target
 
 _RunInputs = tuple[list[torch.Tensor], list[torch.Tensor]]  # memory, then the first state
 
@@ -29,8 +30,9 @@ class TorchBackend(Backend):
 
     def __init__(
         self, plugin: ArchitecturePlugin, model: Seq2SeqModel, config: Any, tgt_vocab: Vocabulary,
-        device: str = "cpu",
+        device: str = "cpu", src_vocab: Vocabulary | None = None,
     ) -> None:
+        """``src_vocab``: where given, speculative greedy drafts from the source too."""
         self.device = torch.device(device)
         self.model = model.to(self.device).eval()
         self.memory_specs = plugin.memory_specs(config)
@@ -39,6 +41,11 @@ class TorchBackend(Backend):
         self.with_attention = plugin.has_attention
         self.encoder_outputs = io_names(self.memory_specs, self.state_specs, False).encoder_outputs
         self.step_graph = StepGraph(self.model, self.memory_specs, self.state_specs, self.with_attention).eval()
+        self.multi_graph = (MultiStepGraph(self.model, self.memory_specs, self.state_specs).eval()
+                            if self.model.multi_step else None)
+        self.multi_step = self.multi_graph is not None
+        if self.multi_step and src_vocab is not None and not plugin.source_spec(config).is_features:
+            self.source_in_target = source_in_target(src_vocab, tgt_vocab)
         self.decoder_start_id = tgt_vocab.decoder_start_id
         self.eos_id = tgt_vocab.eos_id
         self.vocab_size = len(tgt_vocab)
@@ -120,6 +127,21 @@ class _TorchRun(DecodeRun):
     def attention(self) -> np.ndarray | None:
         return self._attention
 
+    @torch.no_grad()
+    def steps_top(self, tokens: np.ndarray, rollback: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+        graph, device = self.backend.multi_graph, self.backend.device
+        if graph is None:
+            raise NotImplementedError("this model has no k-position step (multi_step)")
+        started = time.perf_counter()
+        outputs = graph(torch.from_numpy(tokens.astype(np.int64, copy=False)).to(device),
+                        torch.tensor(self.position - rollback, dtype=torch.int64, device=device),
+                        torch.tensor(rollback, dtype=torch.int64, device=device), *self.memory, *self.state)
+        values, ids = torch.topk(outputs[0], k, dim=-1)
+        self.backend.runtime_seconds += time.perf_counter() - started
+        self.state = list(outputs[1:])
+        self.position += tokens.shape[1] - rollback
+        return values.cpu().numpy(), ids.cpu().numpy()
+
     def close(self) -> None:
         """Nothing is pooled: PyTorch's caching allocator already reuses the tensors' memory."""
 
@@ -144,4 +166,4 @@ def torch_backend_for(
     model = build_model(loaded, plugin)
     if loaded.tgt_vocab != manifest.tgt_vocab or loaded.src_vocab != manifest.src_vocab:
         raise CheckpointError(f"{path} has different vocabularies from the export in {manifest.directory}")
-    return TorchBackend(plugin, model, loaded.config, loaded.tgt_vocab, device=device)
+    return TorchBackend(plugin, model, loaded.config, loaded.tgt_vocab, device=device, src_vocab=loaded.src_vocab)

@@ -39,6 +39,13 @@ class DecodeRun(ABC):
         """Cross-attention of the last step, when the backend was asked to keep it."""
         return None
 
+    def steps_top(self, tokens: np.ndarray, rollback: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Feed ``tokens`` (rows, positions) at once, after dropping the last ``rollback``
+        positions of the state (drafted tokens a speculative search rejected); return each
+        position's ``k`` best log-probs and ids (rows, positions, k). Only on a backend whose
+        ``multi_step`` is True, and only in a run that takes no one-position step."""
+        raise NotImplementedError(f"{type(self).__name__} has no k-position step")
+
 
 class Backend(ABC):
     """``runtime_seconds`` accumulates the time spent inside the runtime's own calls, so a
@@ -55,6 +62,13 @@ class Backend(ABC):
     steps_run: int = 0
     unk_id: int | None = None
     """The target vocabulary's unknown token, for ``disable_unk``."""
+    multi_step: bool = False
+    """Whether runs take ``steps_top`` (the export holds the k-position decoder step)."""
+    multi_step_drift: float | None = None
+    """The largest log-prob difference between the k-position step and single steps, as export measured it."""
+    source_in_target: np.ndarray | None = None
+    """Each source id's target id where both vocabularies hold the same token, else -1: speculative
+    greedy drafts from the source through it. None: not known."""
     language_ids: tuple[int, ...] = ()
     """The target vocabulary's ``languages``, ascending: a decoder prompt's open slot picks among them."""
 

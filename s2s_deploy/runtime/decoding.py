@@ -249,11 +249,26 @@ def resolve(manifest: Manifest, given: Mapping[str, Any] | None = None) -> Searc
     if values["encoder_no_repeat_ngram_size"] and manifest.encoder_input.is_features:
         raise DecodingError("encoder_no_repeat_ngram_size bans n-grams of the source's token ids, and this export's "
                             "encoder reads features", option="encoder_no_repeat_ngram_size")
+    if values["speculative"]:
+        _speculative(manifest, values)
     config = SearchConfig(**values)
     for option in OPTIONS:
         if isinstance(option.kind, Ids):
             _check_in_vocabulary(option.name, getattr(config, option.name), len(vocab))
     return config
+
+
+def _speculative(manifest: Manifest, values: Mapping[str, Any]) -> None:
+    """Refuse ``speculative`` in one line where it cannot apply; the search refuses the options it
+    cannot combine with (runtime/speculative.py's ``refusal``)."""
+    if values["beam_size"] != 1:
+        raise DecodingError("speculative decoding is greedy only: beam search stays one position a step (--beam 1)",
+                            option="speculative")
+    if values["sampling_topk"] != 1:
+        raise DecodingError("speculative decoding is greedy only, not sampling", option="speculative")
+    if manifest.decoder_multi is None:
+        raise DecodingError(f"{manifest.directory} has no k-position decoder step (decoder_multi.onnx): speculative "
+                            "decoding needs an fp32 export made with `export --multi-step`", option="speculative")
 
 
 def plain(beam_size: int = 1, max_len: int = 256, n_best: int = 1, **options: Any) -> SearchConfig:

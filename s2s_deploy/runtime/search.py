@@ -27,6 +27,7 @@ from s2s_deploy.format.decoding import OPEN_SLOT
 from s2s_deploy.runtime.backend import Backend, DecodeRun
 from s2s_deploy.runtime.decoding import SearchConfig, window_options_on
 from s2s_deploy.runtime.options import StepOptions, options_on, top_of
+from s2s_deploy.runtime.speculative import Accepting, decode_sentence, drift_bound, refusal
 
 NON_FINITE = "the decoder returned NaN log-probs: the model's weights or graph are broken (re-export it)"
 
@@ -236,8 +237,44 @@ def with_prompts(found: list[list[Hypothesis]], run: DecodeRun) -> list[list[Hyp
                                                strict=True)]
 
 
+def speculative_greedy(backend: Backend, src: np.ndarray, src_len: np.ndarray, config: SearchConfig,
+                       counts: Accepting | None = None) -> list[Hypothesis]:
+    """``greedy``'s tokens by draft-and-verify (runtime/speculative.py), each sentence alone;
+    a sentence that meets a near-tie is decoded again by ``greedy``. ``counts``: the acceptance."""
+    problem = refusal(config)
+    if problem is not None:
+        raise S2SError(problem)
+    if not backend.multi_step:
+        raise S2SError("this export has no k-position decoder step (decoder_multi.onnx): speculative decoding "
+                       "needs an fp32 export made with `export --multi-step`")
+    counts = counts if counts is not None else Accepting()
+    margin = 2 * drift_bound(backend.multi_step_drift)
+    limits = config.sentence_limits(src_len)
+    plain_config = replace(config, speculative=0)
+    found = []
+    for i in range(len(src)):
+        limit = int(limits[i]) if limits is not None else config.max_len
+        row_src, row_len = src[i:i + 1], src_len[i:i + 1]
+        mapping = backend.source_in_target
+        source = mapping[src[i, : int(src_len[i])]].tolist() if mapping is not None else []
+        picked = decode_sentence(backend, row_src, row_len, source, limit, config.speculative, margin, counts)
+        if picked is None:  # a near-tie: plain greedy decides the sentence
+            counts.redone += 1
+            found.append(greedy(backend, row_src, row_len, plain_config)[0])
+            continue
+        tokens, lps, finished = picked
+        if not np.all(np.isfinite(lps)):
+            raise NonFiniteError(NON_FINITE)
+        n = len(tokens)
+        body = tuple(tokens[: n - 1] if finished else tokens)
+        found.append(Hypothesis(body, tuple(lps), float(normalised(sum(lps), n, config.alpha)), finished))
+    return found
+
+
 def greedy(backend: Backend, src: np.ndarray, src_len: np.ndarray, config: SearchConfig) -> list[Hypothesis]:
     """One hypothesis per sentence; each carries the prompt it was fed."""
+    if config.speculative:
+        return speculative_greedy(backend, src, src_len, config)
     batch, eos = src.shape[0], backend.eos_id
     rows = np.arange(batch)
     reorder = rows.astype(np.int64)

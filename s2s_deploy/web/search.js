@@ -94,6 +94,7 @@
     initial_prompt: [],
     prompt_reset_on_temperature: 0.5,
     hallucination_silence_threshold: null,
+    speculative: 0,
     suppress_blank: false,
   };
   const ALIASES = {

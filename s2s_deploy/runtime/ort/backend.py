@@ -21,6 +21,7 @@ from s2s_deploy.errors import S2SError
 from s2s_deploy.format.manifest import Manifest
 from s2s_deploy.runtime.backend import Backend, DecodeRun
 from s2s_deploy.runtime.ort.step_loop import FixedRun, StepLoops
+from s2s_deploy.runtime.speculative import source_in_target
 
 DEVICES = ("auto", "cpu", "cuda")
 CPU = "CPUExecutionProvider"
@@ -223,8 +224,15 @@ class OrtBackend(Backend):
         self.vocab_size = len(manifest.tgt_vocab)
         self.unk_id = manifest.tgt_vocab.unk_id
         self.language_ids = tuple(sorted(manifest.tgt_vocab.languages))
+        multi = manifest.decoder_multi
+        self.multi_step = multi is not None and graph_format == "onnx"
+        self.multi_step_drift = manifest.multi_step_max_abs_diff
+        self._multi_path = manifest.graph_path(multi) if multi is not None else manifest.directory
+        if self.multi_step and not manifest.encoder_input.is_features:
+            self.source_in_target = source_in_target(manifest.src_vocab, manifest.tgt_vocab)
         self.loops = StepLoops(manifest, self.device, decoder, capture,
-                               uncaptured=lambda: self._decoder_session(cuda_graph=False), on_step=self.count_step)
+                               uncaptured=lambda: self._decoder_session(cuda_graph=False), on_step=self.count_step,
+                               multi=self._multi_session if self.multi_step else None)
 
     @property
     def decoder(self) -> ort.InferenceSession:
@@ -247,6 +255,11 @@ class OrtBackend(Backend):
         """The decoder's workers spin within a step and stop when it returns."""
         path, threads, spin = self._decoder_settings
         return _create(path, self.device, threads, spin, spin_between_runs=False, cuda_graph=cuda_graph, step=True)[0]
+
+    def _multi_session(self) -> ort.InferenceSession:
+        """The k-position decoder step, never captured (its shapes change with each acceptance)."""
+        _, threads, spin = self._decoder_settings
+        return _create(self._multi_path, self.device, threads, spin, spin_between_runs=False, step=True)[0]
 
     def describe(self) -> dict[str, Any]:
         return {"backend": self.name, "provider": self.choice.provider, "onnxruntime": ort.__version__}

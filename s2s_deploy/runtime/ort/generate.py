@@ -121,6 +121,8 @@ class GraphEngine:
 
     def search(self, src: np.ndarray, src_len: np.ndarray, config: SearchConfig) -> list[list[Hypothesis]]:
         """n-best hypotheses per sentence, best first; tokens exclude the start token and EOS."""
+        if config.speculative:
+            raise S2SError(f"speculative decoding runs in the step loop, not in {self.path.name}: use the step engine")
         if config.beam_size > 1 and not self.beam:
             raise S2SError(f"{self.path.name} was fused with --greedy-only; beam size must be 1")
         if config.beam_size >= self.vocab_size:

@@ -33,6 +33,14 @@ identical) runs uncaptured on the encoder's own untiled memory and state and wri
 for one row per sentence; the next step binds that past as it is, with a graph of its own, and
 its reorder tiles the beams from it inside the decoder, as a step's reorder always does.
 
+The k-position step (``decoder_multi``, speculative greedy) runs on the same state buffers: a
+call reads the past as the last call left it and writes past + k positions into the other
+buffer, less the ``rollback`` positions the search rejected, which the graph drops while it copies
+the cache (it copies it anyway to append). So a rollback moves no byte of the cache. Such calls
+are never captured (their shapes change with every acceptance) and a run does either kind of
+step, not both. On CUDA this path is written to the same rules as the captured one (device
+buffers, host-side shape inputs on the host) but has not run on a GPU.
+
 Threads: all of the above is one ``FixedSteps``, and a batch checks one out of ``StepLoops`` for
 as long as it runs, so two batches never share a buffer or a binding. A single thread gets the same
 set back batch after batch; N threads decoding at once hold N sets, all on one session (its ``run``
@@ -56,8 +64,9 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from s2s_deploy.errors import S2SError
 from s2s_deploy.format.manifest import Manifest
-from s2s_deploy.format.names import TOP_K, TOP_OUTPUTS
+from s2s_deploy.format.names import ROLLBACK, TOP_K, TOP_OUTPUTS
 from s2s_deploy.runtime.backend import DecodeRun
 
 CAPTURE_FAILURES = (ort.capi.onnxruntime_pybind11_state.Fail, ort.capi.onnxruntime_pybind11_state.EPFail,
@@ -72,6 +81,8 @@ KEPT_MEMORY_BYTES = 256 << 20
 with its graphs (the newest always stays)."""
 KEPT_ROW_COUNTS = 4
 """Row counts whose state buffers are kept; the least recently used goes first, with its graphs."""
+KEPT_MULTI_BINDINGS = 64
+"""k-position step bindings kept per step loop, one per (rows, positions, k, memory buffers)."""
 KEPT_IDLE_LOOPS = 8
 """Idle step loops (buffer sets) a backend keeps for the next batches; more threads than this
 decoding at once still each get their own, and the extra ones are dropped when their batch ends."""
@@ -101,7 +112,8 @@ class StepLoops:
     ``on_step`` hears each step's start time (the backend's counters)."""
 
     def __init__(self, manifest: Manifest, device: str, session: ort.InferenceSession, capture: bool,
-                 uncaptured: Callable[[], ort.InferenceSession], on_step: Callable[[float], None]) -> None:
+                 uncaptured: Callable[[], ort.InferenceSession], on_step: Callable[[float], None],
+                 multi: Callable[[], ort.InferenceSession] | None = None) -> None:
         self.manifest = manifest
         self.device = device
         self.layout = StepLayout.of(manifest)
@@ -118,6 +130,20 @@ class StepLoops:
         self._uncaptured = uncaptured
         self._idle: list[FixedSteps] = []
         self._lock = threading.Lock()
+        self._make_multi = multi
+        self._multi: tuple[ort.InferenceSession, frozenset[str], frozenset[str]] | None = None
+
+    def multi(self) -> tuple[ort.InferenceSession, frozenset[str], frozenset[str]]:
+        """The k-position decoder's session (made on first use: only speculative greedy needs
+        it), the inputs it reads on the host and those it takes at all."""
+        if self._make_multi is None:
+            raise S2SError(f"{self.manifest.directory} has no k-position decoder step (decoder_multi.onnx): "
+                           "re-export it with `export --multi-step` (fp32; a plugin that declares multi_step)")
+        with self._lock:
+            if self._multi is None:
+                session = self._make_multi()
+                self._multi = (session, _host_inputs(session), frozenset(i.name for i in session.get_inputs()))
+            return self._multi
 
     def guard(self) -> contextlib.AbstractContextManager[Any]:
         """The device lock while capturing; nothing otherwise (a CPU step takes no lock)."""
@@ -194,6 +220,32 @@ class _Rows:
             self.small[name].update_inplace(np.ascontiguousarray(values, dtype=np.int64))
 
 
+@dataclass(frozen=True)
+class _MultiBinding:
+    """A k-position step's binding: the small inputs written in place (host arrays on CPU), the
+    top-k outputs read in place on CPU and copied out on CUDA."""
+
+    session: ort.InferenceSession
+    binding: ort.IOBinding
+    host: dict[str, np.ndarray]
+    small: dict[str, ort.OrtValue]
+    top_k: ort.OrtValue
+    values: list[ort.OrtValue]
+    outputs: list[np.ndarray] | None
+
+    def write(self, tokens: np.ndarray, step: int, rollback: int) -> None:
+        for name, value in (("tokens", tokens), ("step", step), (ROLLBACK, rollback)):
+            if self.host:
+                self.host[name][...] = value
+            else:
+                self.small[name].update_inplace(np.ascontiguousarray(value, dtype=np.int64))
+
+    def read(self) -> tuple[np.ndarray, np.ndarray]:
+        if self.outputs is not None:
+            return self.outputs[0], self.outputs[1]
+        return self.values[0].numpy(), self.values[1].numpy()
+
+
 class FixedSteps:
     """One step loop: buffers and graph ids, kept across the batches that check it out in turn."""
 
@@ -211,7 +263,10 @@ class FixedSteps:
         self._memory: dict[tuple[Any, ...], tuple[int, dict[str, ort.OrtValue], int]] = {}
         self._graphs: dict[tuple[Any, ...], _Graph] = {}
         self._uncaptured = _run_options(NO_CAPTURE) if self.capture else None
+        self.uncaptured_options = self._uncaptured
+        """Run options that never capture (None where nothing is captured)."""
         self._top_k: dict[int, ort.OrtValue] = {}
+        self._multi: dict[tuple[int, ...], _MultiBinding] = {}
         self._host_small = _host_inputs(self.session)
         self.run = self.session.run_with_iobinding
 
@@ -274,6 +329,7 @@ class FixedSteps:
                                          sum(entry[2] for entry in self._memory.values()) > KEPT_MEMORY_BYTES):
             oldest, _, _ = self._memory.pop(next(iter(self._memory)))
             self._drop(lambda graph_key, gone=oldest: graph_key[2] == gone)
+            self._multi = {key: bound for key, bound in self._multi.items() if key[3] != oldest}
             for kept in self._rows.values():
                 kept.outputs = {out: values for out, values in kept.outputs.items() if out[2] != oldest}
         memory_id, buffers, _ = found
@@ -298,6 +354,43 @@ class FixedSteps:
         if k not in self._top_k:
             self._top_k[k] = ort.OrtValue.ortvalue_from_numpy(np.array([k], dtype=np.int64))
         return self._top_k[k]
+
+    def multi_binding(self, rows: int, positions: int, k: int, memory_id: int,
+                      memory: dict[str, ort.OrtValue]) -> _MultiBinding:
+        """The k-position step's binding for (rows, positions, k, memory buffers), made once: its
+        memory, small inputs and top-k outputs stay bound; the caller binds the state."""
+        key = (rows, positions, k, memory_id)
+        found = self._multi.get(key)
+        if found is not None:
+            return found
+        session, on_host, accepted = self.loops.multi()
+        io = session.io_binding()
+        for name, value in memory.items():
+            if name in accepted:
+                io.bind_ortvalue_input(name, value)
+        shapes = {"tokens": (rows, positions), "step": (), ROLLBACK: ()}
+        host = {name: np.zeros(shape, dtype=np.int64) for name, shape in shapes.items()}
+        top_k = np.array([k], dtype=np.int64)
+        if self.device == "cpu":
+            small = {name: ort.OrtValue.ortvalue_from_numpy(array) for name, array in host.items()}
+            outputs = [np.empty((rows, positions, k), dtype=dtype) for dtype in (np.float32, np.int64)]
+            values = [ort.OrtValue.ortvalue_from_numpy(array) for array in outputs]
+        else:  # written in place on the device (or on the host where the session reads it there)
+            small = {name: self.value(shape, np.dtype(np.int64), on_host=name in on_host)
+                     for name, shape in shapes.items()}
+            outputs = []
+            values = [self.value((rows, positions, k), np.dtype(dtype)) for dtype in (np.float32, np.int64)]
+        kept_top_k = ort.OrtValue.ortvalue_from_numpy(top_k, "cpu" if TOP_K in on_host else self.device, 0)
+        for name, value in (*small.items(), (TOP_K, kept_top_k)):
+            io.bind_ortvalue_input(name, value)
+        for name, value in zip(TOP_OUTPUTS, values, strict=True):
+            io.bind_ortvalue_output(name, value)
+        made = _MultiBinding(session, io, host if self.device == "cpu" else {}, small, kept_top_k, values,
+                             outputs or None)
+        if len(self._multi) >= KEPT_MULTI_BINDINGS:
+            del self._multi[next(iter(self._multi))]
+        self._multi[key] = made
+        return made
 
     def graph(self, key: tuple[Any, ...]) -> tuple[_Graph, bool]:
         """The graph for ``key`` and whether it is new (its binding still to be made)."""
@@ -389,6 +482,9 @@ class FixedRun(DecodeRun):
         self.longest_start = max((n for n in self.start_lengths if n is not None), default=0)
         self.buffers = steps.rows(rows, self._positions(1), self._sizes)
         self.t = 0
+        self.filled = 0
+        """Positions the k-position steps have left in the state (each call adds k, less its rollback)."""
+        self._multi_layout: tuple[_Rows, list[Any]] | None = None
         self._last_reorder: np.ndarray | None = None
         self.widen_next = False
         self._steady: list[tuple[tuple[str, ...], int, _Graph, _Outputs] | None] = [None, None]
@@ -586,10 +682,23 @@ class FixedRun(DecodeRun):
             target = (second, first)[t & 1]
             io.bind_output(name, target.device_name(), 0, np.dtype(state.dtype), list(shape), target.data_ptr())
 
-    def _move(self, bigger: _Rows) -> None:
-        """The state outgrew its buffers: copy what the next step reads into the new ones."""
+    def _state_views(self) -> list[tuple[str, str, str, np.dtype, list[int], int | None, int, tuple[int, int]]]:
+        """What binding a state's view needs, per state, worked out once per buffers: its names,
+        device, dtype, shape (its growing axis set per call), that axis, its start length and the
+        two buffers' addresses."""
+        steps = self.steps
+        return [(in_name, out_name, first.device_name(), np.dtype(state.dtype), list(array.shape),
+                 None if start is None else state.grow_axis, start or 0, (first.data_ptr(), second.data_ptr()))
+                for in_name, out_name, (first, second), state, array, start in zip(
+                    steps.layout.state_inputs, steps.layout.state_outputs, self.buffers.states, steps.manifest.state,
+                    self.initial, self.start_lengths, strict=True)]
+
+    def _move(self, bigger: _Rows, positions: int | None = None) -> None:
+        """The state outgrew its buffers: copy what the next step reads (``positions`` of it, by
+        default one per step so far) into the new ones."""
         side = self.t & 1
-        for old, new, shape in zip(self.buffers.states, bigger.states, self._shapes(self.t), strict=True):
+        shapes = self._shapes(self.t if positions is None else positions)
+        for old, new, shape in zip(self.buffers.states, bigger.states, shapes, strict=True):
             current = old[side].numpy()[: int(np.prod(shape))]
             staged = np.zeros(new[side].shape(), dtype=current.dtype)
             staged[: current.size] = current
@@ -613,3 +722,52 @@ class FixedRun(DecodeRun):
 
     def attention(self) -> np.ndarray | None:
         return self._attention
+
+    def steps_top(self, tokens: np.ndarray, rollback: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+        if self.steps.capture:
+            with self.steps.loops.device_lock:
+                return self._run_multi(tokens, rollback, k)
+        return self._run_multi(tokens, rollback, k)
+
+    def _run_multi(self, tokens: np.ndarray, rollback: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """One k-position step (module docstring): reads ``filled`` positions, drops ``rollback``
+        of them, writes ``filled - rollback + k`` into the other buffer. Never captured; the
+        binding and the small inputs and outputs are kept per (positions, k), only the state's
+        views are bound again each call (their lengths change)."""
+        steps = self.steps
+        if self.expand != 1 or self.keep_attention:
+            raise S2SError("the k-position step decodes one row per sentence, without attention")
+        if self.t and self.filled == 0:
+            raise S2SError("a run mixes one-position and k-position steps")
+        if not 0 <= rollback <= self.filled:
+            raise S2SError(f"rollback {rollback} outside the {self.filled} positions held")
+        positions = tokens.shape[1]
+        past, kept = self.filled, self.filled - rollback
+        after = kept + positions
+        if steps.grows and self._positions(after) > self.buffers.capacity:
+            self._move(steps.rows(self.rows, self._positions(after), self._sizes), past)
+        bound = steps.multi_binding(self.rows, positions, k, self.memory_id, self.memory)
+        bound.write(tokens, kept, rollback)
+        io = bound.binding
+        side = self.t & 1
+        if self._multi_layout is None or self._multi_layout[0] is not self.buffers:
+            self._multi_layout = (self.buffers, self._state_views())
+        if self.t == 0:
+            initial = self._initial_values()  # alive until the run ends
+            for name, value in zip(steps.layout.state_inputs, initial, strict=True):
+                io.bind_ortvalue_input(name, value)
+        for in_name, out_name, device, dtype, shape, axis, start, pointers in self._multi_layout[1]:
+            if self.t:
+                if axis is not None:
+                    shape[axis] = start + past
+                io.bind_input(in_name, device, 0, dtype, shape, pointers[side])
+            if axis is not None:
+                shape[axis] = start + after
+            io.bind_output(out_name, device, 0, dtype, shape, pointers[1 - side])
+        started = time.perf_counter()
+        bound.session.run_with_iobinding(io, steps.uncaptured_options)
+        values, ids = bound.read()
+        steps.loops.on_step(started)
+        self.t += 1
+        self.filled = after
+        return values, ids
