@@ -250,7 +250,7 @@ def test_preset_turns_on_faster_whisper_s_defaults(whisper: dict[str, Any], tmp_
     assert (config.compression_ratio_threshold, config.log_prob_threshold, config.no_speech_threshold) == (2.4, -1.0,
                                                                                                           0.6)
     assert config.condition_on_previous_text and config.suppress_blank and config.timestamps
-    from test_hf_whisper_timestamps import NO_SPEECH
+    from test_hf_whisper import NO_SPEECH
 
     assert manifest.search["no_speech_token"] == NO_SPEECH  # <|nospeech|>, found by the plugin's hf_no_speech_token
     assert config.max_initial_timestamp == 50 and config.no_speech_token == NO_SPEECH
@@ -290,7 +290,7 @@ def test_no_speech_probability_is_read_after_the_start_token(whisper: dict[str, 
     earlier text: transformers' model on the same features and tokens gives ours."""
     import torch
     import transformers
-    from test_hf_whisper_timestamps import NO_SPEECH, PREV, SOT
+    from test_hf_whisper import NO_SPEECH, PREV, SOT
 
     from s2s_deploy.runtime.fallback import Windows
 

@@ -93,8 +93,8 @@ def jump_times(alignments: tuple[tuple[int, int], ...]) -> np.ndarray:
 
 
 def test_align_is_openai_whispers_find_alignment(whisper: dict[str, Any]) -> None:
-    from test_hf_whisper import clips
-    from test_hf_whisper_timestamps import BEGIN, EOS, FR, NO_TIMESTAMPS, SOT, TRANSCRIBE
+    from test_hf_whisper import EOS, FR, NO_TIMESTAMPS, SOT, TRANSCRIBE, clips
+    from test_hf_whisper_timestamps import BEGIN
 
     from s2s_deploy.runtime.align import align
 
