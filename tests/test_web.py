@@ -13,6 +13,7 @@ import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -189,7 +190,9 @@ def test_web_bundle_refuses_a_front_end_the_page_does_not_compute(exports, tmp_p
     assert not (manifest.directory / PAGE_FILES[0]).exists()
 
 
-def test_web_bundle_copies_the_page_and_refuses_to_overwrite(exports, tmp_path: Path) -> None:
+def gru_and_dist(exports: Any, tmp_path: Path) -> tuple[Path, Path]:
+    """A copy of the gru export (a page is written into it) and an onnxruntime-web ``dist`` folder whose
+    files hold their own names."""
     _, manifest = exports.get("gru")
     dist = tmp_path / "dist"
     dist.mkdir()
@@ -197,6 +200,11 @@ def test_web_bundle_copies_the_page_and_refuses_to_overwrite(exports, tmp_path: 
         (dist / name).write_bytes(name.encode())
     folder = tmp_path / "gru"
     shutil.copytree(manifest.directory, folder)
+    return folder, dist
+
+
+def test_web_bundle_copies_the_page_and_refuses_to_overwrite(exports, tmp_path: Path) -> None:
+    folder, dist = gru_and_dist(exports, tmp_path)
     write_web_bundle(folder, dist)
     for name in PAGE_FILES:
         assert (folder / name).read_bytes() == (ROOT / "s2s_deploy" / "web" / name).read_bytes()

@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from test_web import BEAMS, DIST, ROOT, browser_missing, run_page, static_site
+from test_web import BEAMS, DIST, ROOT, browser_missing, gru_and_dist, run_page, static_site
 
 from s2s_deploy.cli import main
 
@@ -263,15 +263,9 @@ def test_byte_level_tokenizer_reads_back_as_tokenizers_reads_it() -> None:
 
 def test_web_vad_refuses_an_export_without_16khz_audio(exports, tmp_path: Path) -> None:
     """``web --vad`` on a text export: one line, nothing written; without ``--vad`` page.json says no VAD."""
-    from s2s_deploy.web.bundle import ORT_FILES, PAGE_JSON
+    from s2s_deploy.web.bundle import PAGE_JSON
 
-    _, manifest = exports.get("gru")
-    dist = tmp_path / "dist"
-    dist.mkdir()
-    for name in ORT_FILES:
-        (dist / name).write_bytes(name.encode())
-    folder = tmp_path / "gru"
-    shutil.copytree(manifest.directory, folder)
+    folder, dist = gru_and_dist(exports, tmp_path)
     result = CliRunner().invoke(main, ["web", str(folder), "--ort-web", str(dist), "--vad"])
     assert result.exit_code == 1 and result.output.count("\n") == 1
     assert result.output.startswith("error: ") and "--vad reads audio at 16000 Hz" in result.output
