@@ -157,7 +157,7 @@ class PromptedRun(DecodeRun):
     def _keep_no_speech(self, log_probs: np.ndarray) -> None:
         self.no_speech_probs = np.exp(np.asarray(log_probs[:, self.no_speech], dtype=np.float64))
 
-    def _tokens(self, rows: int) -> np.ndarray:
+    def _feed_prompt(self, rows: int) -> np.ndarray:
         """Feeds the context, the start token and the prompt's tokens but the last (each row's); the
         column the first step is fed (the last prompt token, or the start token without a prompt)."""
         identity = np.arange(rows, dtype=np.int64)
@@ -200,7 +200,7 @@ class PromptedRun(DecodeRun):
         """The first step (later ones go to the wrapped run's own, even through this method kept)."""
         if self.fed is not None:
             return self.run.step(tokens, reorder)
-        log_probs = self.run.step(self._tokens(len(tokens)), reorder)
+        log_probs = self.run.step(self._feed_prompt(len(tokens)), reorder)
         if self._at_start():
             self._keep_no_speech(log_probs)
         return log_probs
@@ -211,7 +211,7 @@ class PromptedRun(DecodeRun):
             return self.run.step_top(tokens, reorder, k)
         if self._at_start():
             return top_of(np.asarray(self.step(tokens, reorder), dtype=np.float32), k)
-        return self.run.step_top(self._tokens(len(tokens)), reorder, k)
+        return self.run.step_top(self._feed_prompt(len(tokens)), reorder, k)
 
     def attention(self) -> np.ndarray | None:
         return self.run.attention()
