@@ -63,6 +63,7 @@ or to run a cell is reported and left out, and the race goes on.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -71,6 +72,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -598,6 +600,55 @@ def spread(values: list[float]) -> str:
     return f"{statistics.median(values):.3f} s [{min(values):.3f}-{max(values):.3f}]"
 
 
+@contextlib.contextmanager
+def _workers(args: argparse.Namespace, script: str, precision: str, keys: list[str], clips: int,
+             failures: dict[str, str]) -> Iterator[dict[str, _Worker]]:
+    """One worker per engine of ``keys`` (a peer that fails to load is reported and left out; ours must
+    load), closed on the way out."""
+    workers: dict[str, _Worker] = {}
+    try:
+        for key in keys:
+            python = sys.executable if key.startswith("s2s") else args.peer_python
+            worker_ = _Worker(key, [python, script, "worker", "--root", str(args.root.resolve()), "--engine", key,
+                                    "--clips", str(clips)])
+            if worker_.failed:
+                failures[key] = worker_.failed
+                print(f"{key}: failed to load: {worker_.failed}", flush=True)
+                worker_.close()
+            else:
+                workers[key] = worker_
+        if f"s2s-{precision}" not in workers:
+            raise SystemExit(f"error: our {precision} engine did not load: {failures.get(f's2s-{precision}')}")
+        yield workers
+    finally:
+        for worker_ in workers.values():
+            worker_.close()
+
+
+def _interleaved(args: argparse.Namespace, racing: dict[str, _Worker], part: str, beam: int, batch: int,
+                 failures: dict[str, str]) -> tuple[dict[str, list[float]], dict[str, Any]]:
+    """One cell: a warm-up pass each, then ``args.reps`` rounds, the engines taking turns pass by pass
+    and rotating who goes first, a rest before each pass. Each engine's timed seconds and last outputs;
+    an engine that fails is reported in ``failures`` and sits out the rest."""
+    times: dict[str, list[float]] = {k: [] for k in racing}
+    outputs: dict[str, Any] = {}
+    for rep in range(-1, args.reps):  # -1: the warm-up pass
+        turn = list(racing)[rep % len(racing):] + list(racing)[: rep % len(racing)]
+        for key in turn:
+            if key in failures:
+                continue
+            time.sleep(args.gap)
+            answer = racing[key].run(part, beam, batch)
+            if "failed" in answer:
+                failures[key] = f"{part} beam {beam} batch {batch}: {answer['failed']}"
+                print(f"{key}: {failures[key]}", flush=True)
+                continue
+            if rep >= 0:
+                times[key].append(answer["seconds"])
+            outputs[key] = answer["outputs"]
+    return times, outputs
+
+
 def race(args: argparse.Namespace) -> None:
     reference = json.loads((args.root / "reference.json").read_text())
     script = str(Path(__file__).resolve())
@@ -607,51 +658,20 @@ def race(args: argparse.Namespace) -> None:
         results += race_longform(args, script, failures)
         args.parts = [part for part in args.parts if part != "longform"]
     for precision in args.precisions if args.parts else ():
-        workers: dict[str, _Worker] = {}
-        for key in engines_for(args.root, precision):
-            python = sys.executable if key.startswith("s2s") else args.peer_python
-            worker_ = _Worker(key, [python, script, "worker", "--root", str(args.root.resolve()), "--engine", key,
-                                    "--clips", str(args.clips)])
-            if worker_.failed:
-                failures[key] = worker_.failed
-                print(f"{key}: failed to load: {worker_.failed}", flush=True)
-                worker_.close()
-            else:
-                workers[key] = worker_
-        ours = workers.get(f"s2s-{precision}")
-        if ours is None:
-            raise SystemExit(f"error: our {precision} engine did not load: {failures.get(f's2s-{precision}')}")
-        try:
+        with _workers(args, script, precision, engines_for(args.root, precision), args.clips, failures) as workers:
+            ours = f"s2s-{precision}"
             for part in args.parts:
                 for beam, batch in args.cells:
                     if part == "encoder" and beam != args.cells[0][0]:
                         continue  # the encoder does not search: one cell per batch
                     racing = {k: w for k, w in workers.items()
                               if not (k.startswith("fw") and part != "whole") and k not in failures}
-                    if ours.key not in racing:
+                    if ours not in racing:
                         break
-                    times: dict[str, list[float]] = {k: [] for k in racing}
-                    outputs: dict[str, Any] = {}
-                    for rep in range(-1, args.reps):  # -1: the warm-up pass
-                        turn = list(racing)[rep % len(racing):] + list(racing)[: rep % len(racing)]
-                        for key in turn:
-                            if key in failures:
-                                continue
-                            time.sleep(args.gap)
-                            answer = racing[key].run(part, beam, batch)
-                            if "failed" in answer:
-                                failures[key] = f"{part} beam {beam} batch {batch}: {answer['failed']}"
-                                print(f"{key}: {failures[key]}", flush=True)
-                                continue
-                            if rep >= 0:
-                                times[key].append(answer["seconds"])
-                            outputs[key] = answer["outputs"]
-                    cell = _report(precision, part, beam, batch, times, outputs, workers, reference, ours.key)
+                    times, outputs = _interleaved(args, racing, part, beam, batch, failures)
+                    cell = _report(precision, part, beam, batch, times, outputs, workers, reference, ours)
                     if cell:
                         results.append(cell)
-        finally:
-            for worker_ in workers.values():
-                worker_.close()
     print(json.dumps({"reps": args.reps, "clips": args.clips, "gen_len": GEN_LEN, "threads": THREADS,
                       "failures": failures, "cells": results}))
 
@@ -663,46 +683,22 @@ def race_longform(args: argparse.Namespace, script: str, failures: dict[str, str
     cell, interleaved pass by pass as the other parts; tokens compared window by window."""
     results = []
     for precision in args.precisions:
-        workers: dict[str, _Worker] = {}
-        for key in (f"s2s-{precision}", f"fw-{precision}"):
-            python = sys.executable if key.startswith("s2s") else args.peer_python
-            worker_ = _Worker(key, [python, script, "worker", "--root", str(args.root.resolve()), "--engine", key,
-                                    "--clips", str(CLIPS)])
-            if worker_.failed:
-                failures[key] = worker_.failed
-                print(f"{key}: failed to load: {worker_.failed}", flush=True)
-                worker_.close()
-            else:
-                workers[key] = worker_
         ours = f"s2s-{precision}"
-        if ours not in workers:
-            raise SystemExit(f"error: our {precision} engine did not load: {failures.get(ours)}")
-        try:
+        with _workers(args, script, precision, [ours, f"fw-{precision}"], CLIPS, failures) as workers:
             for part in LONG_INPUTS:
                 for beam, batch in args.long_cells:
-                    times: dict[str, list[float]] = {k: [] for k in workers}
-                    outputs: dict[str, Any] = {}
-                    for rep in range(-1, args.reps):  # -1: the warm-up pass
-                        turn = list(workers)[rep % len(workers):] + list(workers)[: rep % len(workers)]
-                        for key in turn:
-                            if key in failures:
-                                continue
-                            time.sleep(args.gap)
-                            answer = workers[key].run(part, beam, batch)
-                            if "failed" in answer:
-                                failures[key] = f"{part} beam {beam} batch {batch}: {answer['failed']}"
-                                print(f"{key}: {failures[key]}", flush=True)
-                                continue
-                            if rep >= 0:
-                                times[key].append(answer["seconds"])
-                            outputs[key] = answer["outputs"]
+                    times, outputs = _interleaved(args, workers, part, beam, batch, failures)
                     cell = _report_longform(precision, part, beam, batch, times, outputs, workers, ours)
                     if cell:
                         results.append(cell)
-        finally:
-            for worker_ in workers.values():
-                worker_.close()
     return results
+
+
+def _ratios(row: dict[str, Any], values: list[float], ours: list[float]) -> str:
+    """Puts the per-round ratios (peer / ours) in ``row``; their words for the cell's line."""
+    ratios = [p / o for p, o in zip(values, ours, strict=True)]
+    row.update(ratio_median=statistics.median(ratios), ratio_min=min(ratios), ratio_max=max(ratios))
+    return f"; peer / ours {row['ratio_median']:.2f}x [{row['ratio_min']:.2f}-{row['ratio_max']:.2f}]"
 
 
 def _report_longform(precision: str, part: str, beam: int, batch: int, times: dict[str, list[float]],
@@ -720,12 +716,10 @@ def _report_longform(precision: str, part: str, beam: int, batch: int, times: di
                                "windows": len(outputs[key])}
         line = f"{label}: {workers[key].name} {spread(values)}, {len(outputs[key])} windows"
         if key != ours and len(values) == len(times[ours]):
-            ratios = [p / o for p, o in zip(values, times[ours], strict=True)]
-            row.update(ratio_median=statistics.median(ratios), ratio_min=min(ratios), ratio_max=max(ratios))
+            line += _ratios(row, values, times[ours])
             same = sum(a == b for a, b in zip(outputs[key], mine, strict=False))
             row["same_as_ours"] = f"{same}/{len(mine)}"
-            line += (f"; peer / ours {row['ratio_median']:.2f}x [{row['ratio_min']:.2f}-{row['ratio_max']:.2f}]"
-                     f"; windows with our tokens {row['same_as_ours']}")
+            line += f"; windows with our tokens {row['same_as_ours']}"
         cell["engines"][key] = row
         print(line, flush=True)
     return cell
@@ -742,21 +736,17 @@ def _report(precision: str, part: str, beam: int, batch: int, times: dict[str, l
         if not values:
             continue
         row: dict[str, Any] = {"name": workers[key].name, "s": values, "median_s": statistics.median(values)}
+        line = f"{label}: {workers[key].name} {spread(values)}"
         if key != ours and len(values) == len(times[ours]):
-            ratios = [p / o for p, o in zip(values, times[ours], strict=True)]
-            row.update(ratio_median=statistics.median(ratios), ratio_min=min(ratios), ratio_max=max(ratios))
+            line += _ratios(row, values, times[ours])
         tokens = outputs.get(key)
         if tokens is not None:
             row["same_as_generate"] = f"{sum(a == b for a, b in zip(tokens, expected, strict=True))}/{len(expected)}"
             row["same_as_ours"] = f"{sum(a == b for a, b in zip(tokens, outputs[ours], strict=True))}/{len(expected)}"
             row["lengths"] = sorted({len(t) for t in tokens})
-        cell["engines"][key] = row
-        line = f"{label}: {workers[key].name} {spread(values)}"
-        if "ratio_median" in row:
-            line += f"; peer / ours {row['ratio_median']:.2f}x [{row['ratio_min']:.2f}-{row['ratio_max']:.2f}]"
-        if "same_as_generate" in row:
             line += (f"; same tokens as generate {row['same_as_generate']}, as ours {row['same_as_ours']}"
                      f"; lengths {row['lengths']}")
+        cell["engines"][key] = row
         print(line, flush=True)
     return cell
 

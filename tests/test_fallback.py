@@ -110,41 +110,49 @@ class OurDecoder:
         return [SimpleNamespace(sequences_ids=[tokens], scores=[score], no_speech_prob=attempt.no_speech_prob)]
 
 
-def faster_whisper_segments(whisper: dict[str, Any], config: SearchConfig, features: np.ndarray,
-                            initial_prompt: str | None) -> tuple[list[Any], OurDecoder]:
-    """faster-whisper's ``generate_segments`` over one clip's features, our decoder standing in for CTranslate2."""
+def faster_whisper_run(whisper: dict[str, Any], config: SearchConfig, features: np.ndarray, decoder_type: Any,
+                       **overrides: Any) -> tuple[list[Any], Any]:
+    """faster-whisper's ``generate_segments`` over one clip's features, ``decoder_type(transcriber, config, sot,
+    sot_prev)`` (``OurDecoder`` or one that wraps it) standing in for CTranslate2; ``overrides`` are
+    ``TranscriptionOptions``' fields beyond those ``config`` sets."""
     import tokenizers
     from faster_whisper.feature_extractor import FeatureExtractor
     from faster_whisper.tokenizer import Tokenizer
 
-    vocab = whisper["transcriber"].manifest.tgt_vocab
     tokenizer = Tokenizer(tokenizers.Tokenizer.from_file(str(whisper["hf_dir"] / "tokenizer.json")), True,
                           "transcribe", "fr")
     model = object.__new__(faster_whisper.WhisperModel)
-    decoder = OurDecoder(whisper["transcriber"], config, tokenizer.sot, tokenizer.sot_prev)
+    decoder = decoder_type(whisper["transcriber"], config, tokenizer.sot, tokenizer.sot_prev)
     model.model, model.logger = decoder, logging.getLogger("faster_whisper")
     model.feature_extractor = FeatureExtractor(feature_size=80, sampling_rate=16000, hop_length=160, chunk_length=1,
                                                n_fft=400)
     window = model.feature_extractor.nb_max_frames  # its pad_or_trim pads to 30 s: the rest is zeros
     model.encode = lambda segment: segment[:, :window]  # the window's features: our decoder runs its own encoder
     model.input_stride, model.time_precision = config.timestamp_frames, config.time_precision
-    model.frames_per_second = 100
+    model.frames_per_second, model.tokens_per_second = 100, 50
     model.max_length = whisper["transcriber"].manifest.max_target_length
-    assert vocab.decoder_start_id == tokenizer.sot
-    options = faster_whisper.TranscriptionOptions(
+    options = replace(faster_whisper.TranscriptionOptions(
         beam_size=config.beam_size, best_of=config.best_of, patience=1, length_penalty=config.alpha,
         repetition_penalty=1, no_repeat_ngram_size=0, log_prob_threshold=config.log_prob_threshold,
         no_speech_threshold=config.no_speech_threshold, compression_ratio_threshold=config.compression_ratio_threshold,
         condition_on_previous_text=config.condition_on_previous_text,
         prompt_reset_on_temperature=config.prompt_reset_on_temperature, temperatures=list(config.temperature),
-        initial_prompt=initial_prompt, prefix=None, suppress_blank=config.suppress_blank,
+        initial_prompt=None, prefix=None, suppress_blank=config.suppress_blank,
         suppress_tokens=list(config.suppress_tokens), without_timestamps=not config.timestamps,
         max_initial_timestamp=config.max_initial_timestamp * config.time_precision, word_timestamps=False,
         prepend_punctuations="", append_punctuations="", multilingual=False, max_new_tokens=None,
-        clip_timestamps="0", hallucination_silence_threshold=None, hotwords=None)
+        clip_timestamps="0", hallucination_silence_threshold=None, hotwords=None), **overrides)
     # faster-whisper counts features.shape[-1] - 1 frames (its extractor makes one more than it reads)
     padded = np.concatenate([features, np.zeros_like(features[:, :1])], axis=1)
     return list(model.generate_segments(padded, tokenizer, options, False)), decoder
+
+
+def faster_whisper_segments(whisper: dict[str, Any], config: SearchConfig, features: np.ndarray,
+                            initial_prompt: str | None) -> tuple[list[Any], OurDecoder]:
+    """faster-whisper's ``generate_segments`` over one clip's features, our decoder standing in for CTranslate2."""
+    found, decoder = faster_whisper_run(whisper, config, features, OurDecoder, initial_prompt=initial_prompt)
+    assert whisper["transcriber"].manifest.tgt_vocab.decoder_start_id == decoder.sot
+    return found, decoder
 
 
 def between(values: list[float]) -> float:
@@ -243,7 +251,7 @@ def test_preset_turns_on_faster_whisper_s_defaults(whisper: dict[str, Any], tmp_
     assert (config.compression_ratio_threshold, config.log_prob_threshold, config.no_speech_threshold) == (2.4, -1.0,
                                                                                                           0.6)
     assert config.condition_on_previous_text and config.suppress_blank and config.timestamps
-    from test_hf_whisper_timestamps import NO_SPEECH
+    from test_hf_whisper import NO_SPEECH
 
     assert manifest.search["no_speech_token"] == NO_SPEECH  # <|nospeech|>, found by the plugin's hf_no_speech_token
     assert config.max_initial_timestamp == 50 and config.no_speech_token == NO_SPEECH
@@ -283,7 +291,7 @@ def test_no_speech_probability_is_read_after_the_start_token(whisper: dict[str, 
     earlier text: transformers' model on the same features and tokens gives ours."""
     import torch
     import transformers
-    from test_hf_whisper_timestamps import NO_SPEECH, PREV, SOT
+    from test_hf_whisper import NO_SPEECH, PREV, SOT
 
     from s2s_deploy.runtime.fallback import Windows
 

@@ -93,8 +93,8 @@ def jump_times(alignments: tuple[tuple[int, int], ...]) -> np.ndarray:
 
 
 def test_align_is_openai_whispers_find_alignment(whisper: dict[str, Any]) -> None:
-    from test_hf_whisper import clips
-    from test_hf_whisper_timestamps import BEGIN, EOS, FR, NO_TIMESTAMPS, SOT, TRANSCRIBE
+    from test_hf_whisper import EOS, FR, NO_TIMESTAMPS, SOT, TRANSCRIBE, clips
+    from test_hf_whisper_timestamps import BEGIN
 
     from s2s_deploy.runtime.align import align
 
@@ -158,38 +158,12 @@ def faster_whisper_words(whisper: dict[str, Any], config: Any, features: np.ndar
                          threshold: float | None) -> list[Any]:
     """faster-whisper's ``generate_segments`` with ``word_timestamps=True`` and ``threshold`` over one clip's
     features, our engine standing in for CTranslate2's ``generate`` and ``align``."""
-    import logging
+    from test_fallback import faster_whisper_run
 
-    import tokenizers
-    from faster_whisper import transcribe as fw
-    from faster_whisper.feature_extractor import FeatureExtractor
-    from faster_whisper.tokenizer import Tokenizer
-
-    tokenizer = Tokenizer(tokenizers.Tokenizer.from_file(str(whisper["hf_dir"] / "tokenizer.json")), True,
-                          "transcribe", "fr")
-    model = object.__new__(fw.WhisperModel)
-    decoder = AligningDecoder(whisper["transcriber"], config, tokenizer.sot, tokenizer.sot_prev)
-    model.model, model.logger = decoder, logging.getLogger("faster_whisper")
-    model.feature_extractor = FeatureExtractor(feature_size=80, sampling_rate=16000, hop_length=160, chunk_length=1,
-                                               n_fft=400)
-    window = model.feature_extractor.nb_max_frames
-    model.encode = lambda segment: segment[:, :window]
-    model.input_stride, model.time_precision = config.timestamp_frames, config.time_precision
-    model.frames_per_second, model.tokens_per_second = 100, 50
-    model.max_length = whisper["transcriber"].manifest.max_target_length
-    options = fw.TranscriptionOptions(
-        beam_size=config.beam_size, best_of=config.best_of, patience=1, length_penalty=config.alpha,
-        repetition_penalty=1, no_repeat_ngram_size=0, log_prob_threshold=config.log_prob_threshold,
-        no_speech_threshold=config.no_speech_threshold, compression_ratio_threshold=config.compression_ratio_threshold,
-        condition_on_previous_text=config.condition_on_previous_text,
-        prompt_reset_on_temperature=config.prompt_reset_on_temperature, temperatures=list(config.temperature),
-        initial_prompt=None, prefix=None, suppress_blank=config.suppress_blank,
-        suppress_tokens=list(config.suppress_tokens), without_timestamps=False,
-        max_initial_timestamp=config.max_initial_timestamp * config.time_precision, word_timestamps=True,
-        prepend_punctuations="\"'“¿([{-", append_punctuations="\"'.。,，!！?？:：”)]}、", multilingual=False,
-        max_new_tokens=None, clip_timestamps="0", hallucination_silence_threshold=threshold, hotwords=None)
-    padded = np.concatenate([features, np.zeros_like(features[:, :1])], axis=1)
-    found = list(model.generate_segments(padded, tokenizer, options, False))
+    found, decoder = faster_whisper_run(
+        whisper, config, features, AligningDecoder, without_timestamps=False, word_timestamps=True,
+        prepend_punctuations="\"'“¿([{-", append_punctuations="\"'.。,，!！?？:：”)]}、",
+        hallucination_silence_threshold=threshold)
     assert decoder.aligned, "faster-whisper never aligned a window"
     return found
 

@@ -118,20 +118,16 @@ def clips(count: int = INPUTS, low: float = 0.3, high: float = 1.4, seed: int = 
 
 
 
-@pytest.fixture(scope="module")
-def whisper(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    from s2s_deploy.runtime.transcriber import Transcriber
+def one_second_extractor() -> Any:
+    """transformers' Whisper feature extractor of a one-second window (100 frames), as the tiny models read."""
+    return transformers.WhisperFeatureExtractor(feature_size=80, sampling_rate=RATE, hop_length=160, chunk_length=1,
+                                                n_fft=400)
 
-    root = tmp_path_factory.mktemp("whisper")
-    hf_dir, out = root / "whisper-hf", root / "whisper"
-    torch.manual_seed(0)
-    model = transformers.WhisperForConditionalGeneration(whisper_config()).eval()
-    extractor = transformers.WhisperFeatureExtractor(feature_size=80, sampling_rate=RATE, hop_length=160,
-                                                     chunk_length=1, n_fft=400)
-    audio = clips()
-    features = torch.from_numpy(np.stack([extractor(a, sampling_rate=RATE)["input_features"][0] for a in audio]))
-    lean(model, features, [EOS], 0.85)
-    balance_languages(model, features)
+
+def save_folder(hf_dir: Path, model: Any, extractor: Any, vocab: int = VOCAB,
+                special: dict[int, str] = SPECIAL_TOKENS) -> None:
+    """``model`` saved as a multilingual Whisper's hub folder (languages and tasks by code, French
+    transcription) with ``extractor``'s config and a tokenizer of ``vocab`` ids."""
     generation = model.generation_config
     generation.lang_to_id = {"<|en|>": EN, "<|fr|>": FR}
     generation.task_to_id = {"translate": TRANSLATE, "transcribe": TRANSCRIBE}
@@ -141,7 +137,30 @@ def whisper(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     generation._from_model_config = False  # as a hub folder's: transformers drops these keys otherwise
     model.save_pretrained(hf_dir)
     extractor.save_pretrained(hf_dir)
-    tokenizer_json(hf_dir)
+    tokenizer_json(hf_dir, vocab, special)
+
+
+def save_whisper(hf_dir: Path) -> tuple[list[np.ndarray], torch.Tensor]:
+    """The tiny Whisper (no timestamp ids, no alignment heads) saved into ``hf_dir``, EOS leaned and the
+    languages balanced on ``clips()``: those clips and transformers' features of them."""
+    torch.manual_seed(0)
+    model = transformers.WhisperForConditionalGeneration(whisper_config()).eval()
+    extractor = one_second_extractor()
+    audio = clips()
+    features = torch.from_numpy(np.stack([extractor(a, sampling_rate=RATE)["input_features"][0] for a in audio]))
+    lean(model, features, [EOS], 0.85)
+    balance_languages(model, features)
+    save_folder(hf_dir, model, extractor)
+    return audio, features
+
+
+@pytest.fixture(scope="module")
+def whisper(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    from s2s_deploy.runtime.transcriber import Transcriber
+
+    root = tmp_path_factory.mktemp("whisper")
+    hf_dir, out = root / "whisper-hf", root / "whisper"
+    audio, features = save_whisper(hf_dir)
     detect_dir, detect_out = root / "whisper-detect-hf", root / "whisper-detect"
     shutil.copytree(hf_dir, detect_dir)
     raw = json.loads((detect_dir / "generation_config.json").read_text())

@@ -22,26 +22,32 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
-from test_hf_whisper import clips, lean, tokenizer_json, whisper_config
+from test_hf_whisper import (
+    EN,
+    EOS,
+    FR,
+    MAX_NEW,
+    NO_TIMESTAMPS,
+    PREV,
+    RATE,
+    TRANSCRIBE,
+    clips,
+    lean,
+    one_second_extractor,
+    save_folder,
+    whisper_config,
+)
+from test_hf_whisper import SPECIAL_TOKENS as PLAIN_SPECIAL_TOKENS
 
 from s2s_deploy.cli import main
 
 transformers = pytest.importorskip("transformers")
 
-NO_TIMESTAMPS = 127
-BEGIN = 128
+BEGIN = NO_TIMESTAMPS + 1
 STAMPS = 51  # 0.00 .. 1.00 s
 VOCAB = BEGIN + STAMPS
-EOS, SOT, EN, FR, TRANSLATE, TRANSCRIBE, NO_SPEECH, PREV = 100, 101, 102, 103, 104, 105, 106, 107
-SPECIAL_TOKENS = {EOS: "<|endoftext|>", SOT: "<|startoftranscript|>", EN: "<|en|>", FR: "<|fr|>",
-                  TRANSLATE: "<|translate|>", TRANSCRIBE: "<|transcribe|>", NO_SPEECH: "<|nospeech|>",
-                  PREV: "<|startofprev|>", NO_TIMESTAMPS: "<|notimestamps|>",
-                  **{BEGIN + i: f"<|{i * 0.02:.2f}|>" for i in range(STAMPS)}}
-SUPPRESS = [1, 2, 7, SOT, EN, FR, TRANSLATE, TRANSCRIBE, NO_SPEECH, PREV]
-BEGIN_SUPPRESS = [5, EOS]
+SPECIAL_TOKENS = {**PLAIN_SPECIAL_TOKENS, **{BEGIN + i: f"<|{i * 0.02:.2f}|>" for i in range(STAMPS)}}
 MAX_INITIAL = 10
-MAX_NEW = 20
-RATE = 16000
 
 
 def save_timestamp_whisper(hf_dir: Path, strength: float, keep: float) -> tuple[Any, list[np.ndarray]]:
@@ -50,23 +56,13 @@ def save_timestamp_whisper(hf_dir: Path, strength: float, keep: float) -> tuple[
     with ``keep`` of each row kept; its feature extractor and those clips."""
     torch.manual_seed(0)
     model = transformers.WhisperForConditionalGeneration(whisper_config(VOCAB)).eval()
-    extractor = transformers.WhisperFeatureExtractor(feature_size=80, sampling_rate=RATE, hop_length=160,
-                                                     chunk_length=1, n_fft=400)
+    extractor = one_second_extractor()
     short = clips(20, 0.3, 1.4, seed=0)
     features = torch.from_numpy(np.stack([extractor(a, sampling_rate=RATE)["input_features"][0] for a in short]))
     lean(model, features, [EOS], 0.85, keep=0.5)
     lean(model, features, list(range(BEGIN, VOCAB)), strength, keep=keep)
-    generation = model.generation_config
-    generation.lang_to_id = {"<|en|>": EN, "<|fr|>": FR}
-    generation.task_to_id = {"translate": TRANSLATE, "transcribe": TRANSCRIBE}
-    generation.no_timestamps_token_id = NO_TIMESTAMPS
-    generation.max_initial_timestamp_index = MAX_INITIAL
-    generation.is_multilingual = True
-    generation.language, generation.task = "fr", "transcribe"
-    generation._from_model_config = False
-    model.save_pretrained(hf_dir)
-    extractor.save_pretrained(hf_dir)
-    tokenizer_json(hf_dir, VOCAB, SPECIAL_TOKENS)
+    model.generation_config.max_initial_timestamp_index = MAX_INITIAL
+    save_folder(hf_dir, model, extractor, VOCAB, SPECIAL_TOKENS)
     return extractor, short
 
 

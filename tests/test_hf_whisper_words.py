@@ -20,7 +20,6 @@ the words built from ``generate``'s times by our grouping must then equal the ``
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -39,45 +38,9 @@ MAX_NEW = 20
 RATE = 16000
 
 
-def save_plain_whisper(hf_dir: Path) -> None:
-    """tests/test_hf_whisper.py's tiny Whisper (no timestamp ids), its generation config without
-    ``alignment_heads``."""
-    from test_hf_whisper import (
-        EN,
-        EOS,
-        FR,
-        NO_TIMESTAMPS,
-        TRANSCRIBE,
-        TRANSLATE,
-        balance_languages,
-        clips,
-        lean,
-        tokenizer_json,
-        whisper_config,
-    )
-
-    torch.manual_seed(0)
-    model = transformers.WhisperForConditionalGeneration(whisper_config()).eval()
-    extractor = transformers.WhisperFeatureExtractor(feature_size=80, sampling_rate=RATE, hop_length=160,
-                                                     chunk_length=1, n_fft=400)
-    features = torch.from_numpy(np.stack([extractor(a, sampling_rate=RATE)["input_features"][0] for a in clips()]))
-    lean(model, features, [EOS], 0.85)
-    balance_languages(model, features)
-    generation = model.generation_config
-    generation.lang_to_id = {"<|en|>": EN, "<|fr|>": FR}
-    generation.task_to_id = {"translate": TRANSLATE, "transcribe": TRANSCRIBE}
-    generation.no_timestamps_token_id = NO_TIMESTAMPS
-    generation.is_multilingual = True
-    generation.language, generation.task = "fr", "transcribe"
-    generation._from_model_config = False
-    model.save_pretrained(hf_dir)
-    extractor.save_pretrained(hf_dir)
-    tokenizer_json(hf_dir)
-
-
 @pytest.fixture(scope="module")
 def whispers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    from test_hf_whisper import clips
+    from test_hf_whisper import clips, save_whisper
     from test_hf_whisper_timestamps import save_timestamp_whisper
 
     from s2s_deploy.runtime.transcriber import Transcriber
@@ -87,7 +50,7 @@ def whispers(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     save_timestamp_whisper(root / "timed-hf", 0.55, keep=0.5)
     raw = json.loads((root / "timed-hf" / "generation_config.json").read_text())
     (root / "timed-hf" / "generation_config.json").write_text(json.dumps({**raw, "alignment_heads": HEADS}))
-    save_plain_whisper(root / "plain-hf")
+    save_whisper(root / "plain-hf")  # no alignment heads
     found: dict[str, Any] = {"root": root, "short": clips(8, 0.3, 1.4, seed=0), "long": clips(3, 1.2, 3.5, seed=1)}
     for name in ("timed", "plain"):
         hf_dir, out = root / f"{name}-hf", root / name

@@ -14,7 +14,6 @@ one ordered log; the order of the two is asserted, never a duration.
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -29,17 +28,12 @@ pytest.importorskip("starlette")
 pytest.importorskip("transformers")
 from test_hf_whisper import clips
 from test_hf_whisper_timestamps import RATE, save_timestamp_whisper
+from test_serve import _free_port
 
 from s2s_deploy.frontends.vad import VadOptions
 
 pytestmark = pytest.mark.slow
 SPEECH = Path(__file__).parent / "data" / "speech_16000hz.flac"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -4,6 +4,7 @@ test clips with the bundled speech model exactly as ``Transcriber`` does."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import http.server
 import json
@@ -12,6 +13,7 @@ import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -37,7 +39,7 @@ HARD = ("the forty-second of Smarch", "twenty-one weeks after December 31, 1999 
 """Inputs the models are unsure of: beam 4 and greedy disagree on some (gru: two of these)."""
 
 
-def _missing() -> str | None:
+def browser_missing() -> str | None:
     if shutil.which("node") is None:
         return "Node.js is not installed"
     if CHROMIUM is None:
@@ -47,14 +49,12 @@ def _missing() -> str | None:
     return None
 
 
-needs_browser = pytest.mark.skipif(_missing() is not None, reason=_missing() or "")
+needs_browser = pytest.mark.skipif(browser_missing() is not None, reason=browser_missing() or "")
 
 
-@pytest.fixture
-def served(tmp_path: Path) -> Iterator[tuple[Path, str]]:
-    """A folder served on 127.0.0.1 only, by the standard library's static server."""
-    folder = tmp_path / "site"
-    folder.mkdir()
+@contextlib.contextmanager
+def static_site(folder: Path) -> Iterator[str]:
+    """``folder`` served on 127.0.0.1 only, by the standard library's static server: its URL."""
 
     class Quiet(http.server.SimpleHTTPRequestHandler):
         def log_message(self, *args: object) -> None:
@@ -64,17 +64,26 @@ def served(tmp_path: Path) -> Iterator[tuple[Path, str]]:
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield folder, f"http://127.0.0.1:{server.server_address[1]}"
+        yield f"http://127.0.0.1:{server.server_address[1]}"
     finally:
         server.shutdown()
         server.server_close()
 
 
-def _run_page(url: str, screenshot: Path, job: dict) -> dict:
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[Path, str]]:
+    """A folder served on 127.0.0.1 only."""
+    folder = tmp_path / "site"
+    folder.mkdir()
+    with static_site(folder) as url:
+        yield folder, url
+
+
+def run_page(url: str, screenshot: Path, job: dict, timeout: int = 600) -> dict:
     """What examples/web/drive.js prints for ``job`` on the page at ``url``."""
     result = subprocess.run(["node", "drive.js", url, str(screenshot)], cwd=WEB_DIR, input=json.dumps(job),
-                            capture_output=True, text=True, timeout=600,
-                            env={"CHROMIUM": CHROMIUM, "PATH": "/usr/bin:/bin"})
+                            capture_output=True, text=True, timeout=timeout,
+                            env={"CHROMIUM": CHROMIUM or "", "PATH": "/usr/bin:/bin"})
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
 
@@ -93,7 +102,7 @@ def test_page_translates_like_the_cli(exports, served, tmp_path: Path, arch: str
     write_web_bundle(folder, DIST)
     texts = [*manifest.samples, *HARD]
     screenshot = tmp_path / f"{arch}.png"
-    page = _run_page(f"{url}/{arch}/index.html", screenshot, {"texts": texts, "beams": list(BEAMS)})
+    page = run_page(f"{url}/{arch}/index.html", screenshot, {"texts": texts, "beams": list(BEAMS)})
     translator = Translator(folder, device="cpu")
     for beam in BEAMS:
         assert [r["text"] for r in page[str(beam)]] == [t.text for t in translator(texts, beam=beam)], f"beam {beam}"
@@ -125,7 +134,7 @@ def test_page_transcribes_like_the_transcriber(exports, served, tmp_path: Path) 
     frontends = [transcriber.frontend, WhisperLogMel(), KaldiFbank()]
     microphone = tmp_path / "microphone.wav"  # what Chromium's fake capture device plays, in a loop
     soundfile.write(microphone, clips[CLIPS.index(AT_RATE)], transcriber.sampling_rate, subtype="PCM_16")
-    page = _run_page(f"{url}/speech/index.html", tmp_path / "speech.png", {
+    page = run_page(f"{url}/speech/index.html", tmp_path / "speech.png", {
         "clips": [clip.tolist() for clip in clips], "beams": list(BEAMS), "files": [clip.name for clip in CLIPS],
         "frontends": [f.to_json() for f in frontends],
         "upload": str(AT_RATE), "record": str(microphone)})
@@ -181,7 +190,9 @@ def test_web_bundle_refuses_a_front_end_the_page_does_not_compute(exports, tmp_p
     assert not (manifest.directory / PAGE_FILES[0]).exists()
 
 
-def test_web_bundle_copies_the_page_and_refuses_to_overwrite(exports, tmp_path: Path) -> None:
+def gru_and_dist(exports: Any, tmp_path: Path) -> tuple[Path, Path]:
+    """A copy of the gru export (a page is written into it) and an onnxruntime-web ``dist`` folder whose
+    files hold their own names."""
     _, manifest = exports.get("gru")
     dist = tmp_path / "dist"
     dist.mkdir()
@@ -189,6 +200,11 @@ def test_web_bundle_copies_the_page_and_refuses_to_overwrite(exports, tmp_path: 
         (dist / name).write_bytes(name.encode())
     folder = tmp_path / "gru"
     shutil.copytree(manifest.directory, folder)
+    return folder, dist
+
+
+def test_web_bundle_copies_the_page_and_refuses_to_overwrite(exports, tmp_path: Path) -> None:
+    folder, dist = gru_and_dist(exports, tmp_path)
     write_web_bundle(folder, dist)
     for name in PAGE_FILES:
         assert (folder / name).read_bytes() == (ROOT / "s2s_deploy" / "web" / name).read_bytes()

@@ -24,12 +24,9 @@ Under Node alone (no export, no browser; the fast tier): search.js's reading of 
 
 from __future__ import annotations
 
-import functools
-import http.server
 import json
 import shutil
 import subprocess
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -37,53 +34,28 @@ from typing import Any
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from test_web import BEAMS, DIST, ROOT, browser_missing, gru_and_dist, run_page, static_site
 
 from s2s_deploy.cli import main
 
-ROOT = Path(__file__).resolve().parents[1]
-WEB_DIR = ROOT / "examples" / "web"
-DIST = WEB_DIR / "node_modules" / "onnxruntime-web" / "dist"
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-BEAMS = (1, 4)
 VAD_SETS = ({}, {"speech_pad_ms": 0, "min_silence_duration_ms": 300})
 """The page's VAD options (over page.json's, VadOptions()'s defaults) in each run."""
 
 
-def _missing() -> str | None:
-    if shutil.which("node") is None:
-        return "Node.js is not installed"
-    if CHROMIUM is None:
-        return "Chromium is not installed (apt-get install chromium; .ci/run tries)"
-    if not (WEB_DIR / "node_modules" / "puppeteer-core").is_dir() or not DIST.is_dir():
-        return "run `npm install` in examples/web first (.ci/run does)"
-    return None
-
-
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, str]]:
-    """A folder served on 127.0.0.1 only, by the standard library's static server."""
+    """A folder served on 127.0.0.1 only, for the whole module."""
     folder = tmp_path_factory.mktemp("site")
-
-    class Quiet(http.server.SimpleHTTPRequestHandler):
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(Quiet, directory=str(folder)))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield folder, f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with static_site(folder) as url:
+        yield folder, url
 
 
 @pytest.fixture(scope="module")
 def run(served: tuple[Path, str], tmp_path_factory: pytest.TempPathFactory, hf_exports: Any) -> dict[str, Any]:
     """The exports (conftest's shared ``hf_exports``, copied: the page is written into the folder), their
     pages (``web --vad``), the clips, and what the pages answered for each call."""
-    if _missing() is not None:
-        pytest.skip(_missing() or "")
+    if browser_missing() is not None:
+        pytest.skip(browser_missing() or "")
     pytest.importorskip("transformers")
     soundfile = pytest.importorskip("soundfile")
     from test_hf_whisper import clips
@@ -132,11 +104,7 @@ def run(served: tuple[Path, str], tmp_path_factory: pytest.TempPathFactory, hf_e
     job = {"calls": calls, "upload": str(wav), "boxes": {"vad": True, "timestamps": True, "words": True},
            "seek": seek}
     shot = root / "page.png"
-    done = subprocess.run(["node", "drive.js", f"{url}/whisper/index.html", str(shot)], cwd=WEB_DIR,
-                          input=json.dumps(job), capture_output=True, text=True, timeout=900,
-                          env={"CHROMIUM": CHROMIUM or "", "PATH": "/usr/bin:/bin"})
-    assert done.returncode == 0, done.stderr
-    page = json.loads(done.stdout)
+    page = run_page(f"{url}/whisper/index.html", shot, job, timeout=900)
     page["detected"] = page["results"][1: 1 + len(BEAMS)]
     page["results"] = page["results"][2 + len(BEAMS):]
     return {"transcriber": transcriber, "window": window, "short": short, "long": long, "timed": timed,
@@ -295,15 +263,9 @@ def test_byte_level_tokenizer_reads_back_as_tokenizers_reads_it() -> None:
 
 def test_web_vad_refuses_an_export_without_16khz_audio(exports, tmp_path: Path) -> None:
     """``web --vad`` on a text export: one line, nothing written; without ``--vad`` page.json says no VAD."""
-    from s2s_deploy.web.bundle import ORT_FILES, PAGE_JSON
+    from s2s_deploy.web.bundle import PAGE_JSON
 
-    _, manifest = exports.get("gru")
-    dist = tmp_path / "dist"
-    dist.mkdir()
-    for name in ORT_FILES:
-        (dist / name).write_bytes(name.encode())
-    folder = tmp_path / "gru"
-    shutil.copytree(manifest.directory, folder)
+    folder, dist = gru_and_dist(exports, tmp_path)
     result = CliRunner().invoke(main, ["web", str(folder), "--ort-web", str(dist), "--vad"])
     assert result.exit_code == 1 and result.output.count("\n") == 1
     assert result.output.startswith("error: ") and "--vad reads audio at 16000 Hz" in result.output

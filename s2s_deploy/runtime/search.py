@@ -136,7 +136,11 @@ class PromptedRun(DecodeRun):
 
     ``no_speech`` (an id, -1: none): each row's probability of that id in the output right after the
     start token (the model's own softmax, no option applied), kept in ``no_speech_probs``: openai-whisper
-    reads its no-speech probability there (``probs_at_sot``), after any earlier text."""
+    reads its no-speech probability there (``probs_at_sot``), after any earlier text.
+
+    All of that happens at the first step: the run then hands ``step`` and ``step_top`` to the run it
+    wraps, so a later step costs what an unprompted one does (the searches take ``step_top`` again
+    after step 0; a kept bound method still works, one check slower)."""
 
     def __init__(self, run: DecodeRun, start_id: int, prompt: tuple[int, ...], languages: tuple[int, ...],
                  context: tuple[int, ...] = (), no_speech: int = -1) -> None:
@@ -154,10 +158,9 @@ class PromptedRun(DecodeRun):
     def _keep_no_speech(self, log_probs: np.ndarray) -> None:
         self.no_speech_probs = np.exp(np.asarray(log_probs[:, self.no_speech], dtype=np.float64))
 
-    def _tokens(self, tokens: np.ndarray) -> np.ndarray:
-        if self.fed is not None:
-            return tokens
-        rows = len(tokens)
+    def _feed_prompt(self, rows: int) -> np.ndarray:
+        """Feeds the context, the start token and the prompt's tokens but the last (each row's); the
+        column the first step is fed (the last prompt token, or the start token without a prompt)."""
         identity = np.arange(rows, dtype=np.int64)
         for token in self.context:
             self.run.step_top(np.full(rows, token, dtype=np.int64), identity, 1)
@@ -172,6 +175,7 @@ class PromptedRun(DecodeRun):
             else:
                 self.run.step_top(columns[position], identity, 1)
         self.fed = np.stack(columns[1:], axis=1) if self.prompt else np.empty((rows, 0), dtype=np.int64)
+        self.step, self.step_top = self.run.step, self.run.step_top  # type: ignore[method-assign]
         return columns[-1]
 
     def prompts(self, sentences: int) -> list[tuple[int, ...]]:
@@ -182,9 +186,9 @@ class PromptedRun(DecodeRun):
         return [tuple(self.fed[i * per].tolist()) for i in range(sentences)]
 
     def _at_start(self) -> bool:
-        """Whether this step is fed the start token itself (no decoder prompt) and its no-speech
-        probability is still to be read."""
-        return self.no_speech >= 0 and self.no_speech_probs is None and not self.prompt
+        """Whether the first step is fed the start token itself (no decoder prompt) and its no-speech
+        probability is to be read there."""
+        return self.no_speech >= 0 and not self.prompt
 
     def sentence_no_speech(self, sentences: int) -> list[float | None]:
         """Each sentence's no-speech probability (its rows are alike there), None where not read."""
@@ -194,16 +198,21 @@ class PromptedRun(DecodeRun):
         return [float(self.no_speech_probs[i * per]) for i in range(sentences)]
 
     def step(self, tokens: np.ndarray, reorder: np.ndarray) -> np.ndarray:
-        at_start = self._at_start()
-        log_probs = self.run.step(self._tokens(tokens), reorder)
-        if at_start:
+        """The first step (later ones go to the wrapped run's own, even through this method kept)."""
+        if self.fed is not None:
+            return self.run.step(tokens, reorder)
+        log_probs = self.run.step(self._feed_prompt(len(tokens)), reorder)
+        if self._at_start():
             self._keep_no_speech(log_probs)
         return log_probs
 
     def step_top(self, tokens: np.ndarray, reorder: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """The first step (later ones go to the wrapped run's own, even through this method kept)."""
+        if self.fed is not None:
+            return self.run.step_top(tokens, reorder, k)
         if self._at_start():
             return top_of(np.asarray(self.step(tokens, reorder), dtype=np.float32), k)
-        return self.run.step_top(self._tokens(tokens), reorder, k)
+        return self.run.step_top(self._feed_prompt(len(tokens)), reorder, k)
 
     def attention(self) -> np.ndarray | None:
         return self.run.attention()
@@ -294,6 +303,8 @@ def greedy(backend: Backend, src: np.ndarray, src_len: np.ndarray, config: Searc
         run = prompted(started, backend, config)
         step_top = run.step_top if options is None else options.bind(run)
         for t in range(steps):
+            if t == 1 and options is None:  # a PromptedRun fed its prompt at step 0: the backend's own from here
+                step_top = run.step_top
             if t < min_len:  # EOS may rank first: take the runner-up there
                 values, ids = step_top(tokens, reorder, 2)
                 column = (ids[:, 0] == eos).astype(np.intp)
@@ -413,6 +424,8 @@ def beam_search(
         run = prompted(started, backend, config)
         step_top = run.step_top if options is None else options.bind(run)
         for t in range(config.max_len if limits is None else int(limits.max())):
+            if t == 1 and options is None:  # a PromptedRun fed its prompt at step 0: the backend's own from here
+                step_top = run.step_top
             # The best 2K of K*V candidates lie among each row's own best 2K: the graph ranks those.
             # Each numpy call costs microseconds here, the model's weights having just evicted
             # numpy from the caches: the common step makes a dozen, into buffers made once.
