@@ -9,6 +9,7 @@ embedded in a checkpoint, so an export never reads a tokenizer from anywhere els
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
@@ -128,6 +129,10 @@ class HFTokenizer:
         return found
 
 
+BPE_CACHE_WORDS = 65_536
+"""Distinct words whose BPE merges a Moses + BPE vocabulary keeps (about 10 MB)."""
+
+
 class MosesBPE:
     """Moses punctuation normalisation and tokenisation (``sacremoses``), then BPE over each Moses
     token with ``</w>`` ending a word's last piece (XLM's and FSMT's subword-nmt style); back: the
@@ -151,7 +156,9 @@ class MosesBPE:
                                                           post_remove_control_chars=True)
         self.tokenizer = sacremoses.MosesTokenizer(lang=self.lang)
         self.detokenizer = sacremoses.MosesDetokenizer(lang=self.lang)
-        self.cache: dict[str, list[str]] = {}
+        self.bpe = functools.lru_cache(maxsize=BPE_CACHE_WORDS)(self._merged)
+        """``_merged`` with the last ``BPE_CACHE_WORDS`` distinct words kept: a server's vocabulary of
+        words is unbounded, its memory must not be (and lru_cache is safe under threads)."""
 
     def pieces(self, text: str) -> list[str]:
         if self.lower_case:
@@ -160,27 +167,26 @@ class MosesBPE:
                                         return_str=False, escape=True)
         return [piece for word in words if word for piece in self.bpe(word)]
 
-    def bpe(self, word: str) -> list[str]:
+    def _merged(self, word: str) -> tuple[str, ...]:
         """The lowest-ranked adjacent pair merged until none is ranked; ``</w>`` on the last piece."""
-        if word not in self.cache:
-            parts = [*word[:-1], word[-1] + "</w>"]
-            while len(parts) > 1:
-                pairs = [(self.ranks.get((a, b)), i) for i, (a, b) in enumerate(pairwise(parts))]
-                ranked = [(rank, i) for rank, i in pairs if rank is not None]
-                if not ranked:
-                    break
-                best = parts[min(ranked)[1]], parts[min(ranked)[1] + 1]
-                merged, i = [], 0
-                while i < len(parts):  # every occurrence of the pair, left to right
-                    if i < len(parts) - 1 and (parts[i], parts[i + 1]) == best:
-                        merged.append(parts[i] + parts[i + 1])
-                        i += 2
-                    else:
-                        merged.append(parts[i])
-                        i += 1
-                parts = merged
-            self.cache[word] = parts
-        return self.cache[word]
+        parts = [*word[:-1], word[-1] + "</w>"]
+        while len(parts) > 1:
+            pairs = [(self.ranks.get((a, b)), i) for i, (a, b) in enumerate(pairwise(parts))]
+            ranked = [(rank, i) for rank, i in pairs if rank is not None]
+            if not ranked:
+                break
+            _, at = min(ranked)
+            best = parts[at], parts[at + 1]
+            merged, i = [], 0
+            while i < len(parts):  # every occurrence of the pair, left to right
+                if i < len(parts) - 1 and (parts[i], parts[i + 1]) == best:
+                    merged.append(parts[i] + parts[i + 1])
+                    i += 2
+                else:
+                    merged.append(parts[i])
+                    i += 1
+            parts = merged
+        return tuple(parts)
 
     def text(self, pieces: list[str]) -> str:
         words = "".join(p.replace(" ", "").replace("</w>", " ") for p in pieces).split()

@@ -104,8 +104,8 @@ class Accepting:
         return self.accepted / self.drafted if self.drafted else 0.0
 
 
-def decode_sentence(backend: Backend, src: np.ndarray, src_len: np.ndarray, source: list[int], limit: int, most: int,
-         margin: float, counts: Accepting) -> tuple[list[int], list[float], bool] | None:
+def decode_sentence(backend: Backend, src: np.ndarray, src_len: np.ndarray, source: list[int], limit: int,
+                    most: int, margin: float, counts: Accepting) -> tuple[list[int], list[float], bool] | None:
     """One sentence: its tokens (EOS included when it ends so), their log-probs and whether it
     ended; None at a margin of at most ``margin`` (plain greedy must decide)."""
     eos = backend.eos_id
