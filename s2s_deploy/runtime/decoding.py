@@ -258,14 +258,22 @@ def resolve(manifest: Manifest, given: Mapping[str, Any] | None = None) -> Searc
     return config
 
 
+def not_greedy(beam_size: int, sampling_topk: int) -> str | None:
+    """Why ``speculative`` cannot apply to this search, in one line; None for greedy. Shared by
+    ``resolve`` and the search's own ``refusal`` (runtime/speculative.py)."""
+    if beam_size != 1:
+        return "speculative decoding is greedy only: beam search stays one position a step (--beam 1)"
+    if sampling_topk != 1:
+        return "speculative decoding is greedy only, not sampling"
+    return None
+
+
 def _speculative(manifest: Manifest, values: Mapping[str, Any]) -> None:
     """Refuse ``speculative`` in one line where it cannot apply; the search refuses the options it
     cannot combine with (runtime/speculative.py's ``refusal``)."""
-    if values["beam_size"] != 1:
-        raise DecodingError("speculative decoding is greedy only: beam search stays one position a step (--beam 1)",
-                            option="speculative")
-    if values["sampling_topk"] != 1:
-        raise DecodingError("speculative decoding is greedy only, not sampling", option="speculative")
+    problem = not_greedy(values["beam_size"], values["sampling_topk"])
+    if problem is not None:
+        raise DecodingError(problem, option="speculative")
     if manifest.decoder_multi is None:
         raise DecodingError(f"{manifest.directory} has no k-position decoder step (decoder_multi.onnx): speculative "
                             "decoding needs an fp32 export made with `export --multi-step`", option="speculative")

@@ -30,7 +30,7 @@ import numpy as np
 
 from s2s_deploy.format.vocab import Vocabulary
 from s2s_deploy.runtime.backend import Backend
-from s2s_deploy.runtime.decoding import SearchConfig
+from s2s_deploy.runtime.decoding import SearchConfig, not_greedy
 from s2s_deploy.runtime.options import options_on
 
 MAX_NGRAM = 3
@@ -75,10 +75,9 @@ def draft(history: Sequence[int], source: Sequence[int], count: int) -> list[int
 
 def refusal(config: SearchConfig) -> str | None:
     """Why ``speculative`` cannot apply with these options, in one line; None where it can."""
-    if config.beam_size != 1:
-        return "speculative decoding is greedy only: beam search stays one position a step (--beam 1)"
-    if config.sampling_topk != 1:
-        return "speculative decoding is greedy only, not sampling"
+    problem = not_greedy(config.beam_size, config.sampling_topk)
+    if problem is not None:
+        return problem
     if config.min_len or options_on(config):
         return ("speculative decoding takes no option that edits log-probs (min_len, penalties, bans, prefixes, "
                 "timestamps, vmap)")
