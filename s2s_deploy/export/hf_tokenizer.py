@@ -16,6 +16,7 @@ the ``tokenizer.json``'s decoder, so the runtime, which runs ``tokenizers`` alon
 
 from __future__ import annotations
 
+import importlib
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -168,7 +169,10 @@ def read_slow_tokenizer(directory: Path, size: int, converter: str | None = None
     if backend is not None:
         text = backend.to_str()
     elif converter is not None:
-        from transformers import convert_slow_tokenizer
+        # the module by its full name: ``from transformers import convert_slow_tokenizer`` gives the
+        # function of that name once transformers has re-run its __init__ (processing_utils'
+        # direct_transformers_import replaces the lazy package after the module was imported)
+        convert_slow_tokenizer = importlib.import_module("transformers.convert_slow_tokenizer")
 
         # a converter writes its class's template (BERT's [CLS] ... [SEP]), replaced below by the
         # tokenizer's own framing; it needs the template's tokens to exist (ProphetNet has no [CLS])
