@@ -510,3 +510,66 @@ def test_a_family_no_level_holds_exports_ids_only_and_says_why(model_type: str, 
     assert source.src_vocab.tokenizer is None and source.tgt_vocab.tokenizer is None
     assert f"({model_type}; ids only: " in source.description and reason in source.description
     assert "\n" not in source.description
+
+
+def test_a_tokenizer_that_raises_is_named_in_the_one_line(tmp_path: Path) -> None:
+    """A ProphetNet folder whose ``prophetnet.tokenizer`` is not UTF-8: transformers raises reading
+    it, the export falls back to ids only, and its one ``exporting ... from`` line says why (the
+    exception's type and message, no traceback)."""
+    from s2s_deploy.export.sources import load_source
+
+    path = tmp_path / "hf"
+    config = transformers.ProphetNetConfig(vocab_size=64, hidden_size=16, encoder_ffn_dim=32, decoder_ffn_dim=32,
+                                           num_encoder_layers=1, num_decoder_layers=1, num_encoder_attention_heads=2,
+                                           num_decoder_attention_heads=2, max_position_embeddings=32, ngram=2,
+                                           pad_token_id=0)
+    torch.manual_seed(0)
+    transformers.ProphetNetForConditionalGeneration(config).save_pretrained(path)
+    (path / "prophetnet.tokenizer").write_bytes(b"\xff[PAD]\n[UNK]\n")
+    with pytest.raises(UnicodeDecodeError) as raised:  # what transformers itself says of the folder
+        transformers.AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    reason = f"UnicodeDecodeError: {raised.value}"
+    source = load_source(plugin_for(json.loads((path / "config.json").read_text())), path, workdir=tmp_path)
+    assert source.src_vocab.tokenizer is None and source.tgt_vocab.tokenizer is None
+    assert f"(prophetnet; ids only: transformers read no tokenizer from it ({reason}))" in source.description
+    assert "\n" not in source.description and "Traceback" not in source.description
+    failures: list[str] = []
+    assert load_auto_tokenizer(path, failures) is None and failures == [reason]  # parity's skip says it too
+
+
+def test_a_converter_that_raises_is_named(tmp_path: Path) -> None:
+    """The converter's failure (where ProphetNet's read as ids only in two runs of the suite) is
+    said, not swallowed: the tokenizer's framing and vocabulary stand, its ``tokenizer.json`` is none."""
+    from s2s_deploy.export.hf_tokenizer import read_slow_tokenizer
+
+    folder = next(f for f in FOLDERS if f.model_type == "prophetnet")
+    path = folder.write(tmp_path / "hf")
+    failures: list[str] = []
+    slow = read_slow_tokenizer(path, folder.size, "NoSuchConverter", failures)
+    assert slow is not None and slow.tokenizer_json is None and slow.vocab
+    assert failures == ["NoSuchConverter could not convert ProphetNetTokenizer: AttributeError: module "
+                        "'transformers.convert_slow_tokenizer' has no attribute 'NoSuchConverter'"]
+
+
+def test_the_converters_are_read_whatever_transformers_package_attribute_holds(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """transformers exports a function named as its ``convert_slow_tokenizer`` module: once its
+    ``processing_utils`` re-runs the package's ``__init__`` (``direct_transformers_import``, on the
+    first model class imported) after the module was imported, the new lazy package lacks the module
+    attribute and ``from transformers import convert_slow_tokenizer`` gives the function. The export
+    imports the module by its full name, so ProphetNet's converter is found in that state too."""
+    import sys
+
+    from s2s_deploy.export.hf_tokenizer import read_slow_tokenizer
+
+    package = vars(sys.modules["transformers"])
+    monkeypatch.setitem(package, "convert_slow_tokenizer", None)  # undone last: the attribute as it was
+    monkeypatch.delitem(package, "convert_slow_tokenizer")  # the state direct_transformers_import leaves
+    from transformers import convert_slow_tokenizer
+
+    assert callable(convert_slow_tokenizer) and not hasattr(convert_slow_tokenizer, "BertConverter")
+    folder = next(f for f in FOLDERS if f.model_type == "prophetnet")
+    path = folder.write(tmp_path / "hf")
+    failures: list[str] = []
+    slow = read_slow_tokenizer(path, folder.size, "BertConverter", failures)
+    assert slow is not None and slow.tokenizer_json is not None and failures == []

@@ -308,14 +308,15 @@ def sentencepiece_vocabularies(directory: Path, files: tuple[str, str, str], siz
 
 
 def moses_vocabularies(directory: Path, files: tuple[str, str, str], weights: HFWeights,
-                       ids: Mapping[str, int | None]) -> tuple[Vocabulary, Vocabulary] | None:
+                       ids: Mapping[str, int | None],
+                       failures: list[str] | None = None) -> tuple[Vocabulary, Vocabulary] | None:
     """A family's Moses + BPE files (the plugin's ``hf_moses_files``; FSMT's ``vocab-src.json``,
     ``vocab-tgt.json``, ``merges.txt``) as two ``moses`` vocabularies, each its own table and
     language (the tokenizer's ``src_lang`` and ``tgt_lang``, ``do_lower_case``), framed and with
     hidden ids as the folder's tokenizer (transformers, at export) frames and decodes. None without
-    the files or without transformers to read the languages from."""
+    the files or without transformers to read the languages from (``failures``: as ``load_auto_tokenizer``'s)."""
     paths = [inside(directory, name) for name in files]
-    tokenizer = load_auto_tokenizer(directory) if all(path.is_file() for path in paths) else None
+    tokenizer = load_auto_tokenizer(directory, failures) if all(path.is_file() for path in paths) else None
     framed = framing(tokenizer) if tokenizer is not None else None
     if tokenizer is None or framed is None or not all(hasattr(tokenizer, a) for a in ("src_lang", "tgt_lang")):
         return None
@@ -345,24 +346,27 @@ def moses_vocabularies(directory: Path, files: tuple[str, str, str], weights: HF
 
 
 def text_vocabularies(plugin: ArchitecturePlugin, directory: Path, weights: HFWeights,
-                      ids: Mapping[str, int | None]) -> tuple[Vocabulary, Vocabulary]:
+                      ids: Mapping[str, int | None],
+                      failures: list[str] | None = None) -> tuple[Vocabulary, Vocabulary]:
     """The folder's own tokenizer files: first the family's SentencePiece files, then a
     ``tokenizer.json``, then (where transformers is installed) one converted from the family's
-    slow tokenizer files (``hf_tokenizer.py``); without any, ids-only vocabularies."""
+    slow tokenizer files (``hf_tokenizer.py``); without any, ids-only vocabularies. ``failures``
+    (if given) gets why, one line each, wherever transformers raised reading the folder's tokenizer."""
     size = weights.src_vocab_size
     if plugin.hf_moses_files is not None:
-        moses = moses_vocabularies(directory, plugin.hf_moses_files, weights, ids)
+        moses = moses_vocabularies(directory, plugin.hf_moses_files, weights, ids, failures)
         if moses is not None:
             return moses
     if size == weights.tgt_vocab_size:  # the families here share one vocabulary
         files = plugin.hf_sentencepiece_files
         if files is not None and all(inside(directory, name).is_file() for name in files):
-            found = sentencepiece_vocabularies(directory, files, size, ids, read_slow_tokenizer(directory, size))
+            found = sentencepiece_vocabularies(directory, files, size, ids,
+                                               read_slow_tokenizer(directory, size, failures=failures))
             if found is not None:
                 return found
         file, framing = folder_tokenizer(directory), None
         if file is None:
-            slow = read_slow_tokenizer(directory, size, plugin.hf_tokenizer_converter)
+            slow = read_slow_tokenizer(directory, size, plugin.hf_tokenizer_converter, failures)
             if slow is not None and slow.tokenizer_json is not None:
                 file = TokenizerFile(TOKENIZER_FILE, slow.tokenizer_json.encode("utf-8"))
                 framing = slow.prefix, slow.suffix
@@ -397,7 +401,8 @@ class HFSource:
     samples: tuple[str, ...]
     alignment_heads: tuple[tuple[int, int], ...] = ()
     ids_only: str | None = None
-    """Why the folder's own tokenizer files were not read (the plugin's ``hf_ids_only``), where they were not."""
+    """Why the folder's own tokenizer files were not read (the plugin's ``hf_ids_only``, or the
+    exception transformers raised reading them, in one line), where they were not."""
 
 
 def load_hf(plugin: ArchitecturePlugin, directory: str | Path) -> HFSource:
@@ -409,7 +414,8 @@ def load_hf(plugin: ArchitecturePlugin, directory: str | Path) -> HFSource:
     files = {name: _json(Path(directory), name, True) for name in plugin.hf_files}
     weights = plugin.from_hf(folder.config, folder.tensors, **({"files": files} if files else {}))
     ids = special_ids(folder.config, folder.generation)
-    src_vocab, tgt_vocab = text_vocabularies(plugin, Path(directory), weights, ids)
+    failures: list[str] = []
+    src_vocab, tgt_vocab = text_vocabularies(plugin, Path(directory), weights, ids, failures)
     listed = {name: matching_ids(tgt_vocab, pattern) for name, pattern in
               (("languages", plugin.hf_language_codes), ("tasks", plugin.hf_task_codes),
                ("hidden", plugin.hf_hidden_tokens)) if pattern is not None}
@@ -431,7 +437,10 @@ def load_hf(plugin: ArchitecturePlugin, directory: str | Path) -> HFSource:
     info = {"hf_model_type": model_type, "hf_folder": Path(directory).name}
     checkpoint = Checkpoint(plugin.name, plugin.version, weights.config, src_vocab, tgt_vocab, weights.tensors, info)
     model = build_model(checkpoint, plugin)
-    ids_only = None if src_vocab.tokenizer or tgt_vocab.tokenizer else plugin.hf_ids_only.get(str(model_type))
+    ids_only = None
+    if not (src_vocab.tokenizer or tgt_vocab.tokenizer):
+        ids_only = plugin.hf_ids_only.get(str(model_type)) or (
+            f"transformers read no tokenizer from it ({failures[-1]})" if failures else None)
     return HFSource(checkpoint, model, search, sample_texts(src_vocab),
                     plugin.hf_alignment_heads(folder.config, folder.generation), ids_only)
 

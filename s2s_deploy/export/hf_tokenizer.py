@@ -30,6 +30,12 @@ CLEANUP_REPLACEMENTS: tuple[tuple[str, str], ...] = (
 PROBE = "a"
 
 
+def why(error: BaseException) -> str:
+    """An exception as one line: its type and its message's first line (transformers' may run on)."""
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
+
+
 @dataclass(frozen=True)
 class SlowTokenizer:
     """What the folder's ``AutoTokenizer`` says about itself, for the export's vocabulary.
@@ -48,11 +54,13 @@ class SlowTokenizer:
     upper_case: bool = False
 
 
-def load_auto_tokenizer(directory: Path) -> Any | None:
+def load_auto_tokenizer(directory: Path, failures: list[str] | None = None) -> Any | None:
     """``AutoTokenizer.from_pretrained`` on the folder's own files, or, where it fails, the class
     that ``tokenizer_config.json`` names (transformers 5 maps UMT5 and Pegasus-X to a generic class
     that reads only a ``tokenizer.json``, though their folders name ``T5Tokenizer`` and ship
-    ``spiece.model``). None without transformers or without tokenizer files it can load."""
+    ``spiece.model``). None without transformers or without tokenizer files it can load; where
+    transformers raised on the way to None, ``failures`` (if given) gets why, in one line, so that an
+    export that falls back to ids only can say so."""
     try:
         import transformers
     except ImportError:
@@ -65,18 +73,27 @@ def load_auto_tokenizer(directory: Path) -> Any | None:
         names = getattr(tokenizer, "vocab_files_names", {}).values()
         return any((Path(directory) / name).is_file() for name in names)
 
+    raised = None
     try:
         tokenizer = transformers.AutoTokenizer.from_pretrained(str(directory), local_files_only=True)
-    except errors:
-        tokenizer = None
+    except errors as error:
+        tokenizer, raised = None, why(error)
     if tokenizer is None or not read_files(tokenizer):
         try:
             named = json.loads((Path(directory) / "tokenizer_config.json").read_text(encoding="utf-8"))
-            tokenizer = getattr(transformers, str(named["tokenizer_class"])).from_pretrained(
-                str(directory), local_files_only=True)
-        except errors:
-            return None
-    return tokenizer if read_files(tokenizer) else None
+            name = named.get("tokenizer_class") if isinstance(named, dict) else None
+        except (OSError, ValueError):  # no config naming a class: AutoTokenizer's answer stands
+            name = None
+        if name is not None:
+            try:
+                tokenizer = getattr(transformers, str(name)).from_pretrained(str(directory), local_files_only=True)
+            except errors as error:
+                tokenizer, raised = None, why(error)
+    if tokenizer is not None and read_files(tokenizer):
+        return tokenizer
+    if raised is not None and failures is not None:
+        failures.append(raised)
+    return None
 
 
 def framing(tokenizer: Any) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
@@ -135,17 +152,21 @@ def _with_framing(backend: Any, tokenizer: Any, prefix: tuple[int, ...], suffix:
     return backend.to_str()
 
 
-def read_slow_tokenizer(directory: Path, size: int, converter: str | None = None) -> SlowTokenizer | None:
+def read_slow_tokenizer(directory: Path, size: int, converter: str | None = None,
+                        failures: list[str] | None = None) -> SlowTokenizer | None:
     """The folder's tokenizer as transformers loads it, its ids up to the model's ``size`` (None
     without transformers, or where it loads none). A ``tokenizers``-backed tokenizer gives its own
     ``tokenizer.json``; a Python one goes through ``converter`` (a class of
-    ``transformers.convert_slow_tokenizer``) if the plugin names one, and gives none otherwise."""
-    tokenizer = load_auto_tokenizer(directory)
+    ``transformers.convert_slow_tokenizer``) if the plugin names one, and gives none otherwise.
+    ``failures``: as ``load_auto_tokenizer``'s, also for a tokenizer or a converter that raised."""
+    tokenizer = load_auto_tokenizer(directory, failures)
     if tokenizer is None:
         return None
     try:
         framed = framing(tokenizer)
-    except Exception:  # a tokenizer that cannot encode one letter is none the export can use
+    except Exception as error:  # a tokenizer that cannot encode one letter is none the export can use
+        if failures is not None:
+            failures.append(f"{type(tokenizer).__name__} could not encode {PROBE!r}: {why(error)}")
         return None
     if framed is None:
         return None
@@ -181,7 +202,9 @@ def read_slow_tokenizer(directory: Path, size: int, converter: str | None = None
                 setattr(tokenizer, role, tokenizer.convert_ids_to_tokens((suffix or prefix or (0,))[-1]))
         try:
             converted = getattr(convert_slow_tokenizer, converter)(tokenizer).converted()
-        except Exception:  # the converter does not fit this tokenizer: the export stays ids-only
+        except Exception as error:  # the converter does not fit this tokenizer: the export stays ids-only
+            if failures is not None:
+                failures.append(f"{converter} could not convert {type(tokenizer).__name__}: {why(error)}")
             return found
         text = _with_framing(converted, tokenizer, prefix, suffix)
     if text is not None and cleans_up(tokenizer):

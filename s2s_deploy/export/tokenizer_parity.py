@@ -155,9 +155,11 @@ def check_reference_tokenizer(directory: str | Path, manifest: Manifest, outputs
     """``check_tokenizer`` against the tokenizer transformers loads from the reference folder:
     the user's ``texts`` (``--input``) or ``SAMPLE`` with the export's stored samples, and
     ``generate``'s ``outputs``. Skipped (with the reason) where the folder holds no tokenizer."""
-    tokenizer = load_auto_tokenizer(Path(directory))
+    failures: list[str] = []
+    tokenizer = load_auto_tokenizer(Path(directory), failures)
     if tokenizer is None:
-        return TokenizerReport(0, 0, 0, 0, (), skipped=f"transformers loads no tokenizer from {directory}")
+        because = f": {failures[-1]}" if failures else ""
+        return TokenizerReport(0, 0, 0, 0, (), skipped=f"transformers loads no tokenizer from {directory}{because}")
     source = None if manifest.encoder_input.is_features else manifest.src_vocab
     checked = list(texts) if texts is not None else [*SAMPLE, *manifest.samples]
     return check_tokenizer(tokenizer, source, manifest.tgt_vocab, checked, outputs)
