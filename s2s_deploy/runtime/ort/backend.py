@@ -20,6 +20,7 @@ import onnxruntime as ort
 from s2s_deploy.errors import S2SError
 from s2s_deploy.format.manifest import Manifest
 from s2s_deploy.runtime.backend import Backend, DecodeRun
+from s2s_deploy.runtime.ort import denormals
 from s2s_deploy.runtime.ort.step_loop import FixedRun, StepLoops
 from s2s_deploy.runtime.speculative import source_in_target
 
@@ -136,27 +137,35 @@ def _create(path: str | Path, device: str, threads: int | None, spin: bool = Tru
         raise S2SError(f"unknown device {device!r}; known: {', '.join(DEVICES)}")
     ort.set_default_logger_severity(3)
     options = session_options(threads, spin, spin_between_runs)
+    if step:  # a step's log-softmax over a wide vocabulary is 5x slower on denormals (runtime/ort/denormals.py)
+        denormals.flush_in(options)
     try:
-        if device in ("auto", "cuda") and CUDA in ort.get_available_providers():
-            with quiet_native_output():
-                # TF32 matrix products moved beam scores by 1e-3 against the CPU; fp32 means fp32
-                cuda = (CUDA, {"use_tf32": "0", **({"enable_cuda_graph": "1"} if cuda_graph else {})})
-                session = ort.InferenceSession(str(path), options, providers=[cuda, CPU])
-            if session.get_providers()[0] == CUDA:
-                return session, SessionChoice(CUDA, "")
-            reason = "CUDA provider is installed but could not start: CUDA libraries or GPU missing"
-        elif device == "cpu":
-            reason = "requested"
-        else:
-            reason = "this onnxruntime build has no CUDA provider"
-        if device == "cuda":
-            raise S2SError(f"--device cuda: {reason}")
-        disabled = list(STEP_DISABLED_OPTIMIZERS) if step else []
-        return (ort.InferenceSession(str(path), options, providers=[CPU], disabled_optimizers=disabled),
-                SessionChoice(CPU, reason))
+        with denormals.caller_kept():
+            return _session(path, device, options, cuda_graph, step)
     except (ort.capi.onnxruntime_pybind11_state.Fail, ort.capi.onnxruntime_pybind11_state.InvalidGraph,
             ort.capi.onnxruntime_pybind11_state.InvalidProtobuf, ort.capi.onnxruntime_pybind11_state.NoSuchFile) as exc:
         raise S2SError(f"onnxruntime cannot load {path}: {str(exc).splitlines()[0]}") from exc
+
+
+def _session(path: str | Path, device: str, options: ort.SessionOptions, cuda_graph: bool,
+             step: bool) -> tuple[ort.InferenceSession, SessionChoice]:
+    if device in ("auto", "cuda") and CUDA in ort.get_available_providers():
+        with quiet_native_output():
+            # TF32 matrix products moved beam scores by 1e-3 against the CPU; fp32 means fp32
+            cuda = (CUDA, {"use_tf32": "0", **({"enable_cuda_graph": "1"} if cuda_graph else {})})
+            session = ort.InferenceSession(str(path), options, providers=[cuda, CPU])
+        if session.get_providers()[0] == CUDA:
+            return session, SessionChoice(CUDA, "")
+        reason = "CUDA provider is installed but could not start: CUDA libraries or GPU missing"
+    elif device == "cpu":
+        reason = "requested"
+    else:
+        reason = "this onnxruntime build has no CUDA provider"
+    if device == "cuda":
+        raise S2SError(f"--device cuda: {reason}")
+    disabled = list(STEP_DISABLED_OPTIMIZERS) if step else []
+    return (ort.InferenceSession(str(path), options, providers=[CPU], disabled_optimizers=disabled),
+            SessionChoice(CPU, reason))
 
 
 def output_batch_axes(manifest: Manifest) -> dict[str, int]:

@@ -68,6 +68,7 @@ from s2s_deploy.errors import S2SError
 from s2s_deploy.format.manifest import Manifest
 from s2s_deploy.format.names import ROLLBACK, TOP_K, TOP_OUTPUTS
 from s2s_deploy.runtime.backend import DecodeRun
+from s2s_deploy.runtime.ort import denormals
 
 CAPTURE_FAILURES = (ort.capi.onnxruntime_pybind11_state.Fail, ort.capi.onnxruntime_pybind11_state.EPFail,
                     ort.capi.onnxruntime_pybind11_state.RuntimeException)
@@ -268,7 +269,7 @@ class FixedSteps:
         self._top_k: dict[int, ort.OrtValue] = {}
         self._multi: dict[tuple[int, ...], _MultiBinding] = {}
         self._host_small = _host_inputs(self.session)
-        self.run = self.session.run_with_iobinding
+        self.run = denormals.flushing(self.session.run_with_iobinding)
 
     def capture_failed(self, graph_id: int) -> bool:
         """Whether a failed run is a capture failing: a captured graph id's run, or any run on a
@@ -765,7 +766,7 @@ class FixedRun(DecodeRun):
                 shape[axis] = start + after
             io.bind_output(out_name, device, 0, dtype, shape, pointers[1 - side])
         started = time.perf_counter()
-        bound.session.run_with_iobinding(io, steps.uncaptured_options)
+        denormals.flushing(bound.session.run_with_iobinding)(io, steps.uncaptured_options)
         values, ids = bound.read()
         steps.loops.on_step(started)
         self.t += 1
