@@ -127,10 +127,15 @@ def test_decode_steps_match_single_steps_with_rollback_and_forward(model: str) -
         assert torch.allclose(multi(tokens, torch.tensor(0), torch.tensor(0), *encoded, *first)[0], whole, atol=1e-4)
 
 
-def torch_backend(arch: str) -> TorchBackend:
+def torch_backend(arch: str, eos_bias: float = 0.0) -> TorchBackend:
+    """A tiny random model; ``eos_bias`` raises EOS' logit (random weights almost never end)."""
     plugin, cfg, model = tiny(arch, **TINY[arch])
     vocab = Vocabulary.build(["abcdefghijklmnopqrstuvwxyz012345678"])
     assert len(vocab) == VOCAB
+    if eos_bias:
+        with torch.no_grad():
+            bias = model.final_logits_bias[0] if hasattr(model, "final_logits_bias") else model.output.bias
+            bias[vocab.eos_id] += eos_bias
     return TorchBackend(plugin, model, cfg, vocab, src_vocab=vocab)
 
 
@@ -177,8 +182,73 @@ def test_a_near_tie_is_decided_by_plain_greedy() -> None:
     assert [h.tokens for h in found] == [h.tokens for h in greedy(backend, src, src_len, plain(1, 20))]
 
 
-@pytest.mark.parametrize("options", [{"beam_size": 2}, {"sampling_topk": 0}, {"min_len": 2},
-                                     {"no_repeat_ngram_size": 2}, {"decoder_prompt": (5,)}])
+EDITS = {
+    "min_len": {"min_len": 9},
+    "min_len, suppressed": {"min_len": 6, "suppress_tokens": (5, 9)},
+    "forced_bos": {"forced_bos": 7},
+    "forced_eos": {"forced_eos": True, "max_len": 12},
+    "forced_bos and eos, per-sentence limits": {"forced_bos": 7, "forced_eos": True, "max_len_a": 1.0,
+                                                "max_len_b": 2},
+    "no_repeat_ngram": {"no_repeat_ngram_size": 2},
+    "encoder_no_repeat_ngram": {"encoder_no_repeat_ngram_size": 1},
+    "repetition_penalty": {"repetition_penalty": 1.3},
+    "bans": {"suppress_tokens": (5, 9), "begin_suppress_tokens": (2, 11), "bad_words_ids": ((12, 13), (14,)),
+             "disable_unk": True},
+    "prefix": {"prefix": (7, 8, 9)},
+    "prefix per sentence": {"prefix": tuple((4 + i % 5, 20 + i % 3) for i in range(12))},
+    "decoder_prompt": {"decoder_prompt": (5, 6, 7)},
+    "decoder_prompt, no-speech read": {"decoder_prompt": (5, 6), "no_speech_token": 9},
+    "prompt and decoder_prompt": {"prompt": (11, 12, 13, 14, 15, 16, 17), "prompt_start": 20,
+                                  "decoder_prompt": (5, 6), "no_speech_token": 9, "forced_eos": True},
+}
+
+
+ENDING = {"transformer": 24.0, "bart": 0.2}
+"""EOS biases at which the tiny models' sentences end early, some before 9 tokens, some never."""
+
+
+@pytest.mark.parametrize("model", list(ENDING))
+@pytest.mark.parametrize("name", list(EDITS))
+def test_speculative_greedy_takes_greedys_edits_and_prompts(model: str, name: str) -> None:
+    """Each option edits each position of a k-position pass as plain greedy's step there: the same
+    tokens, prompts and no-speech probabilities (within the bound)."""
+    backend = torch_backend(model, ENDING[model])
+    src, src_len = sources(12)
+    config = plain(**{"max_len": 30, **EDITS[name]})
+    expected = greedy(backend, src, src_len, config)
+    counts = Accepting()
+    found = speculative_greedy(backend, src, src_len, dataclasses.replace(config, speculative=3), counts)
+    assert [h.tokens for h in found] == [h.tokens for h in expected]
+    assert [(h.finished, h.prompt) for h in found] == [(h.finished, h.prompt) for h in expected]
+    for got, want in zip(found, expected, strict=True):
+        assert np.allclose(got.token_log_probs, want.token_log_probs, atol=2 * MIN_BOUND)
+        assert (got.no_speech_prob is None) == (want.no_speech_prob is None)
+        if want.no_speech_prob is not None:
+            assert got.no_speech_prob == pytest.approx(want.no_speech_prob, abs=MIN_BOUND)
+    assert counts.redone <= 3  # a near-tie sends a sentence to plain greedy: rare, never the rule
+    if model == "transformer" and name != "no_repeat_ngram":  # its drafts repeat the hypothesis' n-grams
+        assert counts.accepted > 0  # (the tiny BART seldom repeats itself: nothing to draft from)
+
+
+def test_speculative_edits_change_the_tokens() -> None:
+    """The edits above are not idle: each option set moves some token, in one tiny model or the
+    other, against plain greedy without it."""
+    src, src_len = sources(12)
+    moved: set[str] = set()
+    for model, eos_bias in ENDING.items():
+        backend = torch_backend(model, eos_bias)
+        bare = [h.tokens for h in greedy(backend, src, src_len, plain(max_len=30))]
+        for name, options in EDITS.items():
+            edited = speculative_greedy(backend, src, src_len, plain(**{"max_len": 30, "speculative": 3, **options}))
+            if [h.tokens for h in edited] != bare:
+                moved.add(name)
+    assert moved == set(EDITS)
+
+
+@pytest.mark.parametrize("options", [{"beam_size": 2}, {"sampling_topk": 0},
+                                     {"timestamps": True, "timestamp_begin": 30},
+                                     {"temperature": (0.0, 0.2)}, {"log_prob_threshold": -1.0},
+                                     {"decoder_prompt": (5, -1)}])
 def test_speculative_refuses_what_it_cannot_decode_exactly(options: dict[str, Any]) -> None:
     backend = torch_backend("transformer")
     src, src_len = sources(1)
