@@ -1,11 +1,13 @@
 """Exact speculative greedy against plain greedy, A/B in one process, modes alternated per round.
 
 usage: python benchmarks/speculative.py EXPORT_DIR [--drafts 2,4,6] [--sentences 200] [--rounds 5]
-       [--threads 1] [--task en-fr] [--batch-size 1]
+       [--threads 1] [--task en-fr] [--batch-size 1] [--set OPTION=JSON ...]
        python benchmarks/speculative.py EXPORT_DIR --pass-cost [--drafts 1,2,4,8] [--threads 1]
 
 Sources: the export's built-in task (``--task``, generated with seed 7, the held-out kind of
 input the demo models are tested on) or, with ``--task samples``, the export's samples.
+``--set``: decoding options for both modes (``--set min_len=12 --set no_repeat_ngram_size=4``),
+a value read as JSON where it parses, else as a string.
 Prints, per mode, generated tokens (EOS counted) per second of process CPU time and of wall
 time (medians over the rounds), the ratio to plain greedy, the acceptance (accepted drafts over
 drafted ones), tokens per decoder call, sentences redone by plain greedy after a near-tie, the
@@ -21,6 +23,7 @@ than its cost in single steps).
 from __future__ import annotations
 
 import argparse
+import json
 import time
 
 import numpy as np
@@ -44,7 +47,9 @@ def main() -> None:
     parser.add_argument("--task", default="en-fr")
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--pass-cost", action="store_true")
+    parser.add_argument("--set", action="append", default=[], metavar="OPTION=JSON")
     args = parser.parse_args()
+    options = dict(_option(item) for item in args.set)
     manifest = load_manifest(args.export_dir)
     backend = OrtBackend(manifest, device="cpu", threads=args.threads)
     if args.pass_cost:
@@ -59,10 +64,10 @@ def main() -> None:
     modes = {"greedy": 0, **{f"speculative {k}": int(k) for k in args.drafts.split(",")}}
     print(f"{args.export_dir}: {len(texts)} sentences ({args.task}), batch {args.batch_size}, "
           f"{args.threads} thread(s), {args.rounds} rounds, drift bound from export "
-          f"{manifest.multi_step_max_abs_diff}")
+          f"{manifest.multi_step_max_abs_diff}, options {options or 'of the export'}")
 
     def run(drafts: int) -> tuple[float, float, list[Hypothesis], Accepting]:
-        config = resolve(manifest, {"speculative": drafts})
+        config = resolve(manifest, {**options, "speculative": drafts})
         counts = Accepting()
         found: list[Hypothesis] = []
         cpu, wall = time.process_time(), time.perf_counter()
@@ -94,6 +99,14 @@ def main() -> None:
                  f"max |lp diff| {drift:.2e}" if modes[mode] else "")
         print(f"{mode:>15}: {tokens / cpu:8.0f} tok/cpu-s  {tokens / wall:8.0f} tok/s wall  "
               f"x{base / cpu:.2f}  tokens same as greedy: {same}{extra}")
+
+
+def _option(item: str) -> tuple[str, object]:
+    name, _, value = item.partition("=")
+    try:
+        return name, json.loads(value)
+    except json.JSONDecodeError:
+        return name, value
 
 
 def pass_cost(backend: OrtBackend, manifest: object, drafts: list[int], past: int = 20, calls: int = 20) -> None:

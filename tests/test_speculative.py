@@ -3,9 +3,11 @@
 Fast: the draft lookup, the vocabulary map, the refusals, ``decode_steps`` against k single
 steps (with a rollback) and against ``forward`` in PyTorch, and speculative greedy against plain
 greedy token for token on tiny random models in PyTorch (random weights repeat themselves, so
-drafts are accepted and rolled back often). Slow (exports): the same in ONNX Runtime's step loop
-on the bundled trained transformer and on tiny Hugging Face Marian and BART folders, the export's
-parity record, and the one-line refusals of an export without the k-position step.
+drafts are accepted and rolled back often), bare and with each log-prob option, prefix and prompt.
+Slow (exports): the same in ONNX Runtime's step loop on the bundled trained transformer, its int8
+copy, tiny Hugging Face Marian, BART, mBART and M2M100 folders at their own settings (forced BOS and
+EOS) and a tiny Whisper (decoder prompt, prompt), the export's parity record, and the one-line
+refusals of an export without the k-position step.
 """
 
 from __future__ import annotations
@@ -328,6 +330,7 @@ def test_translator_takes_the_option_and_refuses_it_in_one_line(multi_transforme
                                                                 tmp_path: Path) -> None:
     from s2s_deploy.runtime.translator import Translator
     from s2s_deploy.transforms.quantize import quantize_export
+    from s2s_deploy.verify.multi_step import copy_drift
 
     manifest = multi_transformer
     translator = Translator(manifest.directory, device="cpu", threads=1)
@@ -336,19 +339,47 @@ def test_translator_takes_the_option_and_refuses_it_in_one_line(multi_transforme
     with pytest.raises(DecodingError, match="greedy only") as refused:
         translator(texts[:1], beam=2, speculative=4)
     assert "\n" not in str(refused.value)
-    quantize_export(manifest, "int8", tmp_path / "int8")
+    report = quantize_export(manifest, "int8", tmp_path / "int8", activations="per-tensor", multi_step_drift=copy_drift)
+    assert report.multi_step is not None and "per-tensor" in report.multi_step
     quantized = Translator(tmp_path / "int8", device="cpu", threads=1)
     assert quantized.manifest.decoder_multi is None
-    with pytest.raises(DecodingError, match="no k-position decoder step"):
+    with pytest.raises(DecodingError, match="no k-position decoder step") as refused:
         quantized(texts[:1], speculative=4)
+    assert "\n" not in str(refused.value)
     _, plain_export = exports.get("transformer")  # exported without --multi-step
     assert plain_export.decoder_multi is None
     with pytest.raises(DecodingError, match="no k-position decoder step"):
         Translator(plain_export.directory, device="cpu", threads=1)(texts[:1], speculative=4)
 
 
+@pytest.mark.slow
+def test_int8_copy_keeps_the_k_position_step_and_speculates_exactly(multi_transformer: Any, tmp_path: Path) -> None:
+    """``quantize --int8`` (per-row) quantises the k-position step as it does the decoder and records
+    its drift, measured on the copy; speculative greedy on the copy is the copy's plain greedy."""
+    from click.testing import CliRunner
+
+    from s2s_deploy.cli import main
+    from s2s_deploy.format.manifest import load_manifest
+    from s2s_deploy.runtime.ort.backend import OrtBackend
+
+    out = tmp_path / "int8"
+    result = CliRunner().invoke(main, ["quantize", str(multi_transformer.directory), "--int8", "--out", str(out),
+                                       "--no-evaluate"])
+    assert result.exit_code == 0, result.output
+    assert "decoder_multi.onnx quantised" in result.output
+    copy = load_manifest(out)
+    assert copy.quantization is not None and copy.decoder_multi is not None
+    assert copy.multi_step_max_abs_diff is not None and 0 < copy.multi_step_max_abs_diff < 1e-3
+    backend = OrtBackend(copy, device="cpu", threads=1)
+    src, src_len = task_sources(copy, 60)
+    assert same_as_greedy(backend, src, src_len, resolve(copy, {}), 3).accepted > 0
+    assert same_as_greedy(backend, src, src_len, resolve(copy, {"min_len": 12, "no_repeat_ngram_size": 4}),
+                          3).accepted > 0
+
+
 def hf_folder(root: Path, family: str) -> Path:
-    """A tiny random Marian or BART folder as tests/test_hf_families.py builds them."""
+    """A tiny random family folder as tests/test_hf_families.py builds them, its generation settings
+    (a forced BOS) included."""
     import transformers
     from test_hf_families import BY_TYPE, favour_eos
 
@@ -356,16 +387,45 @@ def hf_folder(root: Path, family: str) -> Path:
     torch.manual_seed(0)
     model = getattr(transformers, row.model_class)(row.config()).eval()
     favour_eos(model, row.eos_strength)
+    for key, value in row.generation:
+        setattr(model.generation_config, key, value)
     folder = root / family
     model.save_pretrained(folder)
     row.tokenizer(folder)
     return folder
 
 
+def same_as_greedy(backend: Backend, src: np.ndarray, src_len: np.ndarray, config: Any, drafts: int) -> Accepting:
+    """Speculative greedy's hypotheses are plain greedy's: tokens, endings and prompts equal, log-probs
+    and no-speech probabilities within the drift bound. Returns the acceptance."""
+    expected = greedy(backend, src, src_len, config)
+    counts = Accepting()
+    found = speculative_greedy(backend, src, src_len, dataclasses.replace(config, speculative=drafts), counts)
+    assert [h.tokens for h in found] == [h.tokens for h in expected]
+    assert [(h.finished, h.prompt) for h in found] == [(h.finished, h.prompt) for h in expected]
+    bound = drift_bound(backend.multi_step_drift)
+    for got, want in zip(found, expected, strict=True):
+        assert np.allclose(got.token_log_probs, want.token_log_probs, rtol=0, atol=bound)
+        assert (got.no_speech_prob is None) == (want.no_speech_prob is None)
+        if want.no_speech_prob is not None:
+            assert got.no_speech_prob == pytest.approx(want.no_speech_prob, abs=bound)
+    return counts
+
+
+OWN_EDITS = {"marian": {}, "bart": {"forced_bos": 0, "forced_eos": True}, "mbart": {"forced_eos": True},
+             "m2m_100": {"forced_bos": "NLLB_TARGET"}}
+"""What each family's own settings (its generation config, as exported) edit: checked, so the test
+speculates through them (NLLB_TARGET: tests/test_hf_families.py's target language id)."""
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["marian", "bart"])
-def test_hf_families_speculate_exactly(family: str, hf_exports: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize("family", list(OWN_EDITS))
+def test_hf_families_speculate_exactly_at_their_own_settings(family: str, hf_exports: Any, tmp_path: Path) -> None:
+    """Forced BOS (BART, NLLB's target language), forced EOS at the length limit, min_len and a
+    decoder prompt: the exports' own settings and more, speculated token for token."""
     pytest.importorskip("transformers")
+    from test_hf_families import NLLB_TARGET
+
     from s2s_deploy.format.manifest import load_manifest
     from s2s_deploy.runtime.ort.backend import OrtBackend
 
@@ -373,16 +433,44 @@ def test_hf_families_speculate_exactly(family: str, hf_exports: Any, tmp_path: P
     assert manifest.decoder_multi is not None
     backend = OrtBackend(manifest, device="cpu", threads=1)
     rng = np.random.default_rng(0)
-    rows = [[int(t) for t in rng.integers(4, 100, rng.integers(3, 12))] + [manifest.src_vocab.eos_id]
+    rows = [[int(t) for t in rng.integers(4, 40, rng.integers(3, 12))] + [manifest.src_vocab.eos_id]
             for _ in range(16)]
     src = np.full((len(rows), max(map(len, rows))), manifest.src_vocab.pad_id, dtype=np.int64)
     for i, row in enumerate(rows):
         src[i, :len(row)] = row
     src_len = np.array([len(r) for r in rows], dtype=np.int64)
-    # the families' own forced BOS / EOS edit log-probs, which speculation does not take: off on both sides
-    settings = {"max_len": 24, "forced_eos": False, "forced_bos": -1}
-    expected = greedy(backend, src, src_len, resolve(manifest, settings))
-    counts = Accepting()
-    found = speculative_greedy(backend, src, src_len, resolve(manifest, {**settings, "speculative": 4}), counts)
-    assert [h.tokens for h in found] == [h.tokens for h in expected]
-    assert counts.accepted > 0
+    own = resolve(manifest, {"max_len": 16})
+    for name, value in OWN_EDITS[family].items():
+        assert getattr(own, name) == (NLLB_TARGET if value == "NLLB_TARGET" else value)
+    accepted = 0
+    for settings in ({}, {"min_len": 10}, {"decoder_prompt": (10, 11, 12)}):
+        config = resolve(manifest, {"max_len": 16, **settings})
+        accepted += same_as_greedy(backend, src, src_len, config, 4).accepted
+    assert accepted > 0
+
+
+@pytest.mark.slow
+def test_prompted_whisper_speculates_exactly(hf_exports: Any, tmp_path: Path) -> None:
+    """A Whisper-style export at its own settings (the decoder prompt, suppressed tokens, the
+    no-speech probability read) and with a ``prompt`` fed before the start token."""
+    pytest.importorskip("transformers")
+    from test_hf_whisper import PROMPT_IDS, save_whisper
+
+    from s2s_deploy.format.manifest import load_manifest
+    from s2s_deploy.runtime.ort.backend import OrtBackend
+    from s2s_deploy.runtime.transcriber import Transcriber
+
+    hf_dir = tmp_path / "whisper-hf"
+    audio, _ = save_whisper(hf_dir)
+    out = hf_exports.get(hf_dir, "--multi-step")
+    manifest = load_manifest(out)
+    assert manifest.decoder_multi is not None
+    features = np.stack([Transcriber(out, device="cpu").features(a) for a in audio])
+    src_len = np.full(len(features), features.shape[-1], dtype=np.int64)
+    backend = OrtBackend(manifest, device="cpu", threads=1)
+    own = resolve(manifest, {"max_len": 20})
+    assert own.decoder_prompt and own.suppress_tokens and own.no_speech_token >= 0
+    accepted = same_as_greedy(backend, features, src_len, own, 4).accepted
+    prompted = resolve(manifest, {"max_len": 20, "prompt": list(PROMPT_IDS)})
+    accepted += same_as_greedy(backend, features, src_len, prompted, 4).accepted
+    assert accepted > 0

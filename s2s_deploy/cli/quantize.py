@@ -46,6 +46,7 @@ def quantize_command(export_dir: str, kind: str | None, block_size: str | None, 
     from s2s_deploy.errors import S2SError
     from s2s_deploy.format.manifest import load_manifest
     from s2s_deploy.transforms.quantize import Int4Config, quantize_export
+    from s2s_deploy.verify.multi_step import copy_drift
 
     if kind is None:
         raise S2SError("choose --int8, --int4 or --fp16")
@@ -64,7 +65,7 @@ def quantize_command(export_dir: str, kind: str | None, block_size: str | None, 
     source = manifest.directory.resolve()
     if destination.resolve() == source or source in destination.resolve().parents:
         raise S2SError(f"--out {destination} is the export being quantised (or inside it); choose another folder")
-    report = quantize_export(manifest, kind, destination, force, activations, int4)
+    report = quantize_export(manifest, kind, destination, force, activations, int4, copy_drift)
     click.echo(f"wrote {report.directory}/ ({kind})")
     for name in dict.fromkeys([*report.bytes_before, *report.bytes_after]):
         before, after = report.bytes_before.get(name, 0), report.bytes_after.get(name, 0)
@@ -72,8 +73,9 @@ def quantize_command(export_dir: str, kind: str | None, block_size: str | None, 
     total_before, total_after = sum(report.bytes_before.values()), sum(report.bytes_after.values())
     click.echo(f"  deployable: {total_before / 1e6:.2f} MB -> {total_after / 1e6:.2f} MB "
                f"({total_after / total_before:.0%})")
-    if report.generate:
-        click.echo(f"  {report.generate}")
+    for line in (report.generate, report.multi_step):
+        if line:
+            click.echo(f"  {line}")
     task = task or manifest.training.get("task")
     if no_evaluate or not task:
         if not no_evaluate:

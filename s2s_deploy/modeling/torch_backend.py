@@ -131,7 +131,7 @@ class _TorchRun(DecodeRun):
         values, ids = self._multi(tokens, rollback, k)
         return values.cpu().numpy(), ids.cpu().numpy()
 
-    def steps(self, tokens: np.ndarray, rollback: int) -> np.ndarray:
+    def steps_log_probs(self, tokens: np.ndarray, rollback: int) -> np.ndarray:
         return self._multi(tokens, rollback)[0].cpu().numpy()
 
     @torch.no_grad()

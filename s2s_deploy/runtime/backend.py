@@ -46,7 +46,7 @@ class DecodeRun(ABC):
         ``multi_step`` is True, and only in a run that takes no one-position step."""
         raise NotImplementedError(f"{type(self).__name__} has no k-position step")
 
-    def steps(self, tokens: np.ndarray, rollback: int) -> np.ndarray:
+    def steps_log_probs(self, tokens: np.ndarray, rollback: int) -> np.ndarray:
         """Like ``steps_top``, but return every position's log-probs (rows, positions, V): what
         speculative greedy edits, position by position, where an option edits log-probs."""
         raise NotImplementedError(f"{type(self).__name__} has no k-position step")

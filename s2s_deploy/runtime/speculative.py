@@ -17,6 +17,13 @@ Where a margin is that close (a near-tie), the sentence is decoded again by plai
 the start, so its tokens stay plain greedy's in every case. Scores are the k-position step's
 log-probs: within the bound of plain greedy's, not bit-identical (docs/decoding.md).
 
+Options and prompts. Position j of a pass starting at step t gets plain greedy's log-prob edits
+of step t + j after the hypothesis and the first j drafts (``StepOptions.positions_top``, over
+``StepOptions.edit``, the one function both searches edit with); ``min_len`` alone masks EOS in the
+in-graph top 3. A decoder prompt, a prompt's context and the start token (``Feeding.prefill``, what
+``PromptedRun`` feeds plain greedy) go first, in passes of at most K + 1 positions. ``refusal`` names
+what the drift bound cannot hold.
+
 Each sentence is decoded alone (rows of one): its tokens and scores then do not depend on its
 batchmates, and its acceptance is its own, not the batch's least. The search's loop over the
 sentences is ``runtime/search.speculative_greedy``; this module holds its parts. Numpy only.
@@ -168,7 +175,7 @@ def _verified(run: DecodeRun, feed: list[int], rollback: int, lead: int, history
         values, ids = run.steps_top(tokens, rollback, k)
         values, ids = values[0, lead:], ids[0, lead:]
     else:
-        log_probs = run.steps(tokens, rollback)[0]
+        log_probs = run.steps_log_probs(tokens, rollback)[0]
         if read_no_speech >= 0:
             no_speech = _probability(log_probs[read_no_speech], feeding.no_speech)
         if edits is not None:
@@ -195,7 +202,7 @@ def decode_sentence(backend: Backend, src: np.ndarray, src_len: np.ndarray, sour
         for begin in range(0, cut, width):  # outputs dropped, but for the no-speech probability
             chunk, at = np.array([prefill[begin:begin + width]], dtype=np.int64), feeding.no_speech_at - begin
             if 0 <= at < width:
-                no_speech = _probability(run.steps(chunk, 0)[0, at], feeding.no_speech)
+                no_speech = _probability(run.steps_log_probs(chunk, 0)[0, at], feeding.no_speech)
             else:
                 run.steps_top(chunk, 0, 1)
             counts.calls += 1

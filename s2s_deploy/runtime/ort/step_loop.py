@@ -736,7 +736,7 @@ class FixedRun(DecodeRun):
         with self.steps.loops.guard():
             return self._run_multi(tokens, rollback, k).read()
 
-    def steps(self, tokens: np.ndarray, rollback: int) -> np.ndarray:
+    def steps_log_probs(self, tokens: np.ndarray, rollback: int) -> np.ndarray:
         with self.steps.loops.guard():
             return self._run_multi(tokens, rollback, 1, full=True).read_log_probs()
 
