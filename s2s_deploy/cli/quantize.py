@@ -46,7 +46,6 @@ def quantize_command(export_dir: str, kind: str | None, block_size: str | None, 
     from s2s_deploy.errors import S2SError
     from s2s_deploy.format.manifest import load_manifest
     from s2s_deploy.transforms.quantize import Int4Config, quantize_export
-    from s2s_deploy.verify.multi_step import copy_drift
 
     if kind is None:
         raise S2SError("choose --int8, --int4 or --fp16")
@@ -65,7 +64,7 @@ def quantize_command(export_dir: str, kind: str | None, block_size: str | None, 
     source = manifest.directory.resolve()
     if destination.resolve() == source or source in destination.resolve().parents:
         raise S2SError(f"--out {destination} is the export being quantised (or inside it); choose another folder")
-    report = quantize_export(manifest, kind, destination, force, activations, int4, copy_drift)
+    report = quantize_export(manifest, kind, destination, force, activations, int4)
     click.echo(f"wrote {report.directory}/ ({kind})")
     for name in dict.fromkeys([*report.bytes_before, *report.bytes_after]):
         before, after = report.bytes_before.get(name, 0), report.bytes_after.get(name, 0)

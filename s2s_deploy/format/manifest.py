@@ -340,17 +340,14 @@ class Manifest:
 
     def with_quantization(self, kind: str, activations: str | None, min_token_agreement: float,
                           opset: int, block_size: int | None = None,
-                          accuracy_level: int | None = None, source: str | None = None,
-                          keep_multi_step: bool = False) -> Manifest:
+                          accuracy_level: int | None = None, source: str | None = None) -> Manifest:
         """A quantised copy: its kind, the token agreement parity holds it to instead of a
         log-prob tolerance, and no generate.onnx (a fused graph embeds the fp32 decoder).
-        ``source``: the original folder's name (default: this manifest's folder).
-        ``keep_multi_step``: the k-position step was quantised too (its drift is recorded after)."""
+        ``source``: the original folder's name (default: this manifest's folder)."""
         def edit(doc: dict[str, Any]) -> None:
             doc["opset"] = opset
             doc["graphs"].pop("generate", None)
-            if not keep_multi_step:
-                doc["graphs"].pop("decoder_multi", None)
+            doc["graphs"].pop("decoder_multi", None)  # not quantised: speculative greedy stays fp32-only
             doc["quantization"] = {"kind": kind, "source": source or self.directory.name}  # no build-machine paths
             if activations is not None:
                 doc["quantization"]["activations"] = activations

@@ -262,7 +262,7 @@ def speculative_greedy(backend: Backend, src: np.ndarray, src_len: np.ndarray, c
         raise S2SError(problem)
     if not backend.multi_step:
         raise S2SError("this export has no k-position decoder step (decoder_multi.onnx): speculative decoding "
-                       "needs an export made with `export --multi-step` (fp32, or its per-row int8 copy)")
+                       "needs an fp32 export made with `export --multi-step`")
     counts = counts if counts is not None else Accepting()
     # a repetition penalty multiplies a seen token's log-prob, and so its drift
     margin = 2 * drift_bound(backend.multi_step_drift) * max(1.0, config.repetition_penalty)

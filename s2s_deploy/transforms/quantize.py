@@ -11,7 +11,6 @@ import logging
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,6 +28,11 @@ from s2s_deploy.transforms.inspect import deployable_files
 from s2s_deploy.transforms.share import share_weights
 
 KINDS = ("int8", "fp16", "int4")
+MULTI_STEP_DROPPED = ("speculative greedy stays fp32: quantised, a last-bit difference between a k-position pass and "
+                      "single steps now and then moves an activation across a rounding step, and a pass's log-probs "
+                      "by up to 0.04, which no measured bound holds (docs/decoding.md)")
+"""Why a quantised copy has no k-position step: measured on the bundled speech model's int8 copy
+(2 of 8 random sources moved 0.035 and 0.04, the others about 2e-6)."""
 MIN_EMBEDDING = 1 << 16
 """Elements from which an int8 export stores a Gather table in int8 too (a 128-row table is not worth it)."""
 # Token agreement with the fp32 original that parity requires, per kind: int8 weights move
@@ -62,19 +66,15 @@ class QuantizeReport:
     bytes_before: dict[str, int]
     bytes_after: dict[str, int]
     generate: str | None = None  # what became of the source's generate.onnx, when it had one
-    multi_step: str | None = None  # what became of the source's decoder_multi.onnx, when it had one
+    multi_step: str | None = None  # why the source's decoder_multi.onnx is not carried over, when it had one
 
 
 def quantize_export(manifest: Manifest, kind: str, out_dir: Path, force: bool = False,
-                    activations: str = "per-row", int4: Int4Config | None = None,
-                    multi_step_drift: Callable[[Manifest], float] | None = None) -> QuantizeReport:
+                    activations: str = "per-row", int4: Int4Config | None = None) -> QuantizeReport:
     """``activations`` (int8 only): ``per-row`` scales make a sentence's output independent of
     its batchmates; ``per-tensor`` is ONNX Runtime's default dynamic quantisation, faster where
     it fuses, but batch-dependent (docs/performance.md has the cost). ``int4`` (int4 only): the
-    block size and accuracy level. ``multi_step_drift`` (verify/multi_step.py's ``copy_drift``,
-    which this floor cannot import): where given, an int8 per-row copy keeps the k-position step,
-    quantised as the decoder is, and records the drift it measures on the copy, as export records
-    the fp32 one (speculative greedy's margin reads it); else the step is dropped."""
+    block size and accuracy level."""
     if kind not in KINDS:
         raise S2SError(f"unknown quantisation {kind!r}; known: {', '.join(KINDS)}")
     if activations not in ACTIVATION_MODES:
@@ -87,12 +87,10 @@ def quantize_export(manifest: Manifest, kind: str, out_dir: Path, force: bool = 
     if manifest.quantization is not None:
         raise S2SError(f"{manifest.directory} is already quantised ({manifest.quantization.kind}): "
                        f"quantise the fp32 export instead")
-    multi_step, keep_multi = _multi_step_fate(manifest, kind, activations, multi_step_drift is not None)
     with staged_directory(out_dir, force) as work:
         copied = manifest.moved_to(work)
         targets = {}
-        multi = ((("decoder_multi", manifest.decoder_multi),) if keep_multi and manifest.decoder_multi else ())
-        for role, graph in (("encoder", manifest.encoder), ("decoder", manifest.decoder), *multi):
+        for role, graph in (("encoder", manifest.encoder), ("decoder", manifest.decoder)):
             source = manifest.graph_path(graph)
             targets[role] = target = work / graph.file
             if kind == "int8":
@@ -112,35 +110,15 @@ def quantize_export(manifest: Manifest, kind: str, out_dir: Path, force: bool = 
             copied = copied.with_dtypes(interface_dtypes(targets["encoder"], targets["decoder"]))
         opset = max(_default_opset(onnx.load(str(path), load_external_data=False)).version
                     for path in targets.values())
-        copied = copied.with_quantization(
-            kind, activations if kind == "int8" else None, MIN_TOKEN_AGREEMENT[kind], opset,
-            *((int4.block_size, int4.accuracy_level) if kind == "int4" else (None, None)),
-            source=manifest.directory.resolve().name, keep_multi_step=bool(multi))
-        copied.write()
-        if multi and multi_step_drift is not None:
-            copied.with_validation(multi_step_max_abs_diff=multi_step_drift(load_manifest(work))).write()
+        copied.with_quantization(kind, activations if kind == "int8" else None, MIN_TOKEN_AGREEMENT[kind],
+                                 opset, *((int4.block_size, int4.accuracy_level) if kind == "int4" else (None, None)),
+                                 source=manifest.directory.resolve().name).write()
         _smoke_test(work, kind)
         generate = _fuse_again(manifest, work)
         after = deployable_files(load_manifest(work))
-    return QuantizeReport(out_dir, kind, deployable_files(manifest), after, generate, multi_step)
-
-
-def _multi_step_fate(manifest: Manifest, kind: str, activations: str, measured: bool) -> tuple[str | None, bool]:
-    """What becomes of the k-position step (a line for the report; None without one) and whether
-    the copy keeps it: only int8 with per-row activations, where a position's activations are
-    quantised alone, as in a single step; per-tensor scales would let a position's log-probs
-    depend on the drafts beside it, so no measured drift could bound them."""
-    if manifest.decoder_multi is None:
-        return None, False
-    name = manifest.decoder_multi.file
-    if kind != "int8":
-        return f"{name} not carried over: speculative greedy takes fp32 and int8 (per-row) exports", False
-    if activations != "per-row":
-        return (f"{name} not carried over: per-tensor int8 scales a pass's positions together, so a position's "
-                "log-probs would depend on its drafts (use per-row activations)"), False
-    if not measured:
-        return f"{name} not carried over: no drift measurement was given to bound it", False
-    return f"{name} quantised as the decoder is, its drift from k single int8 steps measured", True
+    multi = manifest.decoder_multi
+    dropped = None if multi is None else f"{multi.file} not carried over: {MULTI_STEP_DROPPED}"
+    return QuantizeReport(out_dir, kind, deployable_files(manifest), after, generate, dropped)
 
 
 def _fuse_again(manifest: Manifest, work: Path) -> str | None:

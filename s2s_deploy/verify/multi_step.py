@@ -17,7 +17,6 @@ import numpy as np
 import torch
 
 from s2s_deploy.errors import S2SError
-from s2s_deploy.format.manifest import Manifest
 from s2s_deploy.format.names import ROLLBACK, TOP_K
 from s2s_deploy.modeling.contract import MemorySpec, Seq2SeqModel, StateSpec
 from s2s_deploy.verify.tolerance import NO_DIFF, StepDiff, StepTolerance
@@ -40,23 +39,6 @@ def check_multi_step(
     """Fatal unless the k-position graph matches k single steps (ONNX Runtime, both graphs) and
     ``forward`` matches the model's ``decode_steps`` (PyTorch). ``paths``: encoder, decoder and
     k-position decoder. Returns the difference against the single steps."""
-    diff, tokens = multi_step_drift(paths, memory, state, src, src_len, tgt_vocab_size, tolerance)
-    if diff.worst > 1.0:
-        raise ExportMultiStepError(
-            f"plugin {label}: the k-position step differs from k single steps by {diff.max_abs_diff:.3g} in log-prob "
-            f"(allowed {tolerance.atol:g} + {tolerance.rtol:g}*|log p|): decode_steps does not compute what "
-            "decode_step does")
-    _check_forward(label, model, memory, state, src, src_len, tokens, tolerance)
-    return diff
-
-
-def multi_step_drift(paths: tuple[Path, Path, Path], memory: Sequence[MemorySpec], state: Sequence[StateSpec],
-                     src: np.ndarray, src_len: np.ndarray, tgt_vocab_size: int,
-                     tolerance: StepTolerance) -> tuple[StepDiff, np.ndarray]:
-    """The k-position graph against the one-position graph stepped k times, in ONNX Runtime, over
-    ``POSITIONS`` random target tokens fed in ``CHUNKS`` (a rollback between): the difference
-    (``max_abs_diff`` is what the acceptance margin reads) and the tokens fed. Any folder's
-    graphs: the export's, or a quantised copy's."""
     from s2s_deploy.runtime.ort.backend import create_session
 
     encoder, single, multi = (create_session(path, device="cpu") for path in paths)
@@ -87,31 +69,13 @@ def multi_step_drift(paths: tuple[Path, Path, Path], memory: Sequence[MemorySpec
         for j in range(end - start):
             diff = diff.merge(tolerance.compare(singles[start + j], out[0][:, j]))
         past = out[1:]
-    return diff, tokens
-
-
-COPY_FRAMES = 100
-"""Frames of the random features a copy's drift is measured on (a features encoder's input)."""
-
-
-def copy_drift(manifest: Manifest) -> float:
-    """A copy's k-position drift (an int8 copy's graphs, ``quantize``): ``multi_step_drift`` at the
-    default tolerance on two random sources, as export measures the fp32 graphs'. Nothing is
-    fatal here: the figure widens speculative greedy's acceptance margin instead."""
-    if manifest.decoder_multi is None:
-        raise ExportMultiStepError(f"{manifest.directory} has no k-position decoder step to measure")
-    spec, rng = manifest.encoder_input, np.random.default_rng(0)
-    if spec.is_features:
-        src = rng.standard_normal((2, *spec.item_shape(COPY_FRAMES))).astype(spec.dtype)
-        src_len = np.array([COPY_FRAMES, COPY_FRAMES], dtype=np.int64)
-    else:
-        src = rng.integers(4, len(manifest.src_vocab), (2, 6)).astype(np.int64)
-        src_len = np.array([6, 4], dtype=np.int64)
-    paths = (manifest.graph_path(manifest.encoder), manifest.graph_path(manifest.decoder),
-             manifest.graph_path(manifest.decoder_multi))
-    diff, _ = multi_step_drift(paths, manifest.memory, manifest.state, src, src_len, len(manifest.tgt_vocab),
-                               StepTolerance())
-    return diff.max_abs_diff
+    if diff.worst > 1.0:
+        raise ExportMultiStepError(
+            f"plugin {label}: the k-position step differs from k single steps by {diff.max_abs_diff:.3g} in log-prob "
+            f"(allowed {tolerance.atol:g} + {tolerance.rtol:g}*|log p|): decode_steps does not compute what "
+            "decode_step does")
+    _check_forward(label, model, memory, state, src, src_len, tokens, tolerance)
+    return diff
 
 
 @torch.no_grad()
