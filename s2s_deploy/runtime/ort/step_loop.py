@@ -233,7 +233,6 @@ class _MultiBinding:
     top_k: ort.OrtValue
     values: list[ort.OrtValue]
     outputs: list[np.ndarray] | None
-    full: bool = False
 
     def write(self, tokens: np.ndarray, step: int, rollback: int) -> None:
         for name, value in (("tokens", tokens), ("step", step), (ROLLBACK, rollback)):
@@ -248,7 +247,7 @@ class _MultiBinding:
         return self.values[0].numpy(), self.values[1].numpy()
 
     def read_log_probs(self) -> np.ndarray:
-        """The log-probs (rows, positions, V) of the call just run, where ``full``."""
+        """The log-probs (rows, positions, V) of the call just run, where bound (``full``)."""
         return self.binding.get_outputs()[len(TOP_OUTPUTS)].numpy()
 
 
@@ -395,7 +394,7 @@ class FixedSteps:
         if full:
             io.bind_output("log_probs", self.device)
         made = _MultiBinding(session, io, host if self.device == "cpu" else {}, small, kept_top_k, values,
-                             outputs or None, full)
+                             outputs or None)
         if len(self._multi) >= KEPT_MULTI_BINDINGS:
             del self._multi[next(iter(self._multi))]
         self._multi[key] = made
