@@ -26,7 +26,8 @@ from s2s_deploy.format.vocab import Vocabulary
 from s2s_deploy.modeling.graphs import EncoderGraph, MultiStepGraph, StepGraph
 from s2s_deploy.modeling.torch_backend import TorchBackend
 from s2s_deploy.runtime.backend import Backend
-from s2s_deploy.runtime.decoding import DecodingError, plain, resolve
+from s2s_deploy.runtime.decoding import DecodingError, plain, prefixes_of, resolve
+from s2s_deploy.runtime.options import StepOptions
 from s2s_deploy.runtime.search import greedy, speculative_greedy
 from s2s_deploy.runtime.speculative import MIN_BOUND, SAFETY, Accepting, draft, drift_bound, source_in_target
 
@@ -230,6 +231,35 @@ def test_speculative_greedy_takes_greedys_edits_and_prompts(model: str, name: st
     assert counts.redone <= 3  # a near-tie sends a sentence to plain greedy: rare, never the rule
     if model == "transformer" and name != "no_repeat_ngram":  # its drafts repeat the hypothesis' n-grams
         assert counts.accepted > 0  # (the tiny BART seldom repeats itself: nothing to draft from)
+
+
+STEP_BOUNDED = {"forced_bos", "forced_eos", "prefix", "min_len", "max_len", "max_len_a", "max_len_b", "decoder_prompt",
+                "prompt", "prompt_start", "no_speech_token"}
+"""Options that edit some steps only (or none): a pass past them is ranked in the graph."""
+
+
+@pytest.mark.parametrize("name", list(EDITS))
+def test_steps_no_option_edits_are_told_apart(name: str) -> None:
+    """Where ``edits_between`` says no option edits a step, ``edit`` leaves its log-probs as they are
+    (so the in-graph TopK ranks them as plain greedy's options would); it says so past a forced BOS,
+    a prefix or min_len, before a forced EOS, and never for an option of every step."""
+    rng = np.random.default_rng(0)
+    src, src_len = sources(1)
+    config = plain(**{"max_len": 30, **EDITS[name]})
+    if len(prefixes_of(config)) > 1:
+        config = dataclasses.replace(config, prefix=prefixes_of(config)[0])
+    edits = StepOptions(config, src, src_len, 2, VOCAB, 3)
+    idle = []
+    for t in range(30):
+        logits = rng.standard_normal((1, VOCAB)).astype(np.float32)
+        log_probs = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
+        if not edits.edits_between(t, t):
+            idle.append(t)
+            assert np.array_equal(edits.edit(log_probs, rng.integers(4, VOCAB, (1, t)), t), log_probs)
+    assert bool(idle) == (set(EDITS[name]) <= STEP_BOUNDED)
+    for first in range(30):  # a pass's steps together: edited where any one of them is
+        for last in range(first, 30):
+            assert edits.edits_between(first, last) == any(t not in idle for t in range(first, last + 1))
 
 
 def test_speculative_edits_change_the_tokens() -> None:

@@ -179,6 +179,25 @@ class StepOptions:
         self.t += 1
         return self.edit(log_probs, self.history, t)
 
+    def edits_between(self, first: int, last: int) -> bool:
+        """Whether ``edit`` may change a log-prob at any step from ``first`` to ``last`` (inclusive), for
+        a sentence alone (a batch of one): False lets speculative greedy rank such a pass in the graph,
+        without the vocabulary-wide copy. An option that edits every step answers True; a forced BOS
+        or EOS, a prefix, ``min_len`` and the first token's bans answer for their own steps."""
+        config = self.config
+        if (config.repetition_penalty != 1.0 or config.no_repeat_ngram_size > 0 or self.source_ngrams or self.long_bad
+                or len(self.suppressed) or len(self.single_bad) or config.timestamps or self.renormalise
+                or self.allowed is not None or self.sampling):
+            return True
+        until = config.min_len - 1  # the last step a step-bounded option edits
+        if len(self.begin_suppressed) or config.forced_bos >= 0:
+            until = max(until, 0)
+        if self.prefixes:
+            until = max(until, max(len(p) for p in self.prefixes) - 1)
+        if first <= until:
+            return True
+        return bool(config.forced_eos and ((self.limits - 1 >= first) & (self.limits - 1 <= last)).any())
+
     def positions_top(self, log_probs: np.ndarray, generated: list[int], drafts: list[int], first: int,
                       k: int) -> tuple[np.ndarray, np.ndarray]:
         """A k-position pass of speculative greedy over one sentence (a batch of one): ``log_probs``

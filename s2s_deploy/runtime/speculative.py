@@ -168,6 +168,8 @@ def _verified(run: DecodeRun, feed: list[int], rollback: int, lead: int, history
     probability at position ``read_no_speech`` (-1: none read)."""
     tokens = np.array([feed], dtype=np.int64)
     edits, step = feeding.edits, len(history)
+    if edits is not None and not edits.edits_between(step, step + len(feed) - lead - 1):
+        edits = None  # no option edits these steps (a forced BOS or EOS elsewhere): ranked in the graph
     masked = edits is None and step < feeding.min_len  # edits forbid EOS below min_len themselves
     k = 3 if masked else 2
     no_speech = None
