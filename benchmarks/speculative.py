@@ -1,11 +1,15 @@
 """Exact speculative greedy against plain greedy, A/B in one process, modes alternated per round.
 
 usage: python benchmarks/speculative.py EXPORT_DIR [--drafts 2,4,6] [--sentences 200] [--rounds 5]
-       [--threads 1] [--task en-fr] [--batch-size 1]
+       [--threads 1] [--task en-fr] [--batch-size 1] [--set OPTION=JSON ...] [--speech DIR [--split test]]
        python benchmarks/speculative.py EXPORT_DIR --pass-cost [--drafts 1,2,4,8] [--threads 1]
 
 Sources: the export's built-in task (``--task``, generated with seed 7, the held-out kind of
-input the demo models are tested on) or, with ``--task samples``, the export's samples.
+input the demo models are tested on) or, with ``--task samples``, the export's samples; for a
+speech export, ``--speech DIR``: the first ``--sentences`` clips of a speech dataset's split (made
+by ``benchmarks/eval_speech.py --make N --data DIR``), read by the dataset's front end.
+``--set``: decoding options for both modes (``--set min_len=12 --set no_repeat_ngram_size=4``),
+a value read as JSON where it parses, else as a string.
 Prints, per mode, generated tokens (EOS counted) per second of process CPU time and of wall
 time (medians over the rounds), the ratio to plain greedy, the acceptance (accepted drafts over
 drafted ones), tokens per decoder call, sentences redone by plain greedy after a near-tie, the
@@ -21,7 +25,9 @@ than its cost in single steps).
 from __future__ import annotations
 
 import argparse
+import json
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -44,25 +50,33 @@ def main() -> None:
     parser.add_argument("--task", default="en-fr")
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--pass-cost", action="store_true")
+    parser.add_argument("--set", action="append", default=[], metavar="OPTION=JSON")
+    parser.add_argument("--speech", default=None, metavar="DIR")
+    parser.add_argument("--split", default="test")
     args = parser.parse_args()
+    options = dict(_option(item) for item in args.set)
     manifest = load_manifest(args.export_dir)
     backend = OrtBackend(manifest, device="cpu", threads=args.threads)
     if args.pass_cost:
         pass_cost(backend, manifest, [int(k) for k in args.drafts.split(",")])
         return
-    if args.task == "samples":
-        texts = (list(manifest.samples) * args.sentences)[: args.sentences]
+    if args.speech:
+        batches = speech_batches(Path(args.speech), args.split, args.sentences, args.batch_size)
+        args.task = f"speech {args.split}"
     else:
-        texts = [pair.source for pair in generate_pairs(args.task, args.sentences, seed=7)]
-    batches = [encode_batch(texts[i:i + args.batch_size], manifest.src_vocab, None)
-               for i in range(0, len(texts), args.batch_size)]
+        if args.task == "samples":
+            texts = (list(manifest.samples) * args.sentences)[: args.sentences]
+        else:
+            texts = [pair.source for pair in generate_pairs(args.task, args.sentences, seed=7)]
+        batches = [encode_batch(texts[i:i + args.batch_size], manifest.src_vocab, None)
+                   for i in range(0, len(texts), args.batch_size)]
     modes = {"greedy": 0, **{f"speculative {k}": int(k) for k in args.drafts.split(",")}}
-    print(f"{args.export_dir}: {len(texts)} sentences ({args.task}), batch {args.batch_size}, "
+    print(f"{args.export_dir}: {sum(len(src) for src, _ in batches)} sentences ({args.task}), batch {args.batch_size}, "
           f"{args.threads} thread(s), {args.rounds} rounds, drift bound from export "
-          f"{manifest.multi_step_max_abs_diff}")
+          f"{manifest.multi_step_max_abs_diff}, options {options or 'of the export'}")
 
     def run(drafts: int) -> tuple[float, float, list[Hypothesis], Accepting]:
-        config = resolve(manifest, {"speculative": drafts})
+        config = resolve(manifest, {**options, "speculative": drafts})
         counts = Accepting()
         found: list[Hypothesis] = []
         cpu, wall = time.process_time(), time.perf_counter()
@@ -94,6 +108,24 @@ def main() -> None:
                  f"max |lp diff| {drift:.2e}" if modes[mode] else "")
         print(f"{mode:>15}: {tokens / cpu:8.0f} tok/cpu-s  {tokens / wall:8.0f} tok/s wall  "
               f"x{base / cpu:.2f}  tokens same as greedy: {same}{extra}")
+
+
+def speech_batches(folder: Path, split: str, count: int, batch_size: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The first ``count`` clips of a speech dataset's split as features, in batches."""
+    from s2s_deploy.frontends import WhisperLogMel
+    from s2s_deploy.train.speech_data import FeatureSplit, load_metadata
+
+    features = FeatureSplit(folder, split, WhisperLogMel.from_json(load_metadata(folder)["frontend"]), count)
+    return [features.features(range(i, min(i + batch_size, len(features))))
+            for i in range(0, len(features), batch_size)]
+
+
+def _option(item: str) -> tuple[str, object]:
+    name, _, value = item.partition("=")
+    try:
+        return name, json.loads(value)
+    except json.JSONDecodeError:
+        return name, value
 
 
 def pass_cost(backend: OrtBackend, manifest: object, drafts: list[int], past: int = 20, calls: int = 20) -> None:

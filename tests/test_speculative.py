@@ -3,9 +3,11 @@
 Fast: the draft lookup, the vocabulary map, the refusals, ``decode_steps`` against k single
 steps (with a rollback) and against ``forward`` in PyTorch, and speculative greedy against plain
 greedy token for token on tiny random models in PyTorch (random weights repeat themselves, so
-drafts are accepted and rolled back often). Slow (exports): the same in ONNX Runtime's step loop
-on the bundled trained transformer and on tiny Hugging Face Marian and BART folders, the export's
-parity record, and the one-line refusals of an export without the k-position step.
+drafts are accepted and rolled back often), bare and with each log-prob option, prefix and prompt.
+Slow (exports): the same in ONNX Runtime's step loop on the bundled trained transformer, tiny
+Hugging Face Marian, BART, mBART and M2M100 folders at their own settings (forced BOS and EOS) and a
+tiny Whisper (decoder prompt, prompt), the export's parity record, and the one-line refusals of an
+export without the k-position step (an int8 copy's among them).
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from s2s_deploy.format.vocab import Vocabulary
 from s2s_deploy.modeling.graphs import EncoderGraph, MultiStepGraph, StepGraph
 from s2s_deploy.modeling.torch_backend import TorchBackend
 from s2s_deploy.runtime.backend import Backend
-from s2s_deploy.runtime.decoding import DecodingError, plain, resolve
+from s2s_deploy.runtime.decoding import DecodingError, plain, prefixes_of, resolve
+from s2s_deploy.runtime.options import StepOptions
 from s2s_deploy.runtime.search import greedy, speculative_greedy
 from s2s_deploy.runtime.speculative import MIN_BOUND, SAFETY, Accepting, draft, drift_bound, source_in_target
 
@@ -127,10 +130,15 @@ def test_decode_steps_match_single_steps_with_rollback_and_forward(model: str) -
         assert torch.allclose(multi(tokens, torch.tensor(0), torch.tensor(0), *encoded, *first)[0], whole, atol=1e-4)
 
 
-def torch_backend(arch: str) -> TorchBackend:
+def torch_backend(arch: str, eos_bias: float = 0.0) -> TorchBackend:
+    """A tiny random model; ``eos_bias`` raises EOS' logit (random weights almost never end)."""
     plugin, cfg, model = tiny(arch, **TINY[arch])
     vocab = Vocabulary.build(["abcdefghijklmnopqrstuvwxyz012345678"])
     assert len(vocab) == VOCAB
+    if eos_bias:
+        with torch.no_grad():
+            bias = model.final_logits_bias[0] if hasattr(model, "final_logits_bias") else model.output.bias
+            bias[vocab.eos_id] += eos_bias
     return TorchBackend(plugin, model, cfg, vocab, src_vocab=vocab)
 
 
@@ -177,8 +185,102 @@ def test_a_near_tie_is_decided_by_plain_greedy() -> None:
     assert [h.tokens for h in found] == [h.tokens for h in greedy(backend, src, src_len, plain(1, 20))]
 
 
-@pytest.mark.parametrize("options", [{"beam_size": 2}, {"sampling_topk": 0}, {"min_len": 2},
-                                     {"no_repeat_ngram_size": 2}, {"decoder_prompt": (5,)}])
+EDITS = {
+    "min_len": {"min_len": 9},
+    "min_len, suppressed": {"min_len": 6, "suppress_tokens": (5, 9)},
+    "forced_bos": {"forced_bos": 7},
+    "forced_eos": {"forced_eos": True, "max_len": 12},
+    "forced_bos and eos, per-sentence limits": {"forced_bos": 7, "forced_eos": True, "max_len_a": 1.0,
+                                                "max_len_b": 2},
+    "no_repeat_ngram": {"no_repeat_ngram_size": 2},
+    "encoder_no_repeat_ngram": {"encoder_no_repeat_ngram_size": 1},
+    "repetition_penalty": {"repetition_penalty": 1.3},
+    "bans": {"suppress_tokens": (5, 9), "begin_suppress_tokens": (2, 11), "bad_words_ids": ((12, 13), (14,)),
+             "disable_unk": True},
+    "prefix": {"prefix": (7, 8, 9)},
+    "prefix per sentence": {"prefix": tuple((4 + i % 5, 20 + i % 3) for i in range(12))},
+    "decoder_prompt": {"decoder_prompt": (5, 6, 7)},
+    "decoder_prompt, no-speech read": {"decoder_prompt": (5, 6), "no_speech_token": 9},
+    "prompt and decoder_prompt": {"prompt": (11, 12, 13, 14, 15, 16, 17), "prompt_start": 20,
+                                  "decoder_prompt": (5, 6), "no_speech_token": 9, "forced_eos": True},
+}
+
+
+ENDING = {"transformer": 24.0, "bart": 0.2}
+"""EOS biases at which the tiny models' sentences end early, some before 9 tokens, some never."""
+
+
+@pytest.mark.parametrize("model", list(ENDING))
+@pytest.mark.parametrize("name", list(EDITS))
+def test_speculative_greedy_takes_greedys_edits_and_prompts(model: str, name: str) -> None:
+    """Each option edits each position of a k-position pass as plain greedy's step there: the same
+    tokens, prompts and no-speech probabilities (within the bound)."""
+    backend = torch_backend(model, ENDING[model])
+    src, src_len = sources(12)
+    config = plain(**{"max_len": 30, **EDITS[name]})
+    expected = greedy(backend, src, src_len, config)
+    counts = Accepting()
+    found = speculative_greedy(backend, src, src_len, dataclasses.replace(config, speculative=3), counts)
+    assert [h.tokens for h in found] == [h.tokens for h in expected]
+    assert [(h.finished, h.prompt) for h in found] == [(h.finished, h.prompt) for h in expected]
+    for got, want in zip(found, expected, strict=True):
+        assert np.allclose(got.token_log_probs, want.token_log_probs, atol=2 * MIN_BOUND)
+        assert (got.no_speech_prob is None) == (want.no_speech_prob is None)
+        if want.no_speech_prob is not None:
+            assert got.no_speech_prob == pytest.approx(want.no_speech_prob, abs=MIN_BOUND)
+    assert counts.redone <= 3  # a near-tie sends a sentence to plain greedy: rare, never the rule
+    if model == "transformer" and name != "no_repeat_ngram":  # its drafts repeat the hypothesis' n-grams
+        assert counts.accepted > 0  # (the tiny BART seldom repeats itself: nothing to draft from)
+
+
+STEP_BOUNDED = {"forced_bos", "forced_eos", "prefix", "min_len", "max_len", "max_len_a", "max_len_b", "decoder_prompt",
+                "prompt", "prompt_start", "no_speech_token"}
+"""Options that edit some steps only (or none): a pass past them is ranked in the graph."""
+
+
+@pytest.mark.parametrize("name", list(EDITS))
+def test_steps_no_option_edits_are_told_apart(name: str) -> None:
+    """Where ``edits_between`` says no option edits a step, ``edit`` leaves its log-probs as they are
+    (so the in-graph TopK ranks them as plain greedy's options would); it says so past a forced BOS,
+    a prefix or min_len, before a forced EOS, and never for an option of every step."""
+    rng = np.random.default_rng(0)
+    src, src_len = sources(1)
+    config = plain(**{"max_len": 30, **EDITS[name]})
+    if len(prefixes_of(config)) > 1:
+        config = dataclasses.replace(config, prefix=prefixes_of(config)[0])
+    edits = StepOptions(config, src, src_len, 2, VOCAB, 3)
+    idle = []
+    for t in range(30):
+        logits = rng.standard_normal((1, VOCAB)).astype(np.float32)
+        log_probs = logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))
+        if not edits.edits_between(t, t):
+            idle.append(t)
+            assert np.array_equal(edits.edit(log_probs, rng.integers(4, VOCAB, (1, t)), t), log_probs)
+    assert bool(idle) == (set(EDITS[name]) <= STEP_BOUNDED)
+    for first in range(30):  # a pass's steps together: edited where any one of them is
+        for last in range(first, 30):
+            assert edits.edits_between(first, last) == any(t not in idle for t in range(first, last + 1))
+
+
+def test_speculative_edits_change_the_tokens() -> None:
+    """The edits above are not idle: each option set moves some token, in one tiny model or the
+    other, against plain greedy without it."""
+    src, src_len = sources(12)
+    moved: set[str] = set()
+    for model, eos_bias in ENDING.items():
+        backend = torch_backend(model, eos_bias)
+        bare = [h.tokens for h in greedy(backend, src, src_len, plain(max_len=30))]
+        for name, options in EDITS.items():
+            edited = speculative_greedy(backend, src, src_len, plain(**{"max_len": 30, "speculative": 3, **options}))
+            if [h.tokens for h in edited] != bare:
+                moved.add(name)
+    assert moved == set(EDITS)
+
+
+@pytest.mark.parametrize("options", [{"beam_size": 2}, {"sampling_topk": 0},
+                                     {"timestamps": True, "timestamp_begin": 30},
+                                     {"temperature": (0.0, 0.2)}, {"log_prob_threshold": -1.0},
+                                     {"decoder_prompt": (5, -1)}])
 def test_speculative_refuses_what_it_cannot_decode_exactly(options: dict[str, Any]) -> None:
     backend = torch_backend("transformer")
     src, src_len = sources(1)
@@ -266,11 +368,13 @@ def test_translator_takes_the_option_and_refuses_it_in_one_line(multi_transforme
     with pytest.raises(DecodingError, match="greedy only") as refused:
         translator(texts[:1], beam=2, speculative=4)
     assert "\n" not in str(refused.value)
-    quantize_export(manifest, "int8", tmp_path / "int8")
+    report = quantize_export(manifest, "int8", tmp_path / "int8")
+    assert report.multi_step is not None and "not carried over" in report.multi_step  # the report says why
     quantized = Translator(tmp_path / "int8", device="cpu", threads=1)
     assert quantized.manifest.decoder_multi is None
-    with pytest.raises(DecodingError, match="no k-position decoder step"):
+    with pytest.raises(DecodingError, match=r"no k-position decoder step .*int8 copies drop it") as refused:
         quantized(texts[:1], speculative=4)
+    assert "\n" not in str(refused.value)
     _, plain_export = exports.get("transformer")  # exported without --multi-step
     assert plain_export.decoder_multi is None
     with pytest.raises(DecodingError, match="no k-position decoder step"):
@@ -278,7 +382,8 @@ def test_translator_takes_the_option_and_refuses_it_in_one_line(multi_transforme
 
 
 def hf_folder(root: Path, family: str) -> Path:
-    """A tiny random Marian or BART folder as tests/test_hf_families.py builds them."""
+    """A tiny random family folder as tests/test_hf_families.py builds them, its generation settings
+    (a forced BOS) included."""
     import transformers
     from test_hf_families import BY_TYPE, favour_eos
 
@@ -286,16 +391,45 @@ def hf_folder(root: Path, family: str) -> Path:
     torch.manual_seed(0)
     model = getattr(transformers, row.model_class)(row.config()).eval()
     favour_eos(model, row.eos_strength)
+    for key, value in row.generation:
+        setattr(model.generation_config, key, value)
     folder = root / family
     model.save_pretrained(folder)
     row.tokenizer(folder)
     return folder
 
 
+def same_as_greedy(backend: Backend, src: np.ndarray, src_len: np.ndarray, config: Any, drafts: int) -> Accepting:
+    """Speculative greedy's hypotheses are plain greedy's: tokens, endings and prompts equal, log-probs
+    and no-speech probabilities within the drift bound. Returns the acceptance."""
+    expected = greedy(backend, src, src_len, config)
+    counts = Accepting()
+    found = speculative_greedy(backend, src, src_len, dataclasses.replace(config, speculative=drafts), counts)
+    assert [h.tokens for h in found] == [h.tokens for h in expected]
+    assert [(h.finished, h.prompt) for h in found] == [(h.finished, h.prompt) for h in expected]
+    bound = drift_bound(backend.multi_step_drift)
+    for got, want in zip(found, expected, strict=True):
+        assert np.allclose(got.token_log_probs, want.token_log_probs, rtol=0, atol=bound)
+        assert (got.no_speech_prob is None) == (want.no_speech_prob is None)
+        if want.no_speech_prob is not None:
+            assert got.no_speech_prob == pytest.approx(want.no_speech_prob, abs=bound)
+    return counts
+
+
+OWN_EDITS = {"marian": {}, "bart": {"forced_bos": 0, "forced_eos": True}, "mbart": {"forced_eos": True},
+             "m2m_100": {"forced_bos": "NLLB_TARGET"}}
+"""What each family's own settings (its generation config, as exported) edit: checked, so the test
+speculates through them (NLLB_TARGET: tests/test_hf_families.py's target language id)."""
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["marian", "bart"])
-def test_hf_families_speculate_exactly(family: str, hf_exports: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize("family", list(OWN_EDITS))
+def test_hf_families_speculate_exactly_at_their_own_settings(family: str, hf_exports: Any, tmp_path: Path) -> None:
+    """Forced BOS (BART, NLLB's target language), forced EOS at the length limit, min_len and a
+    decoder prompt: the exports' own settings and more, speculated token for token."""
     pytest.importorskip("transformers")
+    from test_hf_families import NLLB_TARGET
+
     from s2s_deploy.format.manifest import load_manifest
     from s2s_deploy.runtime.ort.backend import OrtBackend
 
@@ -303,16 +437,44 @@ def test_hf_families_speculate_exactly(family: str, hf_exports: Any, tmp_path: P
     assert manifest.decoder_multi is not None
     backend = OrtBackend(manifest, device="cpu", threads=1)
     rng = np.random.default_rng(0)
-    rows = [[int(t) for t in rng.integers(4, 100, rng.integers(3, 12))] + [manifest.src_vocab.eos_id]
+    rows = [[int(t) for t in rng.integers(4, 40, rng.integers(3, 12))] + [manifest.src_vocab.eos_id]
             for _ in range(16)]
     src = np.full((len(rows), max(map(len, rows))), manifest.src_vocab.pad_id, dtype=np.int64)
     for i, row in enumerate(rows):
         src[i, :len(row)] = row
     src_len = np.array([len(r) for r in rows], dtype=np.int64)
-    # the families' own forced BOS / EOS edit log-probs, which speculation does not take: off on both sides
-    settings = {"max_len": 24, "forced_eos": False, "forced_bos": -1}
-    expected = greedy(backend, src, src_len, resolve(manifest, settings))
-    counts = Accepting()
-    found = speculative_greedy(backend, src, src_len, resolve(manifest, {**settings, "speculative": 4}), counts)
-    assert [h.tokens for h in found] == [h.tokens for h in expected]
-    assert counts.accepted > 0
+    own = resolve(manifest, {"max_len": 16})
+    for name, value in OWN_EDITS[family].items():
+        assert getattr(own, name) == (NLLB_TARGET if value == "NLLB_TARGET" else value)
+    accepted = 0
+    for settings in ({}, {"min_len": 10}, {"decoder_prompt": (10, 11, 12)}):
+        config = resolve(manifest, {"max_len": 16, **settings})
+        accepted += same_as_greedy(backend, src, src_len, config, 4).accepted
+    assert accepted > 0
+
+
+@pytest.mark.slow
+def test_prompted_whisper_speculates_exactly(hf_exports: Any, tmp_path: Path) -> None:
+    """A Whisper-style export at its own settings (the decoder prompt, suppressed tokens, the
+    no-speech probability read) and with a ``prompt`` fed before the start token."""
+    pytest.importorskip("transformers")
+    from test_hf_whisper import PROMPT_IDS, save_whisper
+
+    from s2s_deploy.format.manifest import load_manifest
+    from s2s_deploy.runtime.ort.backend import OrtBackend
+    from s2s_deploy.runtime.transcriber import Transcriber
+
+    hf_dir = tmp_path / "whisper-hf"
+    audio, _ = save_whisper(hf_dir)
+    out = hf_exports.get(hf_dir, "--multi-step")
+    manifest = load_manifest(out)
+    assert manifest.decoder_multi is not None
+    features = np.stack([Transcriber(out, device="cpu").features(a) for a in audio])
+    src_len = np.full(len(features), features.shape[-1], dtype=np.int64)
+    backend = OrtBackend(manifest, device="cpu", threads=1)
+    own = resolve(manifest, {"max_len": 20})
+    assert own.decoder_prompt and own.suppress_tokens and own.no_speech_token >= 0
+    accepted = same_as_greedy(backend, features, src_len, own, 4).accepted
+    prompted = resolve(manifest, {"max_len": 20, "prompt": list(PROMPT_IDS)})
+    accepted += same_as_greedy(backend, features, src_len, prompted, 4).accepted
+    assert accepted > 0

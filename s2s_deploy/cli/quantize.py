@@ -72,8 +72,9 @@ def quantize_command(export_dir: str, kind: str | None, block_size: str | None, 
     total_before, total_after = sum(report.bytes_before.values()), sum(report.bytes_after.values())
     click.echo(f"  deployable: {total_before / 1e6:.2f} MB -> {total_after / 1e6:.2f} MB "
                f"({total_after / total_before:.0%})")
-    if report.generate:
-        click.echo(f"  {report.generate}")
+    for line in (report.generate, report.multi_step):
+        if line:
+            click.echo(f"  {line}")
     task = task or manifest.training.get("task")
     if no_evaluate or not task:
         if not no_evaluate:

@@ -127,8 +127,17 @@ class _TorchRun(DecodeRun):
     def attention(self) -> np.ndarray | None:
         return self._attention
 
-    @torch.no_grad()
     def steps_top(self, tokens: np.ndarray, rollback: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+        values, ids = self._multi(tokens, rollback, k)
+        return values.cpu().numpy(), ids.cpu().numpy()
+
+    def steps_log_probs(self, tokens: np.ndarray, rollback: int) -> np.ndarray:
+        return self._multi(tokens, rollback)[0].cpu().numpy()
+
+    @torch.no_grad()
+    def _multi(self, tokens: np.ndarray, rollback: int, top_k: int | None = None) -> tuple[torch.Tensor, ...]:
+        """One k-position step: the log-probs, or with ``top_k`` the top values and ids (timed as
+        runtime, as in the ONNX graph)."""
         graph, device = self.backend.multi_graph, self.backend.device
         if graph is None:
             raise NotImplementedError("this model has no k-position step (multi_step)")
@@ -136,11 +145,11 @@ class _TorchRun(DecodeRun):
         outputs = graph(torch.from_numpy(tokens.astype(np.int64, copy=False)).to(device),
                         torch.tensor(self.position - rollback, dtype=torch.int64, device=device),
                         torch.tensor(rollback, dtype=torch.int64, device=device), *self.memory, *self.state)
-        values, ids = torch.topk(outputs[0], k, dim=-1)
+        head = (outputs[0],) if top_k is None else tuple(torch.topk(outputs[0], top_k, dim=-1))
         self.backend.runtime_seconds += time.perf_counter() - started
         self.state = list(outputs[1:])
         self.position += tokens.shape[1] - rollback
-        return values.cpu().numpy(), ids.cpu().numpy()
+        return head
 
     def close(self) -> None:
         """Nothing is pooled: PyTorch's caching allocator already reuses the tensors' memory."""

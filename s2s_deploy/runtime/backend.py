@@ -46,6 +46,11 @@ class DecodeRun(ABC):
         ``multi_step`` is True, and only in a run that takes no one-position step."""
         raise NotImplementedError(f"{type(self).__name__} has no k-position step")
 
+    def steps_log_probs(self, tokens: np.ndarray, rollback: int) -> np.ndarray:
+        """Like ``steps_top``, but return every position's log-probs (rows, positions, V): what
+        speculative greedy edits, position by position, where an option edits log-probs."""
+        raise NotImplementedError(f"{type(self).__name__} has no k-position step")
+
 
 class Backend(ABC):
     """``runtime_seconds`` accumulates the time spent inside the runtime's own calls, so a

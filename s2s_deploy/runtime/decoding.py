@@ -275,8 +275,10 @@ def _speculative(manifest: Manifest, values: Mapping[str, Any]) -> None:
     if problem is not None:
         raise DecodingError(problem, option="speculative")
     if manifest.decoder_multi is None:
-        raise DecodingError(f"{manifest.directory} has no k-position decoder step (decoder_multi.onnx): speculative "
-                            "decoding needs an fp32 export made with `export --multi-step`", option="speculative")
+        dropped = f" ({manifest.quantization.kind} copies drop it)" if manifest.quantization is not None else ""
+        raise DecodingError(f"{manifest.directory} has no k-position decoder step (decoder_multi.onnx){dropped}: "
+                            "speculative decoding needs an fp32 export made with `export --multi-step`",
+                            option="speculative")
 
 
 def plain(beam_size: int = 1, max_len: int = 256, n_best: int = 1, **options: Any) -> SearchConfig:

@@ -170,17 +170,56 @@ class StepOptions:
 
     def process(self, log_probs: np.ndarray, tokens: np.ndarray, reorder: np.ndarray) -> np.ndarray:
         """The step's log-probs with every option applied (a new array); advances the history."""
-        t, config = self.t, self.config
-        rows = len(tokens)
+        t, rows = self.t, len(tokens)
         if t == 0:
             self.history = np.zeros((rows, 0), dtype=np.int64)
             self.first_fed[np.arange(rows) // (rows // self.batch)] = tokens
         else:
             self.history = np.concatenate([self.history[reorder], tokens[:, None].astype(np.int64)], axis=1)
         self.t += 1
+        return self.edit(log_probs, self.history, t)
+
+    def edits_between(self, first: int, last: int) -> bool:
+        """Whether ``edit`` may change a log-prob at any step from ``first`` to ``last`` (inclusive), for
+        a sentence alone (a batch of one): False lets speculative greedy rank such a pass in the graph,
+        without the vocabulary-wide copy. An option that edits every step answers True; a forced BOS
+        or EOS, a prefix, ``min_len`` and the first token's bans answer for their own steps."""
+        config = self.config
+        if (config.repetition_penalty != 1.0 or config.no_repeat_ngram_size > 0 or self.source_ngrams or self.long_bad
+                or len(self.suppressed) or len(self.single_bad) or config.timestamps or self.renormalise
+                or self.allowed is not None or self.sampling):
+            return True
+        until = config.min_len - 1  # the last step a step-bounded option edits
+        if len(self.begin_suppressed) or config.forced_bos >= 0:
+            until = max(until, 0)
+        if self.prefixes:
+            until = max(until, max(len(p) for p in self.prefixes) - 1)
+        if first <= until:
+            return True
+        return bool(config.forced_eos and ((self.limits - 1 >= first) & (self.limits - 1 <= last)).any())
+
+    def positions_top(self, log_probs: np.ndarray, generated: list[int], drafts: list[int], first: int,
+                      k: int) -> tuple[np.ndarray, np.ndarray]:
+        """A k-position pass of speculative greedy over one sentence (a batch of one): ``log_probs``
+        (positions, V), position j being step ``len(generated) + j`` after ``generated`` and the
+        first j ``drafts``, each edited by ``edit`` as plain greedy's step there is (``first``: the
+        token the search fed first), then ranked: each position's ``k`` best (positions, k)."""
+        self.first_fed[:] = first
+        if self.allowed is not None:
+            log_probs = restrict(log_probs, np.broadcast_to(self.allowed[0], log_probs.shape))
+        fed = np.array([*generated, *drafts], dtype=np.int64)
+        start = len(generated)
+        return self.rank(np.concatenate([self.edit(log_probs[j:j + 1], fed[None, : start + j], start + j)
+                                         for j in range(len(log_probs))]), k)
+
+    def edit(self, log_probs: np.ndarray, history: np.ndarray, t: int) -> np.ndarray:
+        """Step ``t``'s log-probs (rows, V) with every option applied (a new array), each row after
+        the generated tokens ``history`` (rows, t) holds: a function of its arguments and the
+        sentences' own settings only, so a k-position pass edits each position as a step would."""
+        config = self.config
+        rows = len(log_probs)
         sentence = np.arange(rows) // (rows // self.batch)
         out = np.array(log_probs, dtype=np.float32)
-        history = self.history
         if config.repetition_penalty != 1.0 and t > 0:
             seen = np.take_along_axis(out, history, axis=1)  # log-probs are negative: *penalty lowers them
             np.put_along_axis(out, history, seen * np.float32(config.repetition_penalty), axis=1)

@@ -25,9 +25,9 @@ import numpy as np
 from s2s_deploy.errors import S2SError
 from s2s_deploy.format.decoding import OPEN_SLOT
 from s2s_deploy.runtime.backend import Backend, DecodeRun
-from s2s_deploy.runtime.decoding import SearchConfig, window_options_on
+from s2s_deploy.runtime.decoding import SearchConfig, prefixes_of, window_options_on
 from s2s_deploy.runtime.options import StepOptions, options_on, top_of
-from s2s_deploy.runtime.speculative import Accepting, decode_sentence, drift_bound, refusal
+from s2s_deploy.runtime.speculative import Accepting, Feeding, decode_sentence, drift_bound, refusal
 
 NON_FINITE = "the decoder returned NaN log-probs: the model's weights or graph are broken (re-export it)"
 
@@ -221,16 +221,22 @@ class PromptedRun(DecodeRun):
         self.run.close()
 
 
-def prompted(run: DecodeRun, backend: Backend, config: SearchConfig) -> DecodeRun:
-    """``run`` itself without a prompt, a decoder prompt or a no-speech probability to read (the
-    common case costs nothing), else a ``PromptedRun``."""
+def _prompt_feeds(config: SearchConfig) -> tuple[tuple[int, ...], int]:
+    """What goes before the start token (a ``prompt``'s context: ``prompt_start`` and its ids) and the
+    no-speech token whose probability is read after the start token (-1: none)."""
     # The no-speech probability is read wherever the export names the token and a decoder prompt is fed
     # (each result reports it; reading it while a prompt token is fed changes no choice), or the fallback asks.
     reads = window_options_on(config) or bool(config.decoder_prompt)
     no_speech = config.no_speech_token if config.no_speech_token >= 0 and reads else -1
-    if not config.decoder_prompt and not config.prompt and no_speech < 0:
+    return ((config.prompt_start, *config.prompt) if config.prompt else ()), no_speech
+
+
+def prompted(run: DecodeRun, backend: Backend, config: SearchConfig) -> DecodeRun:
+    """``run`` itself without a prompt, a decoder prompt or a no-speech probability to read (the
+    common case costs nothing), else a ``PromptedRun``."""
+    context, no_speech = _prompt_feeds(config)
+    if not config.decoder_prompt and not context and no_speech < 0:
         return run
-    context = (config.prompt_start, *config.prompt) if config.prompt else ()
     return PromptedRun(run, backend.decoder_start_id, tuple(config.decoder_prompt), backend.language_ids, context,
                        no_speech)
 
@@ -248,8 +254,9 @@ def with_prompts(found: list[list[Hypothesis]], run: DecodeRun) -> list[list[Hyp
 
 def speculative_greedy(backend: Backend, src: np.ndarray, src_len: np.ndarray, config: SearchConfig,
                        counts: Accepting | None = None) -> list[Hypothesis]:
-    """``greedy``'s tokens by draft-and-verify (runtime/speculative.py), each sentence alone;
-    a sentence that meets a near-tie is decoded again by ``greedy``. ``counts``: the acceptance."""
+    """``greedy``'s tokens by draft-and-verify (runtime/speculative.py), each sentence alone, with
+    greedy's own log-prob options (``StepOptions``, per position) and prompts (fed first); a
+    sentence that meets a near-tie is decoded again by ``greedy``. ``counts``: the acceptance."""
     problem = refusal(config)
     if problem is not None:
         raise S2SError(problem)
@@ -257,26 +264,34 @@ def speculative_greedy(backend: Backend, src: np.ndarray, src_len: np.ndarray, c
         raise S2SError("this export has no k-position decoder step (decoder_multi.onnx): speculative decoding "
                        "needs an fp32 export made with `export --multi-step`")
     counts = counts if counts is not None else Accepting()
-    margin = 2 * drift_bound(backend.multi_step_drift)
+    # a repetition penalty multiplies a seen token's log-prob, and so its drift
+    margin = 2 * drift_bound(backend.multi_step_drift) * max(1.0, config.repetition_penalty)
     limits = config.sentence_limits(src_len)
-    plain_config = replace(config, speculative=0)
+    context, no_speech = _prompt_feeds(config)
+    prefill = (*context, backend.decoder_start_id, *config.decoder_prompt)
+    prefixes = prefixes_of(config)
     found = []
     for i in range(len(src)):
         limit = int(limits[i]) if limits is not None else config.max_len
         row_src, row_len = src[i:i + 1], src_len[i:i + 1]
+        own = replace(config, speculative=0, prefix=prefixes[i] if len(prefixes) > 1 else config.prefix)
+        edits = step_options(backend, row_src, row_len, own)
+        feeding = Feeding(prefill, backend.decoder_start_id, len(context) if no_speech >= 0 else -1, no_speech,
+                          own.min_len, edits)
         mapping = backend.source_in_target
         source = mapping[src[i, : int(src_len[i])]].tolist() if mapping is not None else []
-        picked = decode_sentence(backend, row_src, row_len, source, limit, config.speculative, margin, counts)
+        picked = decode_sentence(backend, row_src, row_len, source, limit, config.speculative, margin, counts, feeding)
         if picked is None:  # a near-tie: plain greedy decides the sentence
             counts.redone += 1
-            found.append(greedy(backend, row_src, row_len, plain_config)[0])
+            found.append(greedy(backend, row_src, row_len, own)[0])
             continue
-        tokens, lps, finished = picked
+        lps = picked.log_probs
         if not np.all(np.isfinite(lps)):
             raise NonFiniteError(NON_FINITE)
-        n = len(tokens)
-        body = tuple(tokens[: n - 1] if finished else tokens)
-        found.append(Hypothesis(body, tuple(lps), float(normalised(sum(lps), n, config.alpha)), finished))
+        n = len(picked.tokens)
+        body = tuple(picked.tokens[: n - 1] if picked.finished else picked.tokens)
+        found.append(Hypothesis(body, tuple(lps), float(normalised(sum(lps), n, config.alpha)), picked.finished,
+                                tuple(config.decoder_prompt), picked.no_speech_prob))
     return found
 
 

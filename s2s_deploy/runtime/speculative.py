@@ -17,6 +17,13 @@ Where a margin is that close (a near-tie), the sentence is decoded again by plai
 the start, so its tokens stay plain greedy's in every case. Scores are the k-position step's
 log-probs: within the bound of plain greedy's, not bit-identical (docs/decoding.md).
 
+Options and prompts. Position j of a pass starting at step t gets plain greedy's log-prob edits
+of step t + j after the hypothesis and the first j drafts (``StepOptions.positions_top``, over
+``StepOptions.edit``, the one function both searches edit with); ``min_len`` alone masks EOS in the
+in-graph top 3. A decoder prompt, a prompt's context and the start token (``Feeding.prefill``, what
+``PromptedRun`` feeds plain greedy) go first, in passes of at most K + 1 positions. ``refusal`` names
+what the drift bound cannot hold.
+
 Each sentence is decoded alone (rows of one): its tokens and scores then do not depend on its
 batchmates, and its acceptance is its own, not the batch's least. The search's loop over the
 sentences is ``runtime/search.speculative_greedy``; this module holds its parts. Numpy only.
@@ -25,13 +32,15 @@ sentences is ``runtime/search.speculative_greedy``; this module holds its parts.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
+from s2s_deploy.format.decoding import OPEN_SLOT
 from s2s_deploy.format.vocab import Vocabulary
-from s2s_deploy.runtime.backend import Backend
-from s2s_deploy.runtime.decoding import SearchConfig, not_greedy
-from s2s_deploy.runtime.options import options_on
+from s2s_deploy.runtime.backend import Backend, DecodeRun
+from s2s_deploy.runtime.decoding import SearchConfig, not_greedy, window_options_on
+from s2s_deploy.runtime.options import StepOptions, top_of
 
 MAX_NGRAM = 3
 """The longest hypothesis tail looked up; shorter tails are tried when it is not found."""
@@ -74,15 +83,20 @@ def draft(history: Sequence[int], source: Sequence[int], count: int) -> list[int
 
 
 def refusal(config: SearchConfig) -> str | None:
-    """Why ``speculative`` cannot apply with these options, in one line; None where it can."""
+    """Why ``speculative`` cannot apply with these options, in one line; None where it can. Every
+    option that edits a step's log-probs from its step index and its hypothesis is applied per
+    position (``StepOptions.edit``); refused are those whose effect the drift bound cannot hold."""
     problem = not_greedy(config.beam_size, config.sampling_topk)
     if problem is not None:
         return problem
-    if config.min_len or options_on(config):
-        return ("speculative decoding takes no option that edits log-probs (min_len, penalties, bans, prefixes, "
-                "timestamps, vmap)")
-    if config.decoder_prompt or config.prompt:
-        return "speculative decoding does not feed a decoder prompt yet"
+    if config.timestamps:
+        return ("speculative decoding takes no timestamps: their rule compares the timestamps' summed probability "
+                "with the best text token's, a decision the acceptance margin does not cover")
+    if window_options_on(config):
+        return ("speculative decoding takes no temperature fallback, threshold or carried text: they judge a "
+                "window by its scores, which speculation gives within the drift bound, not to the bit")
+    if OPEN_SLOT in config.decoder_prompt:
+        return "speculative decoding feeds a chosen decoder prompt: choose its language first (search() does)"
     return None
 
 
@@ -103,38 +117,125 @@ class Accepting:
         return self.accepted / self.drafted if self.drafted else 0.0
 
 
+@dataclass(frozen=True)
+class Feeding:
+    """What one sentence is fed and edited with, besides its drafts: ``prefill``, the tokens before
+    the first generated one (a prompt's context, the start token, a decoder prompt: what a
+    ``PromptedRun`` feeds), its last one fed with the first pass that decides a token; the index in
+    it whose output gives ``no_speech``'s probability (-1: none); ``min_len`` where no ``edits``
+    apply it; ``edits``, plain greedy's log-prob options (``StepOptions`` for this sentence alone),
+    None where none is on."""
+
+    prefill: tuple[int, ...]
+    start: int
+    """The decoder start token (what the search feeds its first step, before a prompt run's feeding)."""
+    no_speech_at: int = -1
+    no_speech: int = -1
+    min_len: int = 0
+    edits: StepOptions | None = None
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """One sentence's tokens (EOS included where it ended so), their log-probs, whether it ended,
+    and the no-speech probability where one was read."""
+
+    tokens: list[int]
+    log_probs: list[float]
+    finished: bool
+    no_speech_prob: float | None
+
+
+def _min_len_applied(values: np.ndarray, ids: np.ndarray, step: int, min_len: int,
+                     eos: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each position's two best of the three given, EOS dropped where its step (``step`` + its
+    index) is below ``min_len``: what greedy's ``min_len`` does, taking the runner-up where EOS
+    ranks first."""
+    banned = (ids == eos) & (step + np.arange(len(ids)) < min_len)[:, None]
+    order = np.argsort(banned, axis=1, kind="stable")[:, :2]
+    return np.take_along_axis(values, order, axis=1), np.take_along_axis(ids, order, axis=1)
+
+
+def _probability(log_probs: np.ndarray, token: int) -> float:
+    """The model's own probability of ``token`` (no option applied), as ``PromptedRun`` reads no-speech."""
+    return float(np.exp(np.float64(log_probs[token])))
+
+
+def _verified(run: DecodeRun, feed: list[int], rollback: int, lead: int, history: list[int], drafts: list[int],
+              feeding: Feeding, eos: int, read_no_speech: int) -> tuple[np.ndarray, np.ndarray, float | None]:
+    """One k-position pass: the two best of each position after the first ``lead`` (a prefill's,
+    whose outputs are dropped), edited as plain greedy's step there is; and the no-speech
+    probability at position ``read_no_speech`` (-1: none read)."""
+    tokens = np.array([feed], dtype=np.int64)
+    edits, step = feeding.edits, len(history)
+    if edits is not None and not edits.edits_between(step, step + len(feed) - lead - 1):
+        edits = None  # no option edits these steps (a forced BOS or EOS elsewhere): ranked in the graph
+    masked = edits is None and step < feeding.min_len  # edits forbid EOS below min_len themselves
+    k = 3 if masked else 2
+    no_speech = None
+    if edits is None and read_no_speech < 0:  # the in-graph TopK: no vocabulary-wide copy
+        values, ids = run.steps_top(tokens, rollback, k)
+        values, ids = values[0, lead:], ids[0, lead:]
+    else:
+        log_probs = run.steps_log_probs(tokens, rollback)[0]
+        if read_no_speech >= 0:
+            no_speech = _probability(log_probs[read_no_speech], feeding.no_speech)
+        if edits is not None:
+            values, ids = edits.positions_top(log_probs[lead:], history, drafts, feeding.start, 2)
+        else:
+            values, ids = top_of(np.asarray(log_probs[lead:], dtype=np.float32), k)
+    if masked:
+        values, ids = _min_len_applied(values, ids, step, feeding.min_len, eos)
+    return values, ids, no_speech
+
+
 def decode_sentence(backend: Backend, src: np.ndarray, src_len: np.ndarray, source: list[int], limit: int,
-                    most: int, margin: float, counts: Accepting) -> tuple[list[int], list[float], bool] | None:
-    """One sentence: its tokens (EOS included when it ends so), their log-probs and whether it
-    ended; None at a margin of at most ``margin`` (plain greedy must decide)."""
-    eos = backend.eos_id
+                    most: int, margin: float, counts: Accepting, feeding: Feeding) -> Decoded | None:
+    """One sentence, None at a margin of at most ``margin`` (plain greedy must decide). Its
+    prefill goes first, in passes of at most ``most + 1`` positions (the widths drafting uses),
+    the last of them with the first pass that decides a token."""
+    eos, width = backend.eos_id, most + 1
     history: list[int] = []
     lps: list[float] = []
-    last, rollback = backend.decoder_start_id, 0
+    prefill = list(feeding.prefill)
+    cut = (len(prefill) - 1) // width * width  # the last pass's part of the prefill starts here
+    no_speech: float | None = None
     with backend.start(src, src_len) as run:
+        for begin in range(0, cut, width):  # outputs dropped, but for the no-speech probability
+            chunk, at = np.array([prefill[begin:begin + width]], dtype=np.int64), feeding.no_speech_at - begin
+            if 0 <= at < width:
+                no_speech = _probability(run.steps_log_probs(chunk, 0)[0, at], feeding.no_speech)
+            else:
+                run.steps_top(chunk, 0, 1)
+            counts.calls += 1
+        lead, rollback = prefill[cut:-1], 0
+        last = prefill[-1]
         while True:
             drafts = draft(history, source, min(most, limit - len(history) - 1))
-            feed = np.array([[last, *drafts]], dtype=np.int64)
-            values, ids = run.steps_top(feed, rollback, 2)
+            feed = [*lead, last, *drafts]
+            at = feeding.no_speech_at - cut if 0 <= feeding.no_speech_at - cut < len(lead) else -1
+            values, ids, read = _verified(run, feed, rollback, len(lead), history, drafts, feeding, eos, at)
+            no_speech = read if read is not None else no_speech
+            lead = []
             counts.calls += 1
             counts.drafted += len(drafts)
             accepted = 0
-            for j in range(feed.shape[1]):
-                if not values[0, j, 0] - values[0, j, 1] > margin:  # NaN too: not a decision
-                    if np.isnan(values[0, j, 0]):
-                        return [*history, int(ids[0, j, 0])], [*lps, float("nan")], False
+            for j in range(len(drafts) + 1):
+                if not values[j, 0] - values[j, 1] > margin:  # NaN too: not a decision
+                    if np.isnan(values[j, 0]):
+                        return Decoded([*history, int(ids[j, 0])], [*lps, float("nan")], False, no_speech)
                     return None
-                token = int(ids[0, j, 0])
+                token = int(ids[j, 0])
                 history.append(token)
-                lps.append(float(values[0, j, 0]))
+                lps.append(float(values[j, 0]))
                 if token == eos or len(history) >= limit:
                     counts.accepted += accepted
                     counts.tokens += len(history)
-                    return history, lps, token == eos
+                    return Decoded(history, lps, token == eos, no_speech)
                 if j < len(drafts) and drafts[j] == token:
                     accepted += 1
                     continue
                 break
             counts.accepted += accepted
-            rollback = feed.shape[1] - 1 - accepted
+            rollback = len(drafts) - accepted  # the rejected drafts' positions, dropped inside the next pass
             last = history[-1]

@@ -224,7 +224,8 @@ class _Rows:
 @dataclass(frozen=True)
 class _MultiBinding:
     """A k-position step's binding: the small inputs written in place (host arrays on CPU), the
-    top-k outputs read in place on CPU and copied out on CUDA."""
+    top-k outputs read in place on CPU and copied out on CUDA; with ``full``, the log-probs too
+    (allocated by the session, each call's own)."""
 
     session: ort.InferenceSession
     binding: ort.IOBinding
@@ -245,6 +246,10 @@ class _MultiBinding:
         if self.outputs is not None:
             return self.outputs[0], self.outputs[1]
         return self.values[0].numpy(), self.values[1].numpy()
+
+    def read_log_probs(self) -> np.ndarray:
+        """The log-probs (rows, positions, V) of the call just run, where bound (``full``)."""
+        return self.binding.get_outputs()[len(TOP_OUTPUTS)].numpy()
 
 
 class FixedSteps:
@@ -357,10 +362,11 @@ class FixedSteps:
         return self._top_k[k]
 
     def multi_binding(self, rows: int, positions: int, k: int, memory_id: int,
-                      memory: dict[str, ort.OrtValue]) -> _MultiBinding:
-        """The k-position step's binding for (rows, positions, k, memory buffers), made once: its
-        memory, small inputs and top-k outputs stay bound; the caller binds the state."""
-        key = (rows, positions, k, memory_id)
+                      memory: dict[str, ort.OrtValue], full: bool = False) -> _MultiBinding:
+        """The k-position step's binding for (rows, positions, k, memory buffers, ``full``: the
+        log-probs too), made once: its memory, small inputs and outputs stay bound; the caller
+        binds the state."""
+        key = (rows, positions, k, memory_id, full)
         found = self._multi.get(key)
         if found is not None:
             return found
@@ -386,6 +392,8 @@ class FixedSteps:
             io.bind_ortvalue_input(name, value)
         for name, value in zip(TOP_OUTPUTS, values, strict=True):
             io.bind_ortvalue_output(name, value)
+        if full:
+            io.bind_output("log_probs", self.device)
         made = _MultiBinding(session, io, host if self.device == "cpu" else {}, small, kept_top_k, values,
                              outputs or None)
         if len(self._multi) >= KEPT_MULTI_BINDINGS:
@@ -725,16 +733,19 @@ class FixedRun(DecodeRun):
         return self._attention
 
     def steps_top(self, tokens: np.ndarray, rollback: int, k: int) -> tuple[np.ndarray, np.ndarray]:
-        if self.steps.capture:
-            with self.steps.loops.device_lock:
-                return self._run_multi(tokens, rollback, k)
-        return self._run_multi(tokens, rollback, k)
+        with self.steps.loops.guard():
+            return self._run_multi(tokens, rollback, k).read()
 
-    def _run_multi(self, tokens: np.ndarray, rollback: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    def steps_log_probs(self, tokens: np.ndarray, rollback: int) -> np.ndarray:
+        with self.steps.loops.guard():
+            return self._run_multi(tokens, rollback, 1, full=True).read_log_probs()
+
+    def _run_multi(self, tokens: np.ndarray, rollback: int, k: int, full: bool = False) -> _MultiBinding:
         """One k-position step (module docstring): reads ``filled`` positions, drops ``rollback``
         of them, writes ``filled - rollback + k`` into the other buffer. Never captured; the
-        binding and the small inputs and outputs are kept per (positions, k), only the state's
-        views are bound again each call (their lengths change)."""
+        binding and the small inputs and outputs are kept per (positions, k, ``full``), only the
+        state's views are bound again each call (their lengths change). Returns the binding, its
+        outputs to read (``full``: the log-probs, rows x positions x V, too)."""
         steps = self.steps
         if self.expand != 1 or self.keep_attention:
             raise S2SError("the k-position step decodes one row per sentence, without attention")
@@ -747,7 +758,7 @@ class FixedRun(DecodeRun):
         after = kept + positions
         if steps.grows and self._positions(after) > self.buffers.capacity:
             self._move(steps.rows(self.rows, self._positions(after), self._sizes), past)
-        bound = steps.multi_binding(self.rows, positions, k, self.memory_id, self.memory)
+        bound = steps.multi_binding(self.rows, positions, k, self.memory_id, self.memory, full)
         bound.write(tokens, kept, rollback)
         io = bound.binding
         side = self.t & 1
@@ -767,8 +778,7 @@ class FixedRun(DecodeRun):
             io.bind_output(out_name, device, 0, dtype, shape, pointers[1 - side])
         started = time.perf_counter()
         denormals.flushing(bound.session.run_with_iobinding)(io, steps.uncaptured_options)
-        values, ids = bound.read()
         steps.loops.on_step(started)
         self.t += 1
         self.filled = after
-        return values, ids
+        return bound
