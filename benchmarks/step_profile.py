@@ -1,66 +1,63 @@
-"""Where a decoder step's time goes: ONNX Runtime's own profile of the step loop, per op type.
+"""Where a decoder step's time goes, by operator type: ONNX Runtime's own profiler over one
+``translate_ids`` call on a batch of the race's inputs (``inputs.json`` beside the export).
 
-    python benchmarks/step_profile.py EXPORT_DIR [--sentences 4] [--tokens 32] [--threads 2] [--device cuda]
-        [--beam 4] [--batch 16]
+    python benchmarks/step_profile.py /tmp/race/mt5/s2s-int8 --beam 4
 
-Greedy batch 1 unless told, exactly ``--tokens`` tokens per sentence (EOS suppressed), as
-``bench --fixed-length``; ``--sentences`` counts batches.
-"""
+Prints, for each session that ran (encoder, decoder step), its kernels' total time and the
+largest operator types. Profiling adds its own overhead: read the shares, not the milliseconds."""
+
+from __future__ import annotations
 
 import argparse
 import collections
 import json
+import tempfile
+from pathlib import Path
 
-import onnxruntime as ort
-
-from s2s_deploy.format.manifest import load_manifest
-from s2s_deploy.runtime.ort.backend import OrtBackend, session_options
-from s2s_deploy.runtime.ort.step_loop import StepLoops
-from s2s_deploy.runtime.search import SearchConfig, search
-from s2s_deploy.runtime.translator import encode_batch
+from s2s_deploy.runtime.ort import backend
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("export_dir")
-    parser.add_argument("--sentences", type=int, default=4)
-    parser.add_argument("--tokens", type=int, default=32)
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("export", type=Path)
     parser.add_argument("--beam", type=int, default=1)
-    parser.add_argument("--batch", type=int, default=1, help="sentences per batch (repeated from the samples)")
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--length", type=int, default=32)
+    parser.add_argument("--top", type=int, default=14)
     args = parser.parse_args()
-    manifest = load_manifest(args.export_dir)
-    backend = OrtBackend(manifest, device=args.device, threads=args.threads, cuda_graph=False)  # a replay has no nodes
-    options = session_options(args.threads)
-    options.enable_profiling = True
-    providers = ["CUDAExecutionProvider", "CPUExecutionProvider"] if args.device == "cuda" else ["CPUExecutionProvider"]
-    profiled = ort.InferenceSession(str(manifest.graph_path(manifest.decoder)), options, providers=providers)
-    backend.loops = StepLoops(manifest, backend.device, profiled, capture=False,  # the step loop on this session
-                              uncaptured=lambda: profiled, on_step=backend.count_step)
-    config = SearchConfig(args.beam, 1, args.tokens, min_len=args.tokens)
-    samples = manifest.samples
-    for first in range(args.sentences):
-        batch = [samples[(first + i) % len(samples)] for i in range(args.batch)]
-        search(backend, *encode_batch(batch, manifest.src_vocab), config)
-    with open(backend.decoder.end_profiling()) as handle:
-        events = json.load(handle)
-    runs = [e for e in events if e.get("name") == "model_run"]
-    kernels = [e for e in events if e.get("cat") == "Node" and e["name"].endswith("_kernel_time")]
-    by_op: collections.Counter = collections.Counter()
-    nodes: collections.Counter = collections.Counter()
-    providers_used: collections.Counter = collections.Counter()
-    for event in kernels:
-        by_op[event["args"]["op_name"]] += event["dur"]
-        nodes[event["args"]["op_name"]] += 1
-        providers_used[event["args"].get("provider", "?")] += 1
-    total = sum(by_op.values())
-    print(f"{len(runs)} steps: model_run {sum(e['dur'] for e in runs) / len(runs):.0f} us, "
-          f"kernels {total / len(runs):.0f} us per step (profiling adds its own overhead)")
-    print("nodes per step by provider:", {p: n // len(runs) for p, n in providers_used.items()})
-    print("| op | us per step | nodes | share of kernel time |\n|---|---|---|---|")
-    for op, duration in by_op.most_common():
-        print(f"| {op} | {duration / len(runs):.0f} | {nodes[op] // len(runs)} | {duration / total:.1%} |")
+    folder = Path(tempfile.mkdtemp(prefix="step-profile-"))
+    made = backend.session_options
+
+    def profiled(*a, **k):  # every session this process makes writes a profile
+        options = made(*a, **k)
+        options.enable_profiling = True
+        options.profile_file_prefix = str(folder / "p")
+        return options
+
+    backend.session_options = profiled
+    from s2s_deploy.runtime.translator import Translator
+
+    sources = json.loads((args.export.parent / "inputs.json").read_text())["sources"][: args.batch_size]
+    translator = Translator(args.export, device="cpu", threads=2)
+    translator.translate_ids(sources, beam=args.beam, n_best=1, max_len=args.length, min_len=args.length,
+                             alpha=1.0, batch_size=args.batch_size)
+    del translator  # a session writes its profile when it ends
+    import gc
+
+    gc.collect()
+    for path in sorted(folder.glob("p_*.json")):
+        total: collections.Counter[str] = collections.Counter()
+        calls: collections.Counter[str] = collections.Counter()
+        for event in json.loads(path.read_text()):
+            if event.get("cat") == "Node" and event["name"].endswith("_kernel_time"):
+                total[event["args"]["op_name"]] += event["dur"]
+                calls[event["args"]["op_name"]] += 1
+        whole = sum(total.values())
+        if not whole:
+            continue
+        print(f"{path.name}: kernels {whole / 1000:.1f} ms")
+        for op, us in total.most_common(args.top):
+            print(f"  {op:28s} {us / 1000:9.1f} ms {100 * us / whole:5.1f}%  calls {calls[op]}")
 
 
 if __name__ == "__main__":
