@@ -88,24 +88,27 @@ def caller_kept() -> Iterator[None]:
         libm.fesetenv(ref)
 
 
-def flushing(run: Callable[..., R]) -> Callable[..., R]:
-    """``run`` with the calling thread flushing denormals while it runs (1.4 us a call)."""
+def call_flushed(run: Callable[..., R], *args: Any) -> R:
+    """``run(*args)`` with the calling thread flushing denormals while it runs (1.4 us a call):
+    for a callable that changes from call to call, without making a wrapper each time."""
     libm = _libm()
     if libm is None:
+        return run(*args)
+    env = _FloatEnv()
+    ref = ctypes.byref(env)
+    libm.fegetenv(ref)
+    kept = env.mxcsr
+    env.mxcsr = kept | MXCSR_FLUSH
+    libm.fesetenv(ref)
+    try:
+        return run(*args)
+    finally:
+        env.mxcsr = kept
+        libm.fesetenv(ref)
+
+
+def flushing(run: Callable[..., R]) -> Callable[..., R]:
+    """``run`` made to flush denormals on the calling thread while it runs (``call_flushed``)."""
+    if _libm() is None:
         return run
-    get, put = libm.fegetenv, libm.fesetenv
-
-    def flushed(*args: Any) -> R:
-        env = _FloatEnv()
-        ref = ctypes.byref(env)
-        get(ref)
-        kept = env.mxcsr
-        env.mxcsr = kept | MXCSR_FLUSH
-        put(ref)
-        try:
-            return run(*args)
-        finally:
-            env.mxcsr = kept
-            put(ref)
-
-    return flushed
+    return functools.partial(call_flushed, run)

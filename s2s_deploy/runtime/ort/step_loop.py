@@ -777,7 +777,7 @@ class FixedRun(DecodeRun):
                 shape[axis] = start + after
             io.bind_output(out_name, device, 0, dtype, shape, pointers[1 - side])
         started = time.perf_counter()
-        denormals.flushing(bound.session.run_with_iobinding)(io, steps.uncaptured_options)
+        denormals.call_flushed(bound.session.run_with_iobinding, io, steps.uncaptured_options)
         steps.loops.on_step(started)
         self.t += 1
         self.filled = after
