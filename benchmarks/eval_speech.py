@@ -50,8 +50,8 @@ def export(checkpoint: Path, work: Path) -> tuple[Path, Path]:
     return fp32, int8
 
 
-def score(export_dir: Path, folder: Path, split: str, limit: int | None) -> dict[str, float]:
-    """Greedy exact match of ``export_dir`` on ``split`` through ONNX Runtime on the CPU."""
+def score(export_dir: Path, folder: Path, split: str, limit: int | None, beam: int = 1) -> dict[str, float]:
+    """Exact match of ``export_dir`` on ``split`` through ONNX Runtime on the CPU (greedy, or beam ``beam``)."""
     from s2s_deploy.format.manifest import load_manifest
     from s2s_deploy.frontends import WhisperLogMel
     from s2s_deploy.runtime.decoding import plain
@@ -63,7 +63,7 @@ def score(export_dir: Path, folder: Path, split: str, limit: int | None) -> dict
     manifest = load_manifest(export_dir)
     engine = StepLoop(OrtBackend(manifest, device="cpu"))
     features = FeatureSplit(folder, split, WhisperLogMel.from_json(load_metadata(folder)["frontend"]), limit)
-    config = plain(1, manifest.max_target_length or 96)
+    config = plain(beam, manifest.max_target_length or 96)
     started, texts = time.perf_counter(), []
     for start in range(0, len(features), 32):
         src, src_len = features.features(range(start, min(start + 32, len(features))))
@@ -120,6 +120,7 @@ def main() -> int:
     parser.add_argument("--work", type=Path, default=Path("/tmp/s2s-eval-speech"), help="where the exports go")
     parser.add_argument("--limit", type=int, default=None, help="score only the first N clips of each split")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--beam", type=int, default=1, help="beam size (1: greedy, as the export's default)")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     parser.add_argument("--long", type=int, default=0, metavar="TRIALS",
                         help="also read TRIALS long clips (20 held-out sentences with pauses, about 75 s each) with "
@@ -133,12 +134,13 @@ def main() -> int:
         exports = dict(zip(("fp32", "int8"), export(args.checkpoint, args.work / args.checkpoint.stem), strict=True))
         results: dict[str, dict[str, dict[str, float]]] = {}
         for precision, directory in exports.items():
-            results[precision] = {split: score(directory, args.data, split, args.limit) for split in TARGETS}
+            results[precision] = {split: score(directory, args.data, split, args.limit, args.beam)
+                                 for split in TARGETS}
         long = long_clips(exports["fp32"], args.task, args.long) if args.long else {}
     except S2SError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
-    print(f"{args.checkpoint}:")
+    print(f"{args.checkpoint} ({'greedy' if args.beam == 1 else f'beam {args.beam}'}):")
     print("| held-out set | target | fp32 | int8 | clips |")
     print("|---|---|---|---|---|")
     met = True

@@ -202,6 +202,8 @@ def setup_python(prefix: Path) -> None:
                 archive.extractall(site)
             print(f"unpacked {found[-1].name}", flush=True)
     plugins = site / "s2s_deploy_plugins"
+    if plugins.is_symlink() and plugins.readlink() != ROOT / "plugins":  # another checkout's, maybe gone
+        plugins.unlink()
     if not plugins.exists():
         plugins.symlink_to(ROOT / "plugins")
     sys.path[:0] = [str(ROOT), str(site)]
@@ -258,7 +260,8 @@ def run(args: argparse.Namespace) -> None:
         raise SystemExit(f"error: {budget:.0f} s left to train; give more --total-minutes or fewer --utterances")
     log(f"training for at most {budget:.0f} s")
     result = train_speech(PLUGIN, PLUGIN.preset(args.preset), data, cfg, out / "speech.safetensors",
-                          info={"command": command, "preset": args.preset}, time_limit=budget, init=args.init, log=log)
+                          info={"command": command, "preset": args.preset}, time_limit=budget, init=args.init,
+                          every_epoch=args.every_epoch, log=log)
     size = (out / "speech.safetensors").stat().st_size
     log(f"wrote speech.safetensors ({size / 2**20:.2f} MiB), epoch {result.best_epoch}: valid {result.best.summary()}")
     if result.test is not None:
@@ -317,6 +320,8 @@ def main() -> None:
     go.add_argument("--lr", type=float, default=1.5e-3)
     go.add_argument("--warmup", type=int, default=400)
     go.add_argument("--device", default="cuda")
+    go.add_argument("--every-epoch", action="store_true",
+                    help="also keep each epoch's weights (speech-epochN.safetensors), not only the best by valid")
     go.add_argument("--init", default=None,
                     help="start from this checkpoint's weights (same architecture and vocabularies), "
                          "e.g. plugins/checkpoints/speech.safetensors")

@@ -73,7 +73,8 @@ def test_a_speech_run_starts_from_a_checkpoints_weights_and_refuses_one_that_doe
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``train_speech(init=...)`` (``train --init``): the run begins at the checkpoint's weights (with a
-    vanishing learning rate it ends there) and records where it began; weights of another shape, and
+    vanishing learning rate it ends there) and records where it began; ``every_epoch`` keeps each
+    epoch's weights beside the best; weights of another shape, and
     ``--init`` on a text task, are refused in one line."""
     torch = pytest.importorskip("torch")
     from click.testing import CliRunner
@@ -97,7 +98,14 @@ def test_a_speech_run_starts_from_a_checkpoints_weights_and_refuses_one_that_doe
         metadata["splits"][split] = {"count": len(sources), "shards": [shard]}
     (tmp_path / "metadata.json").write_text(json.dumps(metadata))
     cfg = TrainConfig(epochs=1, batch_size=2, lr=1e-3, warmup_steps=1, seed=0, threads=1)
-    first = train_speech(PLUGIN, tiny, tmp_path, cfg, tmp_path / "a.safetensors", log=lambda line: None)
+    first = train_speech(PLUGIN, tiny, tmp_path, dataclasses.replace(cfg, epochs=2), tmp_path / "a.safetensors",
+                         every_epoch=True, log=lambda line: None)
+    kept = {epoch: load_checkpoint(tmp_path / f"a-epoch{epoch}.safetensors") for epoch in (1, 2)}
+    assert [kept[epoch].info["epoch"] for epoch in (1, 2)] == [1, 2]
+    assert any(not torch.equal(kept[1].tensors[name], kept[2].tensors[name]) for name in kept[1].tensors)
+    best = load_checkpoint(first.checkpoint)
+    for name, tensor in kept[first.best_epoch].tensors.items():
+        assert torch.equal(best.tensors[name], tensor)
     still = dataclasses.replace(cfg, lr=1e-12, seed=1)
     train_speech(PLUGIN, tiny, tmp_path, still, tmp_path / "b.safetensors", init=first.checkpoint,
                  log=lambda line: None)

@@ -87,14 +87,16 @@ def speech_scores(hypotheses: Sequence[str], references: Sequence[str]) -> Speec
 def train_speech(
     plugin: ArchitecturePlugin, config: Any, folder: Path, cfg: TrainConfig, out: str | Path, *,
     info: dict[str, Any] | None = None, time_limit: float | None = None, init: str | Path | None = None,
-    log: Callable[[str], None] = print,
+    every_epoch: bool = False, log: Callable[[str], None] = print,
 ) -> SpeechResult:
     """Train on ``folder``'s train split, keep the best-by-valid-exact-match checkpoint at ``out``,
     then score it once on the test split (the held-out voices). ``time_limit`` (seconds) ends
     training early, after the epoch it falls in is validated; ``cfg.max_train``/``max_valid`` take
     the first utterances of each split. ``init`` starts from that checkpoint's weights (same
     architecture and vocabularies) with ``config``'s training settings and a fresh schedule: a
-    fine-tune on new voices that keeps what the model learnt of the task."""
+    fine-tune on new voices that keeps what the model learnt of the task. ``every_epoch`` also keeps
+    each epoch's weights (``out``'s stem + ``-epochN``), to choose on another held-out set than valid
+    or to average checkpoints."""
     out = Path(out)
     torch.set_num_threads(cfg.threads)
     device = torch.device(cfg.device)
@@ -156,6 +158,9 @@ def train_speech(
         valid = speech_scores(transcribe_split(model, plugin, config, tgt_vocab, valid_split, device),
                               valid_split.targets)
         improved = valid.exact_match > best_key
+        if every_epoch:
+            save_checkpoint(out.with_name(f"{out.stem}-epoch{epoch}{out.suffix}"), plugin, config, model, src_vocab,
+                            tgt_vocab, {**base_info, "epoch": epoch, "valid": dataclasses.asdict(valid)})
         if improved:
             best_key, best_epoch, best = valid.exact_match, epoch, valid
             save_checkpoint(out, plugin, config, model, src_vocab, tgt_vocab, {
