@@ -50,6 +50,8 @@ def test_a_part_of_another_model_or_a_bad_weight_is_refused_in_one_line(tmp_path
         average_checkpoints([(a, 1.0), (wider, 1.0)], tmp_path / "x.safetensors")
     with pytest.raises(S2SError, match="positive"):
         average_checkpoints([(a, 1.0), (a, 0.0)], tmp_path / "x.safetensors")
+    with pytest.raises(S2SError, match="finite"):
+        average_checkpoints([(a, 1.0), (a, float("inf"))], tmp_path / "x.safetensors")
     assert not (tmp_path / "x.safetensors").exists()
     assert main([str(tmp_path / "x.safetensors"), f"{a}:1", f"{wider}:1"]) == 1
     assert capsys.readouterr().err.count("\n") == 1

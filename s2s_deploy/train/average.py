@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,8 +30,8 @@ def average_checkpoints(parts: Sequence[tuple[Path, float]], out: Path, info: di
     vocabularies. Its info lists each part's path, sha256, weight, epoch and command."""
     if not parts:
         raise S2SError("average: name at least one checkpoint")
-    if any(not weight > 0 for _, weight in parts):
-        raise S2SError("average: every weight must be positive")
+    if any(not 0 < weight < math.inf for _, weight in parts):  # inf would make every weight nan
+        raise S2SError("average: every weight must be positive and finite")
     total = sum(weight for _, weight in parts)
     first = load_checkpoint(parts[0][0])
     sums: dict[str, torch.Tensor] = {}
@@ -75,7 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         average_checkpoints([_part(p) for p in args.parts], args.out,
                             {"command": " ".join(["python -m s2s_deploy.train.average", *argv])}
                             | ({"note": args.note} if args.note else {}))
-    except S2SError as error:
+    except (S2SError, OSError) as error:  # OSError: the output's folder cannot be written
         print(f"error: {error}", file=sys.stderr)
         return 1
     print(json.dumps({"out": str(args.out), "sha256": sha256_of(args.out)}))
